@@ -1,0 +1,57 @@
+"""Helpers the checks share: a business table the effects write to, and race drivers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy.engine import Connection
+
+from idem_dialects import IdempotencyStore
+
+
+class Effects:
+    """`<prefix>fx`: one row per effect that really ran, so checks count effects in the database."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        self.store = store
+        self.metadata = MetaData()
+        self.table = Table(
+            f"{store.table_prefix}fx",
+            self.metadata,
+            Column("id", String(32), primary_key=True),
+            Column("k", String(255), nullable=False),
+            Column("amount", Integer, nullable=False),
+            Column("ref", String(64), nullable=True, unique=True),  # for checks of the effect's own violations
+        )
+
+    def create(self) -> None:
+        with self.store.engine.begin() as conn:
+            self.metadata.create_all(conn, checkfirst=True)
+
+    def drop(self) -> None:
+        with self.store.engine.begin() as conn:
+            self.metadata.drop_all(conn, checkfirst=True)
+
+    def apply(self, conn: Connection, key: str, amount: int = 1, ref: str | None = None) -> str:
+        """Run one effect; returns its id, which makes every execution's response unique."""
+        effect_id = uuid.uuid4().hex
+        conn.execute(insert(self.table).values(id=effect_id, k=key, amount=amount, ref=ref))
+        return effect_id
+
+    def effect(self, key: str, amount: int = 1) -> Callable[[Connection], Any]:
+        return lambda conn: {"effect": self.apply(conn, key, amount)}
+
+    def count(self, key: str | None = None) -> int:
+        stmt = select(func.count()).select_from(self.table)
+        if key is not None:
+            stmt = stmt.where(self.table.c.k == key)
+        with self.store.engine.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def per_key(self) -> dict[str, int]:
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(select(self.table.c.k, func.count()).group_by(self.table.c.k)).all()
+        return {k: int(n) for k, n in rows}

@@ -1,0 +1,58 @@
+"""Backend registry keyed by SQLAlchemy dialect name, open to third parties through an entry-point group.
+
+A third-party package registers ``name = "module:Class"`` under the ``idem_dialects.backends`` entry-point group
+(or calls `register` at import time); the class subclasses `idem_dialects.dialects.base.Backend`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import entry_points
+
+from ..errors import UnsupportedEngine
+from .base import Backend
+
+ENTRY_POINT_GROUP = "idem_dialects.backends"
+
+_registry: dict[str, str | type[Backend]] = {
+    "sqlite": "idem_dialects.dialects.sqlite:SQLiteBackend",
+    "postgresql": "idem_dialects.dialects.postgresql:PostgreSQLBackend",
+    "mysql": "idem_dialects.dialects.mysql:MySQLBackend",
+    "mariadb": "idem_dialects.dialects.mysql:MariaDBBackend",
+    "mssql": "idem_dialects.dialects.mssql:MSSQLBackend",
+    "oracle": "idem_dialects.dialects.oracle:OracleBackend",
+}
+_entry_points_loaded = False
+
+
+def register(name: str, backend: str | type[Backend]) -> None:
+    """Register a backend for a SQLAlchemy dialect name, as a class or a lazy "module:Class" reference."""
+    _registry[name] = backend
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            _registry.setdefault(ep.name, ep.value)
+        _entry_points_loaded = True
+
+
+def names() -> list[str]:
+    _load_entry_points()
+    return sorted(_registry)
+
+
+def load(name: str) -> type[Backend]:
+    """The backend class for a dialect name; its module (and so its driver) is imported only now."""
+    _load_entry_points()
+    target = _registry.get(name)
+    if target is None:
+        raise UnsupportedEngine(name, sorted(_registry))
+    if isinstance(target, str):
+        module_name, _, attr = target.partition(":")
+        target = getattr(import_module(module_name), attr)
+        if not (isinstance(target, type) and issubclass(target, Backend)):
+            raise TypeError(f"{_registry[name]!r} registered for {name!r} is not a Backend subclass")
+        _registry[name] = target
+    return target

@@ -1,0 +1,136 @@
+"""The backend contract: everything engine-specific the protocol needs, and portable defaults.
+
+The store (engine-neutral) calls these hooks; a dialect module overrides the ones its engine gets wrong.
+Names describe capabilities (insert if absent, read the committed winner), never engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import DateTime, Engine, LargeBinary, String, delete, or_, and_, select
+from sqlalchemy.engine import URL, Connection, Row
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeEngine
+
+from ..keys import MAX_LENGTH
+
+# Retry causes reported by `Backend.retry_cause` and tallied in RetriesExhausted.causes.
+BUSY = "busy"
+SERIALIZATION = "serialization failure"
+DEADLOCK = "deadlock"
+LOCK_TIMEOUT = "lock timeout"
+CONNECTION = "lost connection"
+CLAIM_RACE = "claim race"
+
+
+class Backend:
+    """One SQL engine's way of doing the protocol's statements. Subclasses set `name` and override hooks."""
+
+    name: ClassVar[str]
+    # Isolation levels (SQLAlchemy spelling) under which the protocol is guaranteed on this engine.
+    isolation_levels: ClassVar[tuple[str, ...]] = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # --- engine construction -------------------------------------------------------------------------------
+
+    @classmethod
+    def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        """create_engine options for `from_url`: the user's, plus what this engine needs to work at all."""
+        return dict(options)
+
+    @classmethod
+    def capabilities(cls, url: URL) -> frozenset[str]:
+        """What conformance checks may rely on for a database at `url` (checks name capabilities, not engines)."""
+        return frozenset({"concurrent_connections", "processes"}) | {f"isolation:{lvl}" for lvl in cls.isolation_levels}
+
+    # --- column types ----------------------------------------------------------------------------------------
+
+    def key_type(self) -> TypeEngine[str]:
+        """A type under which identities compare byte for byte, whatever the database's default collation."""
+        return String(MAX_LENGTH)
+
+    def token_type(self) -> TypeEngine[str]:
+        """ASCII hex: fingerprints (64) and claim tokens (32)."""
+        return String(64)
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return DateTime()
+
+    def blob_type(self) -> TypeEngine[bytes]:
+        return LargeBinary()
+
+    def table_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    # --- transactions and the clock --------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        """Begin a transaction the way this engine needs for a claim (e.g. taking the write lock up front)."""
+        with conn.begin():
+            yield
+
+    def now(self) -> ColumnElement[datetime]:
+        """The database's current time, in the same representation as the timestamp columns."""
+        return self.now_plus(0.0)
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        """The database's current time plus `seconds` (may be negative): leases and retention use the DB clock."""
+        raise NotImplementedError
+
+    # --- the protocol's statements ---------------------------------------------------------------------------
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        """Insert one row unless its primary key exists; True if this call inserted it.
+
+        Must be atomic against concurrent inserts of the same key, must leave the caller's transaction usable
+        on a duplicate, and must let every other error (NOT NULL, CHECK, another unique index) propagate.
+        The portable default catches the duplicate inside a savepoint.
+        """
+        try:
+            with conn.begin_nested():
+                conn.execute(table.insert().values(**values))
+        except IntegrityError as exc:
+            if self.is_duplicate(exc):
+                return False
+            raise
+        return True
+
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Row[Any] | None:
+        """Read the row with this primary key as last committed (or written by this transaction), with the
+        database's clock as `db_now`. Engines whose snapshot would hide a committed winner override this."""
+        stmt = select(*table.c, self.now().label("db_now")).where(*(table.c[k] == v for k, v in key.items()))
+        return conn.execute(stmt).first()
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        """Delete at most `limit` rows matching `condition`; return how many went.
+
+        The portable default selects the keys first, then deletes exactly those (still under `condition`, so a
+        row completed or re-claimed in between is left alone).
+        """
+        pk = list(table.primary_key.columns)
+        keys = conn.execute(select(*pk).where(condition).limit(limit)).all()
+        if not keys:
+            return 0
+        match = or_(*(and_(*(col == value for col, value in zip(pk, row, strict=True))) for row in keys))
+        return conn.execute(delete(table).where(match, condition)).rowcount
+
+    # --- error classification (by driver error code, never by message text) --------------------------------
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        """True only for a primary-key / unique violation."""
+        raise NotImplementedError
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        """Why `run` may retry after `exc` (one of the cause constants), or None if it must not."""
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return CONNECTION
+        return None

@@ -1,0 +1,115 @@
+"""SQLite: one writer at a time. Take the write lock when the transaction begins, absorb busy errors.
+
+A deferred transaction (the sqlite3 default) that reads and then writes can fail with SQLITE_BUSY at once,
+without waiting, when another connection wrote in between; BEGIN IMMEDIATE makes claimers queue on the lock
+instead (within the busy timeout), and `run` retries what still comes back busy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Engine, delete, event, func, literal_column, select, type_coerce
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
+
+from .base import BUSY, Backend
+
+# Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+# Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
+_SQLITE_CONSTRAINT_PRIMARYKEY = 1555
+_SQLITE_CONSTRAINT_UNIQUE = 2067
+_TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
+
+
+def is_memory(url: URL) -> bool:
+    return url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+    isolation_levels = ("SERIALIZABLE",)  # SQLite transactions are serializable; that is the only level it has
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.memory = is_memory(engine.url)
+        # A :memory: database is one connection (StaticPool); transactions on it must take turns.
+        self._memory_lock = threading.RLock() if self.memory else None
+        if not self.memory:
+            event.listen(engine, "connect", _use_wal)
+
+    @classmethod
+    def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = dict(options)
+        if is_memory(url) and "poolclass" not in opts:
+            # Each pooled connection to :memory: would be a different, empty database: share one.
+            opts["poolclass"] = StaticPool
+            opts.setdefault("connect_args", {}).setdefault("check_same_thread", False)
+        return opts
+
+    @classmethod
+    def capabilities(cls, url: URL) -> frozenset[str]:
+        if is_memory(url):
+            return frozenset({f"isolation:{lvl}" for lvl in cls.isolation_levels})  # one shared connection
+        return super().capabilities(url)
+
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        dbapi = conn.connection.driver_connection
+        lock = self._memory_lock if self._memory_lock is not None else nullcontext()
+        with lock:
+            # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
+            previous = dbapi.isolation_level  # type: ignore[union-attr]
+            dbapi.isolation_level = None  # type: ignore[union-attr]
+            try:
+                with conn.begin():
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                    yield
+            finally:
+                dbapi.isolation_level = previous  # type: ignore[union-attr]
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        if seconds == 0:
+            expr = func.strftime(_TIME_FORMAT, "now")
+        else:
+            expr = func.strftime(_TIME_FORMAT, "now", f"{seconds:+.3f} seconds")
+        return type_coerce(expr, DateTime())
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        pk = [c.name for c in table.primary_key.columns]
+        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=pk)
+        return conn.execute(stmt).rowcount == 1
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        rowid = literal_column("rowid")
+        batch = select(rowid).select_from(table).where(condition).limit(limit).scalar_subquery()
+        return conn.execute(delete(table).where(rowid.in_(batch))).rowcount
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        if isinstance(exc, DBAPIError):
+            code = getattr(exc.orig, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                return BUSY
+        return super().retry_cause(exc)
+
+
+def _use_wal(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers run beside the one writer; it is a property of the file, so setting it again is free.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+    finally:
+        cursor.close()

@@ -1,0 +1,57 @@
+"""What a claim can come back with, and what `run` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """This attempt holds the key: run the effect, then `complete` with `token` in the same transaction."""
+
+    scope: str
+    operation: str
+    key: str
+    fingerprint: str
+    token: str
+    leased: bool
+    taken_over: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The key was completed before with the same request: return the stored result, do not run the effect."""
+
+    response: Any
+    status: int
+    completed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """Another attempt holds a live lease on the key; ask the client to retry after `retry_after` seconds."""
+
+    retry_after: float
+    locked_until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The key was first used with a different request (HTTP 422); the effect must not run."""
+
+    stored_fingerprint: str
+    given_fingerprint: str
+
+
+Outcome = Claimed | Replayed | InFlight | Mismatch
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What `run` returns: the effect's response and status, first time or replayed byte-exact."""
+
+    response: Any
+    status: int
+    replayed: bool

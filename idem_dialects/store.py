@@ -1,0 +1,308 @@
+"""IdempotencyStore: claim -> compare -> complete, the same on every engine; the backend supplies the SQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, create_engine, delete, make_url, or_, update
+from sqlalchemy.engine import URL, Connection, Row
+
+from . import dialects
+from .dialects.base import CLAIM_RACE, Backend
+from .errors import IdemError, InvalidPayload, LeaseLost, RequestInFlight, RequestMismatch
+from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
+from .keys import check_identifier
+from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .retry import RetryPolicy, call_with_retry
+from .schema import Tables, build_tables, check_prefix
+
+_NO_PAYLOAD: Any = object()
+# A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
+# `run` should back off from, not a loop to spin in.
+_CLAIM_ROUNDS = 5
+
+
+class ClaimRaced(IdemError):
+    """The record changed between our insert and our read too many times; `run` retries it with backoff."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What an effect may return to store a status other than `run`'s default with its response."""
+
+    response: Any
+    status: int = 200
+
+
+def _check_status(status: object) -> int:
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise InvalidPayload("status", f"must be an int HTTP status 100-599, got {status!r}")
+    return status
+
+
+def _lease_seconds(lease: timedelta | None) -> float | None:
+    if lease is None:
+        return None
+    if not isinstance(lease, timedelta) or lease <= timedelta(0):
+        raise InvalidPayload("lease", f"must be a positive timedelta, got {lease!r}")
+    return lease.total_seconds()
+
+
+class IdempotencyStore:
+    """Idempotency records for one database. Thread-safe; share one per engine."""
+
+    def __init__(
+        self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None
+    ) -> None:
+        self.engine = engine
+        self.table_prefix = check_prefix(table_prefix)
+        self.retry = retry or RetryPolicy()
+        self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
+        self.tables: Tables = build_tables(table_prefix, self.backend)
+
+    @classmethod
+    def from_url(
+        cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None, **engine_options: Any
+    ) -> IdempotencyStore:
+        """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
+        parsed = make_url(url)
+        backend = dialects.load(parsed.get_backend_name())
+        engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
+        return cls(engine, table_prefix=table_prefix, retry=retry)
+
+    def __repr__(self) -> str:
+        return f"IdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
+
+    # --- schema ----------------------------------------------------------------------------------------------
+
+    def create_tables(self) -> None:
+        with self.engine.begin() as conn:
+            self.tables.metadata.create_all(conn, checkfirst=True)
+
+    def drop_tables(self) -> None:
+        with self.engine.begin() as conn:
+            self.tables.metadata.drop_all(conn, checkfirst=True)
+
+    # --- the step-by-step API --------------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection in a transaction begun the way the engine needs; commits on success."""
+        with self.engine.connect() as conn, self.backend.transaction(conn):
+            yield conn
+
+    def claim(
+        self,
+        conn: Connection,
+        *,
+        scope: str,
+        operation: str,
+        key: str,
+        request: Any,
+        lease: timedelta | None = None,
+    ) -> Outcome:
+        """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
+        ident = {
+            "scope": check_identifier("scope", scope),
+            "operation": check_identifier("operation", operation),
+            "idem_key": check_identifier("key", key),
+        }
+        fp = fingerprint(request)
+        lease_s = _lease_seconds(lease)
+        t = self.tables.records
+        backend = self.backend
+        # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it is
+        # abandoned, so its lease is already over and the next caller takes it over.
+        hold = lease_s or 0.0
+        for _ in range(_CLAIM_ROUNDS):
+            token = uuid.uuid4().hex
+            claimed = Claimed(scope, operation, key, fp, token, leased=lease_s is not None)
+            values = dict(ident, fingerprint=fp, claim_token=token, created_at=backend.now(),
+                          locked_until=backend.now_plus(hold))
+            if backend.insert_if_absent(conn, t, values):
+                return claimed
+            row = backend.read_row(conn, t, ident)
+            if row is None:
+                continue  # the winner rolled back or was purged after our insert saw it: claim again
+            if row.fingerprint != fp:
+                return Mismatch(row.fingerprint, fp)
+            if row.completed_at is not None:
+                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at)
+            if row.locked_until > row.db_now:
+                return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
+            # The holder's lease is over: take the claim over, fenced on the token we saw.
+            taken = conn.execute(
+                update(t)
+                .where(*(t.c[k] == v for k, v in ident.items()), t.c.claim_token == row.claim_token,
+                       t.c.completed_at.is_(None))
+                .values(claim_token=token, locked_until=backend.now_plus(hold))
+            )
+            if taken.rowcount == 1:
+                return Claimed(scope, operation, key, fp, token, leased=lease_s is not None, taken_over=True)
+        raise ClaimRaced(f"key {key!r} in {scope!r}/{operation!r} changed under {_CLAIM_ROUNDS} claim attempts")
+
+    def complete(self, conn: Connection, claimed: Claimed, response: Any, status: int = 200) -> None:
+        """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
+        body = encode_response(response)
+        _check_status(status)
+        t = self.tables.records
+        done = conn.execute(
+            update(t)
+            .where(*self._ident_clause(claimed), t.c.claim_token == claimed.token, t.c.completed_at.is_(None))
+            .values(completed_at=self.backend.now(), locked_until=self.backend.now(), status=status, response=body)
+        )
+        if done.rowcount != 1:
+            raise LeaseLost(claimed.scope, claimed.operation, claimed.key, claimed.token)
+
+    def release(self, conn: Connection, claimed: Claimed) -> bool:
+        """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
+        t = self.tables.records
+        gone = conn.execute(
+            delete(t).where(*self._ident_clause(claimed), t.c.claim_token == claimed.token, t.c.completed_at.is_(None))
+        )
+        return gone.rowcount == 1
+
+    def accept_message(
+        self, conn: Connection, *, subscriber: str, message_id: str, payload: Any = _NO_PAYLOAD
+    ) -> bool:
+        """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
+        A redelivery whose payload differs from the first one's raises RequestMismatch."""
+        ident = {
+            "subscriber": check_identifier("subscriber", subscriber),
+            "message_id": check_identifier("message_id", message_id),
+        }
+        fp = None if payload is _NO_PAYLOAD else payload_fingerprint(payload)
+        t = self.tables.messages
+        for _ in range(_CLAIM_ROUNDS):
+            if self.backend.insert_if_absent(conn, t, dict(ident, fingerprint=fp, processed_at=self.backend.now())):
+                return True
+            row = self.backend.read_row(conn, t, ident)
+            if row is None:
+                continue  # purged or rolled back in between
+            if fp is not None and row.fingerprint is not None and row.fingerprint != fp:
+                raise RequestMismatch(subscriber, "message", message_id, row.fingerprint, fp)
+            return False
+        raise ClaimRaced(f"message {message_id!r} of {subscriber!r} changed under {_CLAIM_ROUNDS} attempts")
+
+    # --- the whole protocol in one call ----------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        scope: str,
+        operation: str,
+        key: str,
+        request: Any,
+        effect: Callable[[Connection], Any],
+        status: int = 200,
+        lease: timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Result:
+        """Claim, run `effect(conn)` and store its response once; replay it to every retry.
+
+        Raises RequestMismatch, RequestInFlight, InvalidKey, or RetriesExhausted when retryable errors
+        (busy, serialization failure, deadlock, lock timeout, lost connection) outlast the retry budget.
+        `effect` may return `Reply(response, status)` to store a status other than `status`.
+        """
+        # Validate everything before the first connection, so bad input never costs a round trip.
+        for field, value in (("scope", scope), ("operation", operation), ("key", key)):
+            check_identifier(field, value)
+        fingerprint(request)
+        _check_status(status)
+        _lease_seconds(lease)
+        args = dict(scope=scope, operation=operation, key=key, request=request)
+        if lease is None:
+            attempt = lambda: self._run_atomic(args, effect, status)  # noqa: E731
+        else:
+            attempt = lambda: self._run_leased(args, effect, status, lease)  # noqa: E731
+        return call_with_retry(retry or self.retry, self.retry_cause, attempt)
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        if isinstance(exc, ClaimRaced):
+            return CLAIM_RACE
+        return self.backend.retry_cause(exc)
+
+    def _run_atomic(self, args: dict[str, Any], effect: Callable[[Connection], Any], status: int) -> Result:
+        with self.transaction() as conn:
+            outcome = self.claim(conn, **args)
+            if not isinstance(outcome, Claimed):
+                return self._finished(outcome, args)
+            response, code = self._call(effect, conn, status)
+            self.complete(conn, outcome, response, code)
+            return Result(response, code, replayed=False)
+
+    def _run_leased(
+        self, args: dict[str, Any], effect: Callable[[Connection], Any], status: int, lease: timedelta
+    ) -> Result:
+        with self.transaction() as conn:
+            outcome = self.claim(conn, lease=lease, **args)
+        if not isinstance(outcome, Claimed):
+            return self._finished(outcome, args)
+        try:
+            with self.transaction() as conn:
+                response, code = self._call(effect, conn, status)
+                self.complete(conn, outcome, response, code)
+        except LeaseLost:
+            raise
+        except BaseException:
+            # Let the next attempt (a retry of ours or the client's) claim at once instead of waiting out the lease.
+            with self.transaction() as conn:
+                self.release(conn, outcome)
+            raise
+        return Result(response, code, replayed=False)
+
+    @staticmethod
+    def _call(effect: Callable[[Connection], Any], conn: Connection, status: int) -> tuple[Any, int]:
+        response = effect(conn)
+        if isinstance(response, Reply):
+            return response.response, _check_status(response.status)
+        return response, status
+
+    @staticmethod
+    def _finished(outcome: Outcome, args: dict[str, Any]) -> Result:
+        if isinstance(outcome, Replayed):
+            return Result(outcome.response, outcome.status, replayed=True)
+        ident = (args["scope"], args["operation"], args["key"])
+        if isinstance(outcome, Mismatch):
+            raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
+        assert isinstance(outcome, InFlight)
+        raise RequestInFlight(*ident, outcome.retry_after)
+
+    # --- retention -------------------------------------------------------------------------------------------
+
+    def purge(self, older_than: timedelta, batch_size: int = 1000) -> int:
+        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
+        messages as old, in batches of one transaction each. A live in-flight claim is never touched."""
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidPayload("older_than", f"must be a non-negative timedelta, got {older_than!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidPayload("batch_size", f"must be a positive int, got {batch_size!r}")
+        cutoff = self.backend.now_plus(-older_than.total_seconds())
+        r, m = self.tables.records.c, self.tables.messages.c
+        targets = [
+            (self.tables.records, or_(
+                and_(r.completed_at.is_not(None), r.completed_at < cutoff),
+                and_(r.completed_at.is_(None), r.locked_until < self.backend.now(), r.created_at < cutoff),
+            )),
+            (self.tables.messages, m.processed_at < cutoff),
+        ]
+        total = 0
+        for table, condition in targets:
+            while True:
+                with self.transaction() as conn:
+                    deleted = self.backend.purge_batch(conn, table, condition, batch_size)
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+    def _ident_clause(self, claimed: Claimed) -> list[Any]:
+        c = self.tables.records.c
+        return [c.scope == claimed.scope, c.operation == claimed.operation, c.idem_key == claimed.key]
+
+

@@ -1,0 +1,3 @@
+"""The shipped conformance suite, run on every engine this machine can provide (see engines/)."""
+
+from idem_dialects.conformance.test_protocol import *  # noqa: F403
