@@ -30,15 +30,22 @@ class RetryPolicy:
             raise ValueError("max_attempts must be at least 1")
 
 
-def call_with_retry(policy: RetryPolicy, classify: Callable[[BaseException], str | None], fn: Callable[[], T]) -> T:
+def call_with_retry(
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    fn: Callable[[], T],
+    on_retry: Callable[[str], None] = lambda cause: None,
+) -> T:
     """Call `fn` until it succeeds or raises something `classify` calls non-retryable; raise RetriesExhausted
-    (with the tally of causes) when the budget runs out."""
+    (with the tally of causes) when the budget runs out. `on_retry(cause)` hears of every retry."""
     causes: Counter[str] = Counter()
 
     def tally(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         if exc is not None:
-            causes[classify(exc) or "unknown"] += 1
+            cause = classify(exc) or "unknown"
+            causes[cause] += 1
+            on_retry(cause)
 
     stop = tenacity.stop_after_delay(policy.total)
     if policy.max_attempts is not None:

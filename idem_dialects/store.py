@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +66,9 @@ class IdempotencyStore:
         self.retry = retry or RetryPolicy()
         self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
         self.tables: Tables = build_tables(table_prefix, self.backend)
+        # Retries `run` absorbed, by cause, since this store was made (what the matrix reports per engine).
+        self.retries: Counter[str] = Counter()
+        self._retries_lock = threading.Lock()
 
     @classmethod
     def from_url(
@@ -220,7 +225,11 @@ class IdempotencyStore:
             attempt = lambda: self._run_atomic(args, effect, status)  # noqa: E731
         else:
             attempt = lambda: self._run_leased(args, effect, status, lease)  # noqa: E731
-        return call_with_retry(retry or self.retry, self.retry_cause, attempt)
+        return call_with_retry(retry or self.retry, self.retry_cause, attempt, self._count_retry)
+
+    def _count_retry(self, cause: str) -> None:
+        with self._retries_lock:
+            self.retries[cause] += 1
 
     def retry_cause(self, exc: BaseException) -> str | None:
         if isinstance(exc, ClaimRaced):

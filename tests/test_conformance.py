@@ -1,3 +1,4 @@
 """The shipped conformance suite, run on every engine this machine can provide (see engines/)."""
 
+from idem_dialects.conformance.test_concurrency import *  # noqa: F403
 from idem_dialects.conformance.test_protocol import *  # noqa: F403

@@ -49,7 +49,8 @@ class Backend:
     @classmethod
     def capabilities(cls, url: URL) -> frozenset[str]:
         """What conformance checks may rely on for a database at `url` (checks name capabilities, not engines)."""
-        return frozenset({"concurrent_connections", "processes"}) | {f"isolation:{lvl}" for lvl in cls.isolation_levels}
+        shared = {"concurrent_connections", "processes", "concurrent_writers"}
+        return frozenset(shared | {f"isolation:{lvl}" for lvl in cls.isolation_levels})
 
     # --- column types ----------------------------------------------------------------------------------------
 
