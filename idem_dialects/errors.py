@@ -91,5 +91,6 @@ class RetriesExhausted(IdemError):
         self.last_error = last
         tally = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.causes.items()))
         super().__init__(
-            f"gave up after {attempts} attempts in {elapsed:.2f}s; retried: {tally}; last error: {type(last).__name__}: {last}"
+            f"gave up after {attempts} attempts in {elapsed:.2f}s; retried: {tally};"
+            f" last error: {type(last).__name__}: {last}"
         )

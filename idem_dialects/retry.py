@@ -47,7 +47,7 @@ def call_with_retry(
             causes[cause] += 1
             on_retry(cause)
 
-    stop = tenacity.stop_after_delay(policy.total)
+    stop: tenacity.stop.stop_base = tenacity.stop_after_delay(policy.total)
     if policy.max_attempts is not None:
         stop = stop | tenacity.stop_after_attempt(policy.max_attempts)
     retrying = tenacity.Retrying(

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, and_, create_engine, delete, make_url, or_, update
-from sqlalchemy.engine import URL, Connection, Row
+from sqlalchemy.engine import URL, Connection
 
 from . import dialects
 from .dialects.base import CLAIM_RACE, Backend

