@@ -55,6 +55,26 @@ def _lease_seconds(lease: timedelta | None) -> float | None:
     return lease.total_seconds()
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A request validated and fingerprinted once, before any SQL, however many attempts it takes."""
+
+    scope: str
+    operation: str
+    key: str
+    fingerprint: str
+    lease: float | None
+
+    @classmethod
+    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> _Request:
+        return cls(check_identifier("scope", scope), check_identifier("operation", operation),
+                   check_identifier("key", key), fingerprint(request), _lease_seconds(lease))
+
+    @property
+    def ident(self) -> dict[str, str]:
+        return {"scope": self.scope, "operation": self.operation, "idem_key": self.key}
+
+
 class IdempotencyStore:
     """Idempotency records for one database. Thread-safe; share one per engine."""
 
@@ -112,30 +132,25 @@ class IdempotencyStore:
         lease: timedelta | None = None,
     ) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
-        ident = {
-            "scope": check_identifier("scope", scope),
-            "operation": check_identifier("operation", operation),
-            "idem_key": check_identifier("key", key),
-        }
-        fp = fingerprint(request)
-        lease_s = _lease_seconds(lease)
-        t = self.tables.records
-        backend = self.backend
-        # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it is
+        return self._claim(conn, _Request.check(scope, operation, key, request, lease))
+
+    def _claim(self, conn: Connection, req: _Request) -> Outcome:
+        t, backend, ident = self.tables.records, self.backend, req.ident
+        leased = req.lease is not None
+        # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
         # abandoned, so its lease is already over and the next caller takes it over.
-        hold = lease_s or 0.0
+        hold = req.lease or 0.0
         for _ in range(_CLAIM_ROUNDS):
             token = uuid.uuid4().hex
-            claimed = Claimed(scope, operation, key, fp, token, leased=lease_s is not None)
-            values = dict(ident, fingerprint=fp, claim_token=token, created_at=backend.now(),
+            values = dict(ident, fingerprint=req.fingerprint, claim_token=token, created_at=backend.now(),
                           locked_until=backend.now_plus(hold))
             if backend.insert_if_absent(conn, t, values):
-                return claimed
+                return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
             row = backend.read_row(conn, t, ident)
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
-            if row.fingerprint != fp:
-                return Mismatch(row.fingerprint, fp)
+            if row.fingerprint != req.fingerprint:
+                return Mismatch(row.fingerprint, req.fingerprint)
             if row.completed_at is not None:
                 return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at)
             if row.locked_until > row.db_now:
@@ -148,8 +163,8 @@ class IdempotencyStore:
                 .values(claim_token=token, locked_until=backend.now_plus(hold))
             )
             if taken.rowcount == 1:
-                return Claimed(scope, operation, key, fp, token, leased=lease_s is not None, taken_over=True)
-        raise ClaimRaced(f"key {key!r} in {scope!r}/{operation!r} changed under {_CLAIM_ROUNDS} claim attempts")
+                return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased, taken_over=True)
+        raise ClaimRaced(f"key {req.key!r} in {req.scope!r}/{req.operation!r} changed under {_CLAIM_ROUNDS} claims")
 
     def complete(self, conn: Connection, claimed: Claimed, response: Any, status: int = 200) -> None:
         """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
@@ -215,17 +230,11 @@ class IdempotencyStore:
         `effect` may return `Reply(response, status)` to store a status other than `status`.
         """
         # Validate everything before the first connection, so bad input never costs a round trip.
-        for field, value in (("scope", scope), ("operation", operation), ("key", key)):
-            check_identifier(field, value)
-        fingerprint(request)
+        req = _Request.check(scope, operation, key, request, lease)
         _check_status(status)
-        _lease_seconds(lease)
-        args = dict(scope=scope, operation=operation, key=key, request=request)
-        if lease is None:
-            attempt = lambda: self._run_atomic(args, effect, status)  # noqa: E731
-        else:
-            attempt = lambda: self._run_leased(args, effect, status, lease)  # noqa: E731
-        return call_with_retry(retry or self.retry, self.retry_cause, attempt, self._count_retry)
+        run_once = self._run_atomic if lease is None else self._run_leased
+        return call_with_retry(retry or self.retry, self.retry_cause, lambda: run_once(req, effect, status),
+                               self._count_retry)
 
     def _count_retry(self, cause: str) -> None:
         with self._retries_lock:
@@ -236,32 +245,33 @@ class IdempotencyStore:
             return CLAIM_RACE
         return self.backend.retry_cause(exc)
 
-    def _run_atomic(self, args: dict[str, Any], effect: Callable[[Connection], Any], status: int) -> Result:
+    def _run_atomic(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
         with self.transaction() as conn:
-            outcome = self.claim(conn, **args)
+            outcome = self._claim(conn, req)
             if not isinstance(outcome, Claimed):
-                return self._finished(outcome, args)
+                return self._finished(outcome, req)
             response, code = self._call(effect, conn, status)
             self.complete(conn, outcome, response, code)
             return Result(response, code, replayed=False)
 
-    def _run_leased(
-        self, args: dict[str, Any], effect: Callable[[Connection], Any], status: int, lease: timedelta
-    ) -> Result:
+    def _run_leased(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
         with self.transaction() as conn:
-            outcome = self.claim(conn, lease=lease, **args)
+            outcome = self._claim(conn, req)
         if not isinstance(outcome, Claimed):
-            return self._finished(outcome, args)
+            return self._finished(outcome, req)
         try:
             with self.transaction() as conn:
                 response, code = self._call(effect, conn, status)
                 self.complete(conn, outcome, response, code)
         except LeaseLost:
             raise
-        except BaseException:
+        except BaseException as exc:
             # Let the next attempt (a retry of ours or the client's) claim at once instead of waiting out the lease.
-            with self.transaction() as conn:
-                self.release(conn, outcome)
+            try:
+                with self.transaction() as conn:
+                    self.release(conn, outcome)
+            except Exception as release_error:  # the lease still ends on its own; the effect's error matters more
+                exc.add_note(f"releasing the claim also failed: {release_error!r}")
             raise
         return Result(response, code, replayed=False)
 
@@ -273,10 +283,10 @@ class IdempotencyStore:
         return response, status
 
     @staticmethod
-    def _finished(outcome: Outcome, args: dict[str, Any]) -> Result:
+    def _finished(outcome: Outcome, req: _Request) -> Result:
         if isinstance(outcome, Replayed):
             return Result(outcome.response, outcome.status, replayed=True)
-        ident = (args["scope"], args["operation"], args["key"])
+        ident = (req.scope, req.operation, req.key)
         if isinstance(outcome, Mismatch):
             raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
         assert isinstance(outcome, InFlight)
