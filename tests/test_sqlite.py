@@ -121,12 +121,22 @@ def test_duplicate_is_classified_by_extended_code(store: IdempotencyStore) -> No
     from sqlalchemy.exc import IntegrityError
 
     errors = {}
+    violations = {
+        "pk": "INSERT INTO t VALUES (1, 'b', 'x', 1)",
+        "unique": "INSERT INTO t VALUES (2, 'a', 'x', 1)",
+        "notnull": "INSERT INTO t VALUES (3, 'c', NULL, 1)",
+        "check": "INSERT INTO t VALUES (4, 'd', 'x', 0)",
+    }
     with store.engine.connect() as conn:
-        conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL, c INT CHECK (c > 0))")
+        conn.exec_driver_sql("CREATE TABLE t (id INT PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL, c INT CHECK (c>0))")
         conn.exec_driver_sql("INSERT INTO t VALUES (1, 'a', 'x', 1)")
-        for name, sql in {"pk": "INSERT INTO t VALUES (1, 'b', 'x', 1)", "unique": "INSERT INTO t VALUES (2, 'a', 'x', 1)",
-                          "notnull": "INSERT INTO t VALUES (3, 'c', NULL, 1)", "check": "INSERT INTO t VALUES (4, 'd', 'x', 0)"}.items():
+        for name, sql in violations.items():
             with pytest.raises(IntegrityError) as err:
                 conn.execute(text(sql))
             errors[name] = store.backend.is_duplicate(err.value)
     assert errors == {"pk": True, "unique": True, "notnull": False, "check": False}
+
+
+def test_memory_engine_without_shared_connection_warns() -> None:
+    with pytest.warns(UserWarning, match="its own empty database"):
+        IdempotencyStore(create_engine("sqlite://"))

@@ -8,6 +8,7 @@ instead (within the busy timeout), and `run` retries what still comes back busy.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -47,6 +48,13 @@ class SQLiteBackend(Backend):
         self._memory_lock = threading.RLock() if self.memory else None
         if not self.memory:
             event.listen(engine, "connect", _use_wal)
+        elif not isinstance(engine.pool, StaticPool):
+            warnings.warn(
+                "this :memory: SQLite engine gives each thread (or pooled connection) its own empty database, so"
+                " idempotency records are not shared between them; use IdempotencyStore.from_url (one shared"
+                " connection), poolclass=StaticPool, or a file database",
+                stacklevel=3,
+            )
 
     @classmethod
     def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
