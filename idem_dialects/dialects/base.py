@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, TypeAlias, Unpack
+from typing import Any, ClassVar, TypeAlias
 
 from sqlalchemy import DateTime, Engine, LargeBinary, String, and_, delete, or_, select
 from sqlalchemy.engine import URL, Connection, Row
@@ -21,7 +21,7 @@ from sqlalchemy.types import TypeEngine
 from ..keys import MAX_LENGTH
 
 # A result row of any shape (SQLAlchemy 2.1 types rows by the tuple of their column types).
-AnyRow: TypeAlias = "Row[Unpack[tuple[Any, ...]]]"
+AnyRow: TypeAlias = "Row[*tuple[Any, ...]]"
 
 # Retry causes reported by `Backend.retry_cause` and tallied in RetriesExhausted.causes.
 BUSY = "busy"

@@ -1,0 +1,230 @@
+"""Oracle Database 23ai/26ai through python-oracledb (thin mode): no upsert-ignore, '' is NULL, NLS decides
+how text compares, and SERIALIZABLE reads from the transaction's start.
+
+- Identities are stored as their UTF-8 bytes in RAW columns. RAW compares byte for byte whatever the session's
+  NLS_COMP/NLS_SORT (a LINGUISTIC, case-insensitive session would equate 'A' and 'a' in a VARCHAR2), whatever the
+  database character set (a single-byte one could not hold every key) and without MAX_STRING_SIZE=EXTENDED, which
+  a declared column collation (COLLATE BINARY) needs. 255 characters x 4 bytes = RAW(1020); the three-column
+  primary key is 3060 bytes, well under the 6398-byte index key limit of an 8K block (ORA-01450).
+- The claim is a plain INSERT. Oracle rolls back only the failing statement on ORA-00001 (statement-level
+  atomicity), so the caller's transaction stays usable without a savepoint's two extra round trips. An INSERT that
+  meets another session's uncommitted duplicate waits on the unique index entry: it fails with ORA-00001 once the
+  winner commits, and succeeds (a claim) if the winner rolls back.
+- Errors are classified by the driver's numeric error code (``exc.orig.args[0].code``), never by message text;
+  ``full_code`` is not used either, since the driver parses it out of the message.
+- Times are TIMESTAMP columns filled from SYS_EXTRACT_UTC(SYSTIMESTAMP), the database's clock in UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    TIMESTAMP,
+    Integer,
+    LargeBinary,
+    Numeric,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    select,
+    type_coerce,
+)
+from sqlalchemy.dialects.oracle import RAW
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from ..errors import IdemError, InvalidPayload
+from ..keys import MAX_LENGTH, check_identifier
+from .base import BUSY, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
+
+# Oracle error numbers (``_Error.code``), as the server sends them.
+ORA_UNIQUE_VIOLATED = 1  # ORA-00001: unique constraint violated -- the only duplicate
+ORA_RESOURCE_BUSY = 54  # ORA-00054: resource busy and acquire with NOWAIT specified or timeout expired
+ORA_DEADLOCK = 60  # ORA-00060: deadlock detected; only the one statement was rolled back
+ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transaction
+ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
+# Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
+_RETRYABLE = {
+    ORA_CANNOT_SERIALIZE: SERIALIZATION,
+    ORA_DEADLOCK: DEADLOCK,
+    ORA_RESOURCE_BUSY: BUSY,
+    ORA_LOCK_WAIT_TIMEOUT: LOCK_TIMEOUT,
+}
+
+KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per code point
+_FIELDS = {"idem_key": "key"}  # column name -> the name InvalidKey reports (the API's)
+
+
+def ora_code(exc: BaseException) -> int | None:
+    """The Oracle error number of a driver error (wrapped by SQLAlchemy or not), or None if it has none."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    args = getattr(orig, "args", None)
+    if not args:
+        return None
+    code = getattr(args[0], "code", None)  # oracledb raises Error(_Error): the number comes from the wire
+    if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
+        return None
+    return code
+
+
+class SnapshotHidesWinner(IdemError):
+    """Our insert met a committed duplicate that this SERIALIZABLE transaction's snapshot cannot see.
+
+    Oracle's serializable transactions read as of their start, so the winner's row is invisible to the loser
+    (SELECT ... FOR UPDATE does not help: it only locks rows the snapshot finds). Like ORA-08177, the remedy is to
+    run the transaction again; `run` retries it as a serialization failure.
+    """
+
+    def __init__(self, table: str, key: Mapping[str, str]) -> None:
+        self.table = table
+        self.key = dict(key)
+        super().__init__(
+            f"{table}: {self.key} was committed by another transaction after this serializable transaction began;"
+            " retry in a new transaction"
+        )
+
+
+class Utf8Raw(TypeDecorator[str]):
+    """Text kept as its UTF-8 bytes in a RAW column, so equality is byte equality under any NLS settings."""
+
+    impl = RAW
+    cache_ok = True
+
+    def __init__(self, length: int = KEY_BYTES) -> None:
+        super().__init__(length)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
+class NonEmptyString(TypeDecorator[str]):
+    """VARCHAR2 that refuses '' rather than let Oracle store it as NULL."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value == "":
+            raise InvalidPayload("value", "is an empty string, which Oracle would store as NULL")
+        return value
+
+
+class NonEmptyBlob(TypeDecorator[bytes]):
+    """BLOB that refuses b'' rather than let Oracle store it as NULL (stored responses carry a kind tag, so an
+    empty response is never empty bytes)."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value: bytes | None, dialect: Dialect) -> bytes | None:
+        if value is not None and len(value) == 0:
+            raise InvalidPayload("value", "is empty bytes, which Oracle would store as NULL")
+        return value
+
+
+def _guard_identity(table: Table, values: Mapping[str, Any]) -> None:
+    """Reject an empty (or otherwise invalid) identity before the INSERT: Oracle would turn '' into NULL."""
+    for column in table.primary_key.columns:
+        check_identifier(_FIELDS.get(column.name, column.name), values.get(column.name))
+
+
+def _isolation_level(conn: Connection) -> str | None:
+    """The isolation level this connection was configured with through SQLAlchemy, if any (no round trip)."""
+    level = conn.get_execution_options().get("isolation_level")
+    if level is None:
+        level = getattr(conn.dialect, "_on_connect_isolation_level", None)  # create_engine(isolation_level=...)
+    return level.upper() if isinstance(level, str) else None
+
+
+class OracleBackend(Backend):
+    name = "oracle"
+    isolation_levels = ("READ COMMITTED", "SERIALIZABLE")  # the only two Oracle has
+
+    # --- column types ----------------------------------------------------------------------------------------
+
+    def key_type(self) -> TypeEngine[str]:
+        return Utf8Raw()
+
+    def token_type(self) -> TypeEngine[str]:
+        # Lower-case hex: equal under every NLS sort exactly when equal byte for byte, so VARCHAR2 is safe here.
+        return NonEmptyString(64)
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return TIMESTAMP()  # DateTime would be DATE on Oracle: whole seconds only
+
+    def blob_type(self) -> TypeEngine[bytes]:
+        return NonEmptyBlob()  # BLOB: responses may exceed RAW's 2000 bytes
+
+    # --- the clock -------------------------------------------------------------------------------------------
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        now: ColumnElement[Any] = func.sys_extract_utc(literal_column("SYSTIMESTAMP"))
+        if seconds:
+            amount = bindparam(None, Decimal(f"{seconds:.6f}"), type_=Numeric(18, 6))
+            now = now + func.numtodsinterval(amount, literal_column("'SECOND'"))
+        return type_coerce(now, TIMESTAMP())
+
+    # --- the protocol's statements ---------------------------------------------------------------------------
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        _guard_identity(table, values)
+        try:
+            conn.execute(table.insert().values(**values))
+        except IntegrityError as exc:
+            if self.is_duplicate(exc):
+                return False  # only the INSERT was rolled back; the transaction goes on
+            raise
+        return True
+
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
+        """A plain consistent read: under READ COMMITTED each statement sees the latest committed row, so the
+        loser sees the winner. No FOR UPDATE: it would make the loser hold the winner's row lock until its own
+        transaction ends, and it finds nothing more than the snapshot does. Under SERIALIZABLE a winner that
+        committed after our snapshot is invisible: raise SnapshotHidesWinner (retried like ORA-08177) when the
+        level is known from SQLAlchemy; otherwise the store's claim loop ends in a ClaimRaced, also retried."""
+        row = super().read_row(conn, table, key)
+        if row is None and _isolation_level(conn) == "SERIALIZABLE":
+            raise SnapshotHidesWinner(table.name, key)
+        return row
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        """One statement: delete by ROWID the first `limit` rows matching `condition` (ROWNUM works on every
+        version, unlike FETCH FIRST before 12c). `condition` is repeated outside so that a row changed by another
+        transaction in between is re-checked (write consistency restarts on the columns it names)."""
+        rowid: ColumnElement[Any] = literal_column("ROWID")
+        batch = select(rowid).select_from(table).where(condition, literal_column("ROWNUM") <= bindparam(
+            None, limit, type_=Integer()))
+        return conn.execute(delete(table).where(and_(rowid.in_(batch), condition))).rowcount
+
+    # --- error classification --------------------------------------------------------------------------------
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        return ora_code(exc) == ORA_UNIQUE_VIOLATED
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        """ORA-08177, ORA-00060, ORA-00054, ORA-30006 and lost connections. After ORA-00060 Oracle has rolled
+        back only the one statement and the session still holds its locks: `run` retries in a new transaction,
+        and the failed one is rolled back explicitly when its `conn.begin()` block exits with the error."""
+        if isinstance(exc, SnapshotHidesWinner):
+            return SERIALIZATION
+        cause = super().retry_cause(exc)
+        if cause is not None:
+            return cause
+        if isinstance(exc, DBAPIError):
+            code = ora_code(exc)
+            if code is not None:
+                return _RETRYABLE.get(code)
+        return None
