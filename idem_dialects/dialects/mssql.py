@@ -1,0 +1,265 @@
+"""SQL Server 2022/2025 through pyodbc (Microsoft ODBC Driver 18 or FreeTDS, chosen by the URL's ``driver=``).
+
+Four things SQL Server does differently from the portable defaults, and what this module does about each:
+
+- **A duplicate can doom the transaction.** With ``SET XACT_ABORT ON`` any error, a primary-key violation included,
+  rolls back or dooms the caller's transaction, so the portable savepoint-and-catch is not enough. The claim runs as
+  one batch that turns XACT_ABORT off around the INSERT, catches 2627/2601 by number in TRY/CATCH, restores the
+  session's settings and re-THROWs everything else with its own number (see `_CLAIM_BATCH`).
+- **(n)varchar equality ignores trailing spaces and follows the collation.** Identity columns are VARBINARY holding
+  UTF-8, which has no collation and never pads or folds; the primary key is NONCLUSTERED so 255-character keys fit
+  the index key limit (see `KEY_BYTES`).
+- **A SNAPSHOT transaction cannot see a winner that committed after it began.** The duplicate error proves the row
+  exists, so `read_row` raises the retryable `WinnerNotVisible` instead of reporting it absent; `run` retries in a
+  fresh transaction, which sees it.
+- **Error codes are in the message.** pyodbc gives ``(sqlstate, message)`` only; the native number is the
+  ``(NNNN)`` pyodbc itself appends after the driver's text, parsed anchored to that structure (`native_error`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Integer, String, delete, func, literal_column, text, type_coerce
+from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
+from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
+from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from ..errors import IdemError, InvalidKey
+from .base import DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
+
+# Native SQL Server error numbers.
+ER_DUP_CONSTRAINT = 2627  # Violation of PRIMARY KEY / UNIQUE constraint
+ER_DUP_INDEX = 2601  # Cannot insert duplicate key row ... with unique index
+ER_NOT_NULL = 515  # Cannot insert the value NULL into column
+ER_CONSTRAINT_CONFLICT = 547  # FOREIGN KEY / CHECK constraint conflict
+ER_DEADLOCK = 1205  # chosen as deadlock victim; the transaction is already rolled back
+ER_LOCK_TIMEOUT = 1222  # Lock request time out period exceeded (SET LOCK_TIMEOUT)
+ER_SNAPSHOT_CONFLICT = 3960  # Snapshot isolation transaction aborted due to update conflict
+DUPLICATE_ERRORS = frozenset({ER_DUP_CONSTRAINT, ER_DUP_INDEX})
+_RETRYABLE = {ER_DEADLOCK: DEADLOCK, ER_LOCK_TIMEOUT: LOCK_TIMEOUT, ER_SNAPSHOT_CONFLICT: SERIALIZATION}
+
+# @@OPTIONS bits, and sys.dm_exec_sessions.transaction_isolation_level for SNAPSHOT.
+_OPT_NOCOUNT = 512
+_OPT_XACT_ABORT = 16384
+_ISOLATION_SNAPSHOT = 5
+
+# Identity columns hold UTF-8 whole: 255 characters are at most 1020 bytes. No lossless encoding of three such
+# fields fits the 900-byte limit of a clustered key (255 arbitrary code points carry about 640 bytes of information
+# each), so the primary key is NONCLUSTERED, whose limit is 1700 bytes (SQL Server 2016+): any identity whose fields
+# together are at most 1700 bytes of UTF-8 fits - e.g. all three 255 ASCII characters (765), or one field of 255
+# 4-byte characters (1020) with short others. A longer identity is refused with InvalidKey before the INSERT (SQL
+# Server would fail it with error 1946). Valid keys contain no NUL, so their UTF-8 has no 0x00 byte for binary
+# padding to ignore.
+KEY_BYTES = 255 * 4
+INDEX_KEY_LIMIT = 1700
+_BIN2 = "Latin1_General_100_BIN2"
+_MAX_OFFSET_MICROS = 700_000 * 86_400_000_000  # ~1900 years: inside DATETIME2's range from any present-day clock
+
+
+def _datetime2() -> TypeEngine[datetime]:
+    """DATETIME2 (100 ns, no time zone): what SYSUTCDATETIME() returns, so stored and compared times agree."""
+    return DATETIME2()  # type: ignore[no-untyped-call]
+
+
+# pyodbc's message: "[SQLSTATE] <driver text> (<native>) (<ODBC function>)", further diagnostic records (Windows only)
+# appended as "; [SQLSTATE] <text> (<native>)". The function name is added only after the first record, by pyodbc,
+# after all of the server's text, so its last occurrence marks the end of the first record.
+_FIRST_RECORD_END = re.compile(r" \((-?\d+)\) \((SQL[A-Za-z]+)\)(?=; \[|\Z)")
+_PYODBC_PREFIX = re.compile(r"\A\[[0-9A-Z]{5}\] ")
+
+
+class WinnerNotVisible(IdemError):
+    """The claim hit an existing record that this SNAPSHOT transaction cannot see (it committed after the snapshot
+    began). Retry in a new transaction, whose snapshot will include it: `run` does."""
+
+
+class Utf8Key(TypeDecorator[str]):
+    """VARBINARY(1020) of UTF-8: byte-exact whatever the database collation (case, accents, normalization form,
+    trailing spaces, 4-byte characters), and it reads back exactly."""
+
+    impl = VARBINARY
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(KEY_BYTES)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any | None, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
+# Why a batch and not a savepoint: with XACT_ABORT ON a 2627 dooms the transaction even inside a savepoint or
+# TRY/CATCH; with it OFF (here, for this one INSERT) a duplicate only ends the statement. Why not
+# INSERT ... WHERE NOT EXISTS (... UPDLOCK, HOLDLOCK): its key-range locks make claims of *different* keys that fall
+# in the same gap wait for each other for the whole effect. The plain INSERT waits only on the same key's lock held
+# by the winner: once the winner commits it fails with 2627 (caught here), if the winner rolls back it succeeds.
+# Settings are restored before anything leaves the batch (and SQL Server also restores SET options when a
+# parameterized batch, run through sp_executesql, ends). A duplicate is swallowed only while the transaction is
+# still committable; everything else is re-thrown unchanged (THROW keeps the number), honouring XACT_ABORT again.
+_CLAIM_BATCH = """\
+DECLARE @idem_options int = @@OPTIONS, @idem_inserted int = 1;
+SET NOCOUNT ON;
+SET XACT_ABORT OFF;
+BEGIN TRY
+    {insert};
+END TRY
+BEGIN CATCH
+    IF @idem_options & {xact_abort} <> 0 SET XACT_ABORT ON;
+    IF @idem_options & {nocount} = 0 SET NOCOUNT OFF;
+    IF ERROR_NUMBER() IN ({dup_constraint}, {dup_index}) AND XACT_STATE() <> -1
+        SET @idem_inserted = 0;
+    ELSE
+        THROW;
+END CATCH;
+IF @idem_options & {xact_abort} <> 0 SET XACT_ABORT ON;
+IF @idem_options & {nocount} = 0 SET NOCOUNT OFF;
+SELECT @idem_inserted AS inserted;"""
+
+
+class InsertIfAbsent(Executable, ClauseElement):
+    """The claim batch around one INSERT; it returns one row, `inserted` (1 or 0)."""
+
+    inherit_cache = False  # compiled per claim: the INSERT's values carry SQL expressions for the DB clock
+
+    def __init__(self, table: Table, values: Mapping[str, Any]) -> None:
+        self.insert = table.insert().values(**values)
+
+
+@compiles(InsertIfAbsent, "mssql")
+def _compile_insert_if_absent(element: InsertIfAbsent, compiler: SQLCompiler, **kw: Any) -> str:
+    # Compile the INSERT as a nested statement (as inside a CTE): the batch, not the INSERT, is what executes, so
+    # SQLAlchemy must not treat the execution as an INSERT (which would discard the batch's result row).
+    compiler.stack.append({"correlate_froms": set(), "asfrom_froms": set(), "selectable": element.insert})
+    try:
+        insert = compiler.process(element.insert, **kw)
+    finally:
+        compiler.stack.pop()
+    return _CLAIM_BATCH.format(
+        insert=insert,
+        xact_abort=_OPT_XACT_ABORT,
+        nocount=_OPT_NOCOUNT,
+        dup_constraint=ER_DUP_CONSTRAINT,
+        dup_index=ER_DUP_INDEX,
+    )
+
+
+def native_error(exc: BaseException) -> int | None:
+    """SQL Server's native error number for a pyodbc error (or a SQLAlchemy error wrapping one), else None.
+
+    Read from the end of pyodbc's first diagnostic record, never searched for anywhere in the text: a key value,
+    constraint or column name quoted in the server's message cannot pose as the number.
+    """
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if orig is None or not type(orig).__module__.startswith("pyodbc"):
+        return None
+    for arg in reversed(getattr(orig, "args", ())):  # (sqlstate, message); pyodbc's own errors are (message, state)
+        if isinstance(arg, str) and _PYODBC_PREFIX.match(arg):
+            ends = list(_FIRST_RECORD_END.finditer(arg))
+            if ends:
+                return int(ends[-1].group(1))
+    return None
+
+
+def _nonclustered_primary_key(table: Table, *_: Any, **__: Any) -> None:
+    """before_create: the identity primary key is NONCLUSTERED (1700-byte key limit instead of 900)."""
+    table.primary_key.dialect_options["mssql"]["clustered"] = False
+
+
+def check_index_key(table: Table, values: Mapping[str, Any]) -> None:
+    """Refuse, before any SQL, an identity longer than the primary key index can hold (SQL Server error 1946)."""
+    fields = [(col.name, values.get(col.name)) for col in table.primary_key.columns]
+    size = sum(len(v.encode("utf-8")) for _, v in fields if isinstance(v, str))
+    if size > INDEX_KEY_LIMIT:
+        name, value = max(fields, key=lambda f: len(f[1].encode("utf-8")) if isinstance(f[1], str) else 0)
+        field = {"idem_key": "key"}.get(name, name)
+        raise InvalidKey(field, f"makes the identity {size} bytes of UTF-8 together with the other fields; SQL Server"
+                                f" indexes at most {INDEX_KEY_LIMIT}", value)
+
+
+class MSSQLBackend(Backend):
+    name = "mssql"
+    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT")
+
+    # --- column types ----------------------------------------------------------------------------------------
+
+    def key_type(self) -> TypeEngine[str]:
+        return Utf8Key()
+
+    def token_type(self) -> TypeEngine[str]:
+        return String(64, collation=_BIN2)  # ASCII hex, compared exactly
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return _datetime2()
+
+    def blob_type(self) -> TypeEngine[bytes]:
+        # Explicit: LargeBinary renders as IMAGE until the dialect has seen the server's version.
+        return VARBINARY("max")  # type: ignore[no-untyped-call]
+
+    def table_kwargs(self) -> dict[str, Any]:
+        # No OUTPUT inserted.* for RETURNING: SQL Server rejects OUTPUT without INTO on a table with triggers.
+        return {"implicit_returning": False, "listeners": [("before_create", _nonclustered_primary_key)]}
+
+    # --- the clock -------------------------------------------------------------------------------------------
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        # DATEADD takes an int: split into days, seconds and microseconds so years and microseconds both fit.
+        total = min(_MAX_OFFSET_MICROS, abs(round(seconds * 1_000_000)))
+        sign = -1 if seconds < 0 else 1
+        days, rest = divmod(total, 86_400_000_000)
+        secs, micros = divmod(rest, 1_000_000)
+        expr: ColumnElement[Any] = func.sysutcdatetime()
+        for part, amount in (("microsecond", micros), ("second", secs), ("day", days)):
+            if amount:
+                expr = func.dateadd(literal_column(part), literal_column(str(sign * amount), Integer), expr)
+        return type_coerce(expr, _datetime2())
+
+    # --- the protocol's statements ---------------------------------------------------------------------------
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        check_index_key(table, values)
+        return bool(conn.execute(InsertIfAbsent(table, values)).scalar_one())
+
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Row[Any] | None:
+        row = super().read_row(conn, table, key)
+        if row is None and self._in_snapshot(conn):
+            # The insert just failed on this key, so the row exists: our snapshot predates its commit.
+            raise WinnerNotVisible(f"{table.name}: the existing record committed after this SNAPSHOT transaction began")
+        return row
+
+    @staticmethod
+    def _in_snapshot(conn: Connection) -> bool:
+        level = conn.execute(
+            text("SELECT transaction_isolation_level FROM sys.dm_exec_sessions WHERE session_id = @@SPID")
+        ).scalar()
+        return level == _ISOLATION_SNAPSHOT
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        # One statement, the batch size bounding the locks it takes; `limit` is a validated int.
+        return conn.execute(delete(table).where(condition).prefix_with(f"TOP ({int(limit)})")).rowcount
+
+    # --- error classification --------------------------------------------------------------------------------
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
+        return native_error(exc) in DUPLICATE_ERRORS
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        if isinstance(exc, WinnerNotVisible):
+            return SERIALIZATION
+        if isinstance(exc, DBAPIError):
+            number = native_error(exc)
+            if number is not None and number in _RETRYABLE:
+                return _RETRYABLE[number]
+        return super().retry_cause(exc)
