@@ -1,0 +1,169 @@
+"""PostgreSQL: the reference backend (psycopg 3 via ``postgresql+psycopg://``; psycopg2 works the same).
+
+The claim is ``INSERT ... ON CONFLICT (<primary key>) DO NOTHING RETURNING`` naming its conflict target, and the
+winner is read by a *separate* statement. Why not one statement: under READ COMMITTED, ON CONFLICT waits for a
+concurrent inserter and then skips the row, but the statement's own snapshot still predates the winner, so a CTE
+that tries to return the existing row in the same statement can come back empty. A new statement takes a new
+snapshot and sees the committed winner.
+
+Under REPEATABLE READ and SERIALIZABLE the transaction keeps its first snapshot, so a separate read could not see
+a winner committed after it. PostgreSQL does not let that happen silently: ON CONFLICT DO NOTHING raises
+serialization_failure (40001) whenever the conflicting row version is invisible to the snapshot (inserted or
+updated after it), and the fenced UPDATEs (takeover, complete) raise 40001 when their row changed after the
+snapshot. So at those levels a claim either reads the current row or fails retryably, and `run` retries it in a
+fresh transaction. The read therefore takes no row lock: FOR SHARE would only add waits (and its own 40001s).
+
+ON CONFLICT DO NOTHING never raises for the arbiter index, so a duplicate claim leaves the caller's transaction
+usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK violation still raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Interval,
+    LargeBinary,
+    String,
+    any_,
+    delete,
+    func,
+    literal,
+    literal_column,
+    select,
+    type_coerce,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.dml import Delete, ReturningInsert
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeEngine
+
+from ..keys import MAX_LENGTH
+from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
+
+# SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
+UNIQUE_VIOLATION = "23505"
+_RETRYABLE = {
+    "40001": SERIALIZATION,  # serialization_failure (RR/SERIALIZABLE snapshot conflicts, SSI)
+    "40P01": DEADLOCK,  # deadlock_detected: this transaction was chosen as the victim and rolled back
+    "55P03": LOCK_TIMEOUT,  # lock_not_available: lock_timeout expired or NOWAIT
+    "57P01": CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
+    "57P02": CONNECTION,  # crash_shutdown
+    "57P03": CONNECTION,  # cannot_connect_now: server starting up or in recovery
+}
+_CONNECTION_CLASS = "08"  # connection_exception and its subclasses
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, wrapped by SQLAlchemy or not: psycopg 3 ``sqlstate``, psycopg2 ``pgcode``,
+    pg8000 the ``C`` field of its error dict. None when the error did not come from the server."""
+    orig: Any = exc.orig if isinstance(exc, DBAPIError) else exc
+    for attr in ("sqlstate", "pgcode"):
+        code = getattr(orig, attr, None)
+        if isinstance(code, str) and code:
+            return code
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], dict):
+        code = args[0].get("C")
+        if isinstance(code, str) and code:
+            return code
+    return None
+
+
+class PostgreSQLBackend(Backend):
+    name = "postgresql"
+    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+
+    # --- column types ----------------------------------------------------------------------------------------
+
+    def key_type(self) -> TypeEngine[str]:
+        # COLLATE "C" is deterministic and compares bytes, whatever the database default (an ICU locale such as
+        # und-u-ks-level2 orders case-insensitively); it also keeps the primary key a plain byte-order btree.
+        return String(MAX_LENGTH, collation="C")
+
+    def token_type(self) -> TypeEngine[str]:
+        # Claim tokens are compared in SQL (the fence); keep them byte-exact too.
+        return String(64, collation="C")
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return DateTime(timezone=True)  # timestamptz: an instant, whatever the session's TimeZone
+
+    def blob_type(self) -> TypeEngine[bytes]:
+        return LargeBinary()  # bytea: NUL bytes and any length round-trip exactly
+
+    # --- the clock -------------------------------------------------------------------------------------------
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        # statement_timestamp(): when the current statement began. Not now()/transaction_timestamp(), which is
+        # the transaction's start: a claim made late in a long transaction would get a lease already partly
+        # spent, and a read of `db_now` there would misjudge whether a lease is over. Not clock_timestamp(),
+        # which moves during a statement: created_at/locked_until (or completed_at/locked_until) written by one
+        # statement should be one instant, and purge should judge every row of a batch against one cutoff.
+        # (A statement's start precedes any lock wait inside it; a claim only waits on another claim's short
+        # transaction, and the read that judges leases is a statement of its own, so its `db_now` is fresh.)
+        expr: ColumnElement[Any] = func.statement_timestamp()
+        if seconds:
+            expr = expr + literal(timedelta(seconds=seconds), Interval())
+        return type_coerce(expr, DateTime(timezone=True))
+
+    # --- the protocol's statements ---------------------------------------------------------------------------
+
+    def insert_statement(self, table: Table, values: Mapping[str, Any]) -> ReturningInsert[Any]:
+        """``INSERT ... ON CONFLICT (<pk columns>) DO NOTHING RETURNING <first pk column>``.
+
+        The conflict target names the primary key, so only a duplicate identity is absorbed; a violation of any
+        other unique index on the table still raises. A row comes back iff this statement inserted it.
+        """
+        pk = list(table.primary_key.columns)
+        return (
+            pg_insert(table)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=[c.name for c in pk])
+            .returning(pk[0])
+        )
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        return conn.execute(self.insert_statement(table, values)).first() is not None
+
+    def purge_statement(self, table: Table, condition: ColumnElement[bool], limit: int) -> Delete:
+        """``DELETE ... WHERE ctid = ANY(ARRAY(SELECT ctid ... LIMIT n FOR UPDATE SKIP LOCKED)) AND <condition>``.
+
+        The inner SELECT locks its batch, re-checking `condition` against the latest row version (READ
+        COMMITTED), and skips rows another transaction holds: a claim being taken over or completed right now
+        is not waited for and not deleted. Uncommitted claims are invisible, and the condition itself excludes
+        live leases. ctid = ANY(ARRAY(...)) plans as a TID scan, so a batch costs its own size.
+        """
+        ctid: ColumnElement[Any] = literal_column("ctid")
+        batch = (
+            select(ctid)
+            .select_from(table)
+            .where(condition)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .correlate(None)  # the batch reads the table itself, not the DELETE's row
+            .scalar_subquery()
+        )
+        return delete(table).where(ctid == any_(func.array(batch)), condition)
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        return conn.execute(self.purge_statement(table, condition, limit)).rowcount
+
+    # --- error classification --------------------------------------------------------------------------------
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        return sqlstate(exc) == UNIQUE_VIOLATION
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        code = sqlstate(exc)
+        if code is not None:
+            if code in _RETRYABLE:
+                return _RETRYABLE[code]
+            if code.startswith(_CONNECTION_CLASS):
+                return CONNECTION
+        return super().retry_cause(exc)  # a connection SQLAlchemy saw drop (no SQLSTATE: the socket closed)

@@ -1,0 +1,621 @@
+"""PostgreSQL specifics, on PostgreSQL 18 (embedded) and the machine's server (15 in CI).
+
+What the shared conformance suite cannot say engine-neutrally: the exact claim statement, key columns that stay
+byte-exact under an ICU default locale and a nondeterministic collation a naive schema would pick up, SQLSTATE
+classification, and what each isolation level gives the step-by-step API (the right outcome, or 40001 that `run`
+retries). Races are ordered by watching pg_blocking_pids, never by sleeping and hoping.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from idem_dialects.conformance.support import Effects
+from idem_dialects.engines import Server, Unavailable, get
+from sqlalchemy import create_engine, event, select, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.schema import CreateTable
+
+from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RequestMismatch, RetryPolicy
+from idem_dialects.dialects.base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION
+from idem_dialects.dialects.postgresql import PostgreSQLBackend, sqlstate
+from idem_dialects.schema import build_tables
+
+REQ = {"amount": 100}
+LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
+SNAPSHOT_LEVELS = {"REPEATABLE READ", "SERIALIZABLE"}
+
+
+# --- servers and stores ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", params=["postgresql-18", "postgresql"])
+def pg(request: pytest.FixtureRequest) -> Server:
+    """One server per engine for the whole session (the embedded 18 is started once and stopped at the end)."""
+    name: str = request.param
+    try:
+        server = get(name).provide()
+    except Unavailable as exc:
+        pytest.skip(f"{name} unavailable: {exc}")
+    request.addfinalizer(server.stop)
+    return server
+
+
+@pytest.fixture
+def admin(pg: Server) -> Iterator[Engine]:
+    engine = create_engine(pg.url, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def make_store(pg: Server) -> Iterator[Callable[..., IdempotencyStore]]:
+    """Stores sharing one fresh set of tables (isolated by prefix); keyword arguments go to create_engine."""
+    prefix = f"pg{secrets.token_hex(4)}_"
+    made: list[IdempotencyStore] = []
+
+    def make(url: URL | None = None, **engine_options: Any) -> IdempotencyStore:
+        store = IdempotencyStore.from_url(url or pg.url, table_prefix=prefix, **engine_options)
+        if not made:
+            store.create_tables()
+        made.append(store)
+        return store
+
+    yield make
+    if made:
+        made[0].drop_tables()
+    for store in made:
+        store.engine.dispose()
+
+
+@pytest.fixture
+def store(make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
+    return make_store()
+
+
+@pytest.fixture
+def effects(store: IdempotencyStore) -> Iterator[Effects]:
+    fx = Effects(store)
+    fx.create()
+    yield fx
+    fx.drop()
+
+
+def backend_pid(conn: Connection) -> int:
+    """The server process of `conn`, read in a transaction of its own (so no snapshot is left behind)."""
+    pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    conn.rollback()
+    return pid
+
+
+def wait_until_blocked(admin: Engine, waiter: int, holder: int, timeout: float = 20.0) -> None:
+    """Return once `waiter` is waiting on a lock `holder` has: the race is set up, with no timing guess."""
+    deadline = time.monotonic() + timeout
+    with admin.connect() as conn:
+        while time.monotonic() < deadline:
+            blockers = conn.execute(text("SELECT pg_blocking_pids(:pid)"), {"pid": waiter}).scalar_one()
+            if holder in blockers:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"backend {waiter} never waited on {holder}")
+
+
+def claim_in_transaction(store: IdempotencyStore, conn: Connection, key: str = "k", **kw: Any) -> Any:
+    """A step-by-step claim in a fresh transaction on `conn`, rolled back afterwards: returns the outcome."""
+    tx = conn.begin()
+    try:
+        return store.claim(conn, scope="s", operation="op", key=key, request=REQ, **kw)
+    finally:
+        tx.rollback()
+
+
+# --- the statements ----------------------------------------------------------------------------------------------
+
+
+def _tables() -> Any:
+    return build_tables("idem_", PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db")))
+
+
+def test_claim_statement_names_its_conflict_target() -> None:
+    """The claim compiles to INSERT ... ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING: the
+    conflict target is the record's key, so no other unique index's violation is ever absorbed."""
+    backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
+    tables = build_tables("idem_", backend)
+    values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t",
+                  created_at=backend.now(), locked_until=backend.now_plus(30))
+    sql = " ".join(str(backend.insert_statement(tables.records, values).compile(dialect=postgresql.dialect())).split())
+    assert "ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING" in sql
+    assert sql.startswith("INSERT INTO idem_records ")
+    msg = backend.insert_statement(tables.messages, dict(subscriber="s", message_id="m", processed_at=backend.now()))
+    assert "ON CONFLICT (subscriber, message_id) DO NOTHING RETURNING" in str(msg.compile(dialect=postgresql.dialect()))
+
+
+def test_ddl_is_byte_exact_and_timezone_aware() -> None:
+    """Identity and token columns are COLLATE "C" (bytewise, deterministic), times are timestamptz, responses bytea."""
+    ddl = " ".join(str(CreateTable(_tables().records).compile(dialect=postgresql.dialect())).split())
+    for column in ("scope", "operation", "idem_key"):
+        assert f'{column} VARCHAR(255) COLLATE "C" NOT NULL' in ddl
+    assert 'claim_token VARCHAR(64) COLLATE "C" NOT NULL' in ddl
+    assert "locked_until TIMESTAMP WITH TIME ZONE NOT NULL" in ddl
+    assert "response BYTEA" in ddl
+    messages = " ".join(str(CreateTable(_tables().messages).compile(dialect=postgresql.dialect())).split())
+    assert 'subscriber VARCHAR(255) COLLATE "C" NOT NULL' in messages
+    assert 'message_id VARCHAR(255) COLLATE "C" NOT NULL' in messages
+
+
+def test_claim_is_insert_then_separate_read(store: IdempotencyStore) -> None:
+    """A losing claim runs exactly two statements: the ON CONFLICT insert, then a separate SELECT of the winner
+    (a new statement, so under READ COMMITTED a new snapshot that sees the committed winner)."""
+    store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "first")
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(" ".join(a[2].split())))
+    with store.transaction() as conn:
+        outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+    assert isinstance(outcome, Replayed) and outcome.response == "first"
+    assert len(statements) == 2, statements
+    assert "ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING" in statements[0]
+    assert statements[1].startswith("SELECT ") and "ON CONFLICT" not in statements[1]
+
+
+# --- error classification ------------------------------------------------------------------------------------------
+
+
+class _Psycopg3Error(Exception):
+    def __init__(self, code: str | None, message: str) -> None:
+        super().__init__(message)
+        self.sqlstate = code
+
+
+class _Psycopg2Error(Exception):
+    def __init__(self, code: str | None, message: str) -> None:
+        super().__init__(message)
+        self.pgcode = code
+
+
+def _wrapped(orig: Exception, cls: type[DBAPIError] = OperationalError) -> DBAPIError:
+    return cls("SELECT 1", {}, orig)
+
+
+@pytest.mark.parametrize("driver", [_Psycopg3Error, _Psycopg2Error], ids=["psycopg", "psycopg2"])
+@pytest.mark.parametrize(("code", "message", "duplicate", "cause"), [
+    ("23505", "could not serialize access; deadlock detected", True, None),
+    ("23502", "duplicate key value violates unique constraint", False, None),  # NOT NULL, whatever the text says
+    ("23503", "duplicate key", False, None),  # FK
+    ("23514", "duplicate key", False, None),  # CHECK
+    ("23P01", "conflicting key value violates exclusion constraint", False, None),
+    ("40001", "duplicate key", False, SERIALIZATION),
+    ("40P01", "anything", False, DEADLOCK),
+    ("55P03", "anything", False, LOCK_TIMEOUT),
+    ("57P01", "terminating connection due to administrator command", False, CONNECTION),
+    ("08006", "connection failure", False, CONNECTION),
+    ("08003", "connection does not exist", False, CONNECTION),
+    ("57014", "canceling statement due to statement timeout", False, None),  # cancel: the caller's decision
+    ("42601", "deadlock detected (a syntax error's text)", False, None),
+])
+def test_errors_classified_by_sqlstate(driver: type[Exception], code: str, message: str, duplicate: bool,
+                                       cause: str | None) -> None:
+    """Duplicate and retry causes come from the SQLSTATE (psycopg 3 `sqlstate`, psycopg2 `pgcode`), never the text."""
+    backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
+    exc = _wrapped(driver(code, message), IntegrityError if code.startswith("23") else OperationalError)
+    assert backend.is_duplicate(exc) is duplicate
+    assert backend.retry_cause(exc) == cause
+    assert backend.retry_cause(driver(code, message)) == cause  # a driver error that SQLAlchemy did not wrap
+
+
+def test_error_without_sqlstate_is_not_retried_unless_connection_dropped() -> None:
+    """An error with no SQLSTATE is retried only when SQLAlchemy saw the connection drop (it invalidated it)."""
+    backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
+    plain = _wrapped(_Psycopg3Error(None, "server closed the connection unexpectedly"))
+    assert sqlstate(plain) is None and backend.retry_cause(plain) is None
+    dropped = OperationalError("SELECT 1", {}, _Psycopg3Error(None, "x"), connection_invalidated=True)
+    assert backend.retry_cause(dropped) == CONNECTION
+    pg8000_style = _wrapped(Exception({"C": "40001", "M": "could not serialize"}))
+    assert backend.retry_cause(pg8000_style) == SERIALIZATION
+
+
+def test_effect_unique_violation_surfaces_unretried(store: IdempotencyStore, effects: Effects) -> None:
+    """A unique violation raised by the caller's own effect (another table) reaches the caller as that error: not
+    taken for a duplicate claim, not retried, and its claim rolls back with it."""
+    store.run(scope="s", operation="op", key="k1", request=REQ,
+              effect=lambda conn: effects.apply(conn, "k1", ref="order-7"))
+    attempts: list[int] = []
+
+    def reuse_ref(conn: Connection) -> Any:
+        attempts.append(1)
+        return effects.apply(conn, "k2", ref="order-7")
+
+    with pytest.raises(IntegrityError) as err:
+        store.run(scope="s", operation="op", key="k2", request=REQ, effect=reuse_ref)
+    assert sqlstate(err.value) == "23505" and "fx" in str(err.value)
+    assert attempts == [1] and not store.retries
+    with store.engine.connect() as conn:
+        keys = [r.idem_key for r in conn.execute(select(store.tables.records))]
+    assert keys == ["k1"]
+    # The same in the step-by-step API: the claim holds, the effect's violation propagates out of the transaction.
+    with pytest.raises(IntegrityError), store.transaction() as conn:
+        assert isinstance(store.claim(conn, scope="s", operation="op", key="k3", request=REQ), Claimed)
+        effects.apply(conn, "k3", ref="order-7")
+    fixed = store.run(scope="s", operation="op", key="k2", request=REQ, effect=effects.effect("k2"))
+    assert not fixed.replayed and effects.per_key() == {"k1": 1, "k2": 1}
+
+
+# --- isolation levels in the step-by-step API ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("winner_ends", ["commit", "rollback"])
+def test_claim_waiting_on_uncommitted_winner(make_store: Callable[..., IdempotencyStore], admin: Engine,
+                                             level: str, winner_ends: str) -> None:
+    """A claim that waits on an uncommitted winner gets, once the winner ends: Claimed if it rolled back; if it
+    committed, Replayed under READ COMMITTED, and serialization failure (40001, retryable) under REPEATABLE READ
+    and SERIALIZABLE, whose snapshot cannot show the winner. Never a wrong outcome, never a second claim."""
+    store = make_store(isolation_level=level)
+    with store.engine.connect() as winner, store.engine.connect() as loser, ThreadPoolExecutor(1) as pool:
+        winner_pid, loser_pid = backend_pid(winner), backend_pid(loser)
+        wtx = winner.begin()
+        won = store.claim(winner, scope="s", operation="op", key="k", request=REQ)
+        assert isinstance(won, Claimed)
+        pending: Future[Any] = pool.submit(claim_in_transaction, store, loser)
+        try:
+            wait_until_blocked(admin, loser_pid, winner_pid)
+        finally:
+            if winner_ends == "commit":
+                store.complete(winner, won, "first", status=201)
+                wtx.commit()
+            else:
+                wtx.rollback()
+        if winner_ends == "rollback":
+            assert isinstance(pending.result(timeout=30), Claimed)
+        elif level in SNAPSHOT_LEVELS:
+            with pytest.raises(DBAPIError) as err:
+                pending.result(timeout=30)
+            assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == SERIALIZATION
+        else:
+            outcome = pending.result(timeout=30)
+            assert isinstance(outcome, Replayed) and (outcome.response, outcome.status) == ("first", 201)
+    # Whatever the loser saw, run at this level settles it: one effect at most, and the right replay.
+    again = store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "second")
+    assert again.replayed is (winner_ends == "commit")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_claim_with_snapshot_older_than_winner(make_store: Callable[..., IdempotencyStore], effects: Effects,
+                                               level: str) -> None:
+    """A transaction whose snapshot predates a committed winner (it read first) gets Replayed under READ
+    COMMITTED and 40001 under REPEATABLE READ / SERIALIZABLE (ON CONFLICT refuses to skip a row its snapshot
+    cannot see); `run` at that level then replays, and the effect ran once."""
+    store = make_store(isolation_level=level)
+    fx = Effects(store)
+    with store.engine.connect() as reader:
+        tx = reader.begin()
+        reader.execute(select(store.tables.records)).all()  # takes the snapshot
+        store.run(scope="s", operation="op", key="k", request=REQ, effect=fx.effect("k"))
+        try:
+            if level in SNAPSHOT_LEVELS:
+                with pytest.raises(DBAPIError) as err:
+                    store.claim(reader, scope="s", operation="op", key="k", request=REQ)
+                assert store.retry_cause(err.value) == SERIALIZATION
+            else:
+                assert isinstance(store.claim(reader, scope="s", operation="op", key="k", request=REQ), Replayed)
+        finally:
+            tx.rollback()
+    again = store.run(scope="s", operation="op", key="k", request=REQ, effect=fx.effect("k"))
+    assert again.replayed and fx.count("k") == 1
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("change", ["completed", "taken_over"])
+def test_claim_after_record_changed_since_snapshot(make_store: Callable[..., IdempotencyStore], level: str,
+                                                   change: str) -> None:
+    """A leased record the snapshot saw in flight, then completed or taken over by others after the snapshot: READ
+    COMMITTED reads the new version (Replayed / InFlight under the new lease); REPEATABLE READ and SERIALIZABLE get
+    40001 from ON CONFLICT itself, so the read never returns the stale version (why the read needs no FOR SHARE)."""
+    store = make_store(isolation_level=level)
+    lease = timedelta(seconds=0.2) if change == "taken_over" else timedelta(minutes=5)
+    with store.transaction() as conn:
+        first = store.claim(conn, scope="s", operation="op", key="k", request=REQ, lease=lease)
+    assert isinstance(first, Claimed)
+    if change == "taken_over":
+        time.sleep(0.3)  # the lease must be over (a lower bound only: nothing else depends on timing)
+    with store.engine.connect() as reader:
+        tx = reader.begin()
+        reader.execute(select(store.tables.records)).all()  # the snapshot: the record in flight
+        with store.transaction() as conn:
+            if change == "completed":
+                store.complete(conn, first, "done")
+            else:
+                taken = store.claim(conn, scope="s", operation="op", key="k", request=REQ, lease=timedelta(minutes=5))
+                assert isinstance(taken, Claimed) and taken.taken_over
+        try:
+            if level in SNAPSHOT_LEVELS:
+                with pytest.raises(DBAPIError) as err:
+                    store.claim(reader, scope="s", operation="op", key="k", request=REQ, lease=timedelta(minutes=5))
+                assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == SERIALIZATION
+            else:
+                outcome = store.claim(reader, scope="s", operation="op", key="k", request=REQ,
+                                      lease=timedelta(minutes=5))
+                expected = Replayed if change == "completed" else InFlight
+                assert isinstance(outcome, expected), outcome
+                if isinstance(outcome, InFlight):
+                    assert outcome.retry_after > 60  # the taker's new lease, not the stale expired one
+        finally:
+            tx.rollback()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_duplicate_claim_keeps_caller_transaction_usable(make_store: Callable[..., IdempotencyStore],
+                                                         effects: Effects, level: str) -> None:
+    """At every isolation level, claims that find a completed record (Replayed), another request's record
+    (Mismatch) or a live lease (InFlight) leave the caller's transaction usable: what it writes before and
+    after commits."""
+    store = make_store(isolation_level=level)
+    fx = Effects(store)
+    store.run(scope="s", operation="op", key="done", request=REQ, effect=lambda conn: "first")
+    with store.transaction() as conn:
+        assert isinstance(store.claim(conn, scope="s", operation="op", key="live", request=REQ,
+                                      lease=timedelta(minutes=5)), Claimed)
+    with store.transaction() as conn:
+        fx.apply(conn, "before")
+        assert isinstance(store.claim(conn, scope="s", operation="op", key="done", request=REQ), Replayed)
+        assert isinstance(store.claim(conn, scope="s", operation="op", key="done", request={"x": 1}), Mismatch)
+        assert isinstance(store.claim(conn, scope="s", operation="op", key="live", request=REQ), InFlight)
+        fx.apply(conn, "after")
+        assert store.accept_message(conn, subscriber="sub", message_id="m")
+        assert not store.accept_message(conn, subscriber="sub", message_id="m")
+        fx.apply(conn, "after")
+    assert fx.per_key() == {"before": 1, "after": 2}
+
+
+# --- retryable errors that really happen ---------------------------------------------------------------------------
+
+
+def test_lost_connection_is_retried_by_run(store: IdempotencyStore, effects: Effects) -> None:
+    """A connection killed mid-effect (pg_terminate_backend: SQLSTATE 57P01) is retried by run in a new
+    connection; the dead attempt left nothing, so the effect lands exactly once and is not a replay."""
+    killed: list[bool] = []
+
+    def effect(conn: Connection) -> Any:
+        fx_id = effects.apply(conn, "k")
+        if not killed:
+            killed.append(True)
+            conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        return fx_id
+
+    result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert not result.replayed and effects.count("k") == 1
+    assert store.retries[CONNECTION] == 1
+
+
+def test_lock_timeout_is_retried_by_run(make_store: Callable[..., IdempotencyStore], effects: Effects,
+                                        admin: Engine) -> None:
+    """A claim that hits lock_timeout (55P03) behind an uncommitted winner is retried by run until the winner
+    commits, then replays the winner's response."""
+    holder_store = make_store()
+    impatient = make_store(connect_args={"options": "-c lock_timeout=50"})
+    with holder_store.engine.connect() as holder, ThreadPoolExecutor(1) as pool:
+        tx = holder.begin()
+        won = holder_store.claim(holder, scope="s", operation="op", key="k", request=REQ)
+        assert isinstance(won, Claimed)
+        pending = pool.submit(impatient.run, scope="s", operation="op", key="k", request=REQ,
+                              effect=effects.effect("k"), retry=RetryPolicy(total=60))
+        try:
+            deadline = time.monotonic() + 30
+            while impatient.retries[LOCK_TIMEOUT] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert impatient.retries[LOCK_TIMEOUT] >= 2
+        finally:
+            holder_store.complete(holder, won, "holder's")
+            tx.commit()
+        result = pending.result(timeout=30)
+    assert result.replayed and result.response == "holder's" and effects.count("k") == 0
+
+
+def test_deadlock_victim_is_classified(store: IdempotencyStore, admin: Engine) -> None:
+    """Two transactions claiming two keys in opposite orders deadlock; PostgreSQL aborts one (40P01), which is
+    classified as a retryable deadlock, and the other then gets its claim."""
+    with store.engine.connect() as a, store.engine.connect() as b, ThreadPoolExecutor(2) as pool:
+        a_pid, b_pid = backend_pid(a), backend_pid(b)
+        a_tx, b_tx = a.begin(), b.begin()
+        assert isinstance(store.claim(a, scope="s", operation="op", key="x", request=REQ), Claimed)
+        assert isinstance(store.claim(b, scope="s", operation="op", key="y", request=REQ), Claimed)
+        a_wants_y = pool.submit(store.claim, a, scope="s", operation="op", key="y", request=REQ)
+        wait_until_blocked(admin, a_pid, b_pid)
+        b_wants_x = pool.submit(store.claim, b, scope="s", operation="op", key="x", request=REQ)
+        outcomes: list[Any] = []
+        tx_of = {a_wants_y: a_tx, b_wants_x: b_tx}
+        for fut in as_completed(tx_of, timeout=60):
+            try:
+                outcomes.append(fut.result())
+            except DBAPIError as exc:
+                outcomes.append(exc)
+                tx_of[fut].rollback()  # the victim's transaction is over; end it so nothing waits on it
+        for tx in (a_tx, b_tx):
+            if tx.is_active:
+                tx.rollback()
+    victims = [o for o in outcomes if isinstance(o, DBAPIError)]
+    assert len(victims) == 1, outcomes
+    assert sqlstate(victims[0]) == "40P01" and store.retry_cause(victims[0]) == DEADLOCK
+    assert sum(isinstance(o, Claimed) for o in outcomes) == 1
+
+
+# --- clock, purge, exact bytes -------------------------------------------------------------------------------------
+
+
+def test_lease_starts_at_claim_statement_not_transaction_start(store: IdempotencyStore) -> None:
+    """A lease is measured from the claim statement (statement_timestamp), not the transaction's start: a claim
+    made late in a transaction still gets its whole lease. Times are timestamptz (aware datetimes)."""
+    with store.transaction() as conn:
+        conn.execute(text("SELECT pg_sleep(0.3)"))
+        outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ, lease=timedelta(seconds=1))
+        assert isinstance(outcome, Claimed)
+        t = store.tables.records
+        row = conn.execute(select(t.c.created_at, t.c.locked_until,
+                                  text("transaction_timestamp() AS tx_start"))).one()
+    assert row.created_at.tzinfo is not None
+    assert row.locked_until - row.created_at == timedelta(seconds=1)
+    assert row.locked_until - row.tx_start >= timedelta(seconds=1.3)
+
+
+def test_purge_skips_rows_others_hold(store: IdempotencyStore, admin: Engine) -> None:
+    """purge never waits for or deletes a row another transaction holds (FOR UPDATE SKIP LOCKED), nor sees an
+    uncommitted claim; it takes the held row once released."""
+    for key in ("held", "free"):
+        store.run(scope="s", operation="op", key=key, request=REQ, effect=lambda conn, k=key: k)
+    t = store.tables.records
+    with store.engine.connect() as holder, store.engine.connect() as claimer, ThreadPoolExecutor(1) as pool:
+        holder_tx = holder.begin()
+        holder.execute(select(t).where(t.c.idem_key == "held").with_for_update()).one()
+        claimer_tx = claimer.begin()
+        assert isinstance(store.claim(claimer, scope="s", operation="op", key="new", request=REQ), Claimed)
+        try:
+            assert pool.submit(store.purge, timedelta(0), 10).result(timeout=20) == 1
+        finally:
+            holder_tx.rollback()
+        claimer_tx.rollback()
+    with store.engine.connect() as conn:
+        assert [r.idem_key for r in conn.execute(select(t.c.idem_key))] == ["held"]
+    assert store.purge(timedelta(0), 10) == 1
+
+
+def test_nul_characters_round_trip(store: IdempotencyStore) -> None:
+    """Requests, responses and message payloads containing NUL round-trip exactly (fingerprints and bytea; PostgreSQL
+    text cannot hold NUL, and none is stored as text)."""
+    req = {"memo": "a\x00b", "raw": "\x00"}
+    first = store.run(scope="s", operation="op", key="k", request=req, effect=lambda conn: {"echo": "x\x00y"})
+    again = store.run(scope="s", operation="op", key="k", request={"raw": "\x00", "memo": "a\x00b"},
+                      effect=lambda conn: "never")
+    assert again.replayed and again.response == first.response == {"echo": "x\x00y"}
+    with pytest.raises(RequestMismatch):
+        store.run(scope="s", operation="op", key="k", request={"memo": "a\x00c", "raw": "\x00"},
+                  effect=lambda conn: "never")
+    with store.transaction() as conn:
+        assert store.accept_message(conn, subscriber="sub", message_id="m", payload={"t": "\x00"})
+    with pytest.raises(RequestMismatch), store.transaction() as conn:
+        store.accept_message(conn, subscriber="sub", message_id="m", payload={"t": "\x00\x00"})
+
+
+def test_server_version(pg: Server, admin: Engine) -> None:
+    """The embedded engine is PostgreSQL 18; the service is whatever the machine runs (15 in CI)."""
+    with admin.connect() as conn:
+        version = int(conn.execute(text("SHOW server_version_num")).scalar_one())
+    if pg.engine == "postgresql-18":
+        assert 180000 <= version < 190000
+    assert version >= 130000
+
+
+# --- collations ----------------------------------------------------------------------------------------------------
+
+# Keys that a case-insensitive, normalization-insensitive comparison would merge; each must be its own record.
+CONFUSABLE_KEYS = ["Key", "key", "KEY", "caf\u00e9", "cafe\u0301", "CAF\u00c9", "k", "k "]
+
+
+@pytest.fixture(params=["icu", "builtin"])
+def odd_default_database(request: pytest.FixtureRequest, pg: Server, admin: Engine) -> Iterator[URL]:
+    """A new database whose default collation is not C. With ICU: `und-u-ks-level2` (case-insensitive strength)
+    as the database default, plus a nondeterministic copy of it shadowing `text` through the search_path.
+    Without ICU (the embedded 18 wheel is built without it) there is no nondeterministic collation to pick up;
+    the builtin provider's Unicode locale (PostgreSQL 17+) is the non-C default tried instead."""
+    name = f"idem_coll_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        version = int(conn.execute(text("SHOW server_version_num")).scalar_one())
+        if request.param == "icu":
+            locale = "LOCALE_PROVIDER icu ICU_LOCALE 'und-u-ks-level2'"
+        else:
+            if version < 170000:
+                pytest.skip("the builtin locale provider needs PostgreSQL 17+ (here the ICU variant runs)")
+            locale = "LOCALE_PROVIDER builtin BUILTIN_LOCALE " + ("'PG_UNICODE_FAST'" if version >= 180000
+                                                                   else "'C.UTF-8'")
+        try:
+            conn.execute(text(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' {locale}"))
+        except DBAPIError as exc:
+            if sqlstate(exc) == "0A000":  # feature_not_supported: "ICU is not supported in this build"
+                pytest.skip(f"{pg.engine}: {str(exc.orig).strip()} (no ICU: no nondeterministic collations exist)")
+            if sqlstate(exc) == "42501":
+                pytest.skip(f"{pg.engine}: no privilege to create a database")
+            raise
+        if request.param == "icu":
+            conn.execute(text(f"ALTER DATABASE {name} SET search_path = public, pg_catalog"))
+    url = pg.url.set(database=name)
+    if request.param == "icu":
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE COLLATION case_insensitive "
+                              "(provider = icu, locale = 'und-u-ks-level2', deterministic = false)"))
+            conn.execute(text("CREATE DOMAIN public.text AS pg_catalog.text COLLATE case_insensitive"))
+        engine.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            force = " WITH (FORCE)" if version >= 130000 else ""
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))
+
+
+def test_keys_byte_exact_under_non_c_default_collation(odd_default_database: URL,
+                                                       make_store: Callable[..., IdempotencyStore]) -> None:
+    """Keys differing only in case, Unicode normalization form or trailing space stay distinct records in a
+    database whose default collation is a case-insensitive ICU locale.
+
+    PostgreSQL refuses a nondeterministic collation as a database default (CREATE DATABASE has no DETERMINISTIC
+    option; the default collation breaks ties bytewise, so 'a' = 'A' is false there even though ORDER BY ignores
+    case). The strongest realistic equivalent is tested instead: that ICU default, plus a nondeterministic
+    case-insensitive collation a naive schema picks up without naming it - a `text` domain shadowing
+    pg_catalog.text through the database's search_path. A naive table keyed on `text` merges these keys (asserted,
+    so the probe has teeth); our tables, keyed on VARCHAR COLLATE "C", do not."""
+    url = odd_default_database
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        if conn.execute(text("SELECT count(*) FROM pg_collation WHERE collname = 'case_insensitive'")).scalar():
+            conn.execute(text("CREATE TABLE naive (k text PRIMARY KEY)"))
+            for key in CONFUSABLE_KEYS:
+                conn.execute(text("INSERT INTO naive VALUES (:k) ON CONFLICT DO NOTHING"), {"k": key})
+            merged = conn.execute(text("SELECT count(*) FROM naive")).scalar_one()
+            assert merged < len(CONFUSABLE_KEYS) - 3, "the naive schema should have merged case/normalization twins"
+        assert conn.execute(text("SELECT 'a' = 'A'")).scalar() is False  # the database default stays deterministic
+    engine.dispose()
+
+    store = make_store(url)
+    for key in CONFUSABLE_KEYS:
+        result = store.run(scope="Tenant", operation="op", key=key, request=REQ, effect=lambda conn, k=key: k)
+        assert not result.replayed and result.response == key
+    for scope in ("tenant", "TENANT"):
+        other = store.run(scope=scope, operation="op", key="Key", request=REQ, effect=lambda conn, s=scope: s)
+        assert not other.replayed
+    for key in CONFUSABLE_KEYS:
+        again = store.run(scope="Tenant", operation="op", key=key, request=REQ, effect=lambda conn: "never")
+        assert again.replayed and again.response == key
+    with store.transaction() as conn:
+        for key in CONFUSABLE_KEYS:
+            assert store.accept_message(conn, subscriber="sub", message_id=key)
+    with store.engine.connect() as conn:
+        collations = conn.execute(text(
+            "SELECT a.attname, c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation"
+            " WHERE a.attrelid = CAST(:t AS regclass) AND a.attname IN ('scope', 'operation', 'idem_key')"
+        ), {"t": store.tables.records.name}).all()
+        assert sorted(collations) == [("idem_key", "C"), ("operation", "C"), ("scope", "C")]
+        assert len(conn.execute(select(store.tables.records)).all()) == len(CONFUSABLE_KEYS) + 2
+
+
+def test_case_twins_race_exactly_once_each(effects: Effects) -> None:
+    """16 threads on two keys differing only in case: each key gets exactly one effect (no cross-key replay)."""
+    store = effects.store
+    barrier = threading.Barrier(16)
+
+    def call(i: int) -> Any:
+        key = "Race" if i % 2 else "race"
+        barrier.wait()
+        return store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(16)))
+    assert effects.per_key() == {"Race": 1, "race": 1}
+    assert sum(not r.replayed for r in results) == 2
