@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections import Counter
@@ -13,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, create_engine, delete, make_url, or_, update
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import CLAIM_RACE, Backend
@@ -97,6 +100,7 @@ class IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
         parsed = make_url(url)
         backend = dialects.load(parsed.get_backend_name())
+        parsed = backend.resolve_url(parsed)
         engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
         return cls(engine, table_prefix=table_prefix, retry=retry)
 
@@ -313,12 +317,17 @@ class IdempotencyStore:
         total = 0
         for table, condition in targets:
             while True:
-                with self.transaction() as conn:
-                    deleted = self.backend.purge_batch(conn, table, condition, batch_size)
+                batch = functools.partial(self._purge_batch, table, condition, batch_size)
+                deleted = call_with_retry(self.retry, self.retry_cause, batch, self._count_retry)
                 total += deleted
                 if deleted < batch_size:
                     break
         return total
+
+    def _purge_batch(self, table: Table, condition: ColumnElement[bool], batch_size: int) -> int:
+        # Each batch is its own short transaction, retried like run's (busy, serialization failure, deadlock).
+        with self.transaction() as conn:
+            return self.backend.purge_batch(conn, table, condition, batch_size)
 
     def _ident_clause(self, claimed: Claimed) -> list[Any]:
         c = self.tables.records.c

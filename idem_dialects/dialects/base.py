@@ -45,6 +45,11 @@ class Backend:
     # --- engine construction -------------------------------------------------------------------------------
 
     @classmethod
+    def resolve_url(cls, url: URL) -> URL:
+        """The URL `from_url` builds the engine from: a backend may pick an installed driver for a bare URL."""
+        return url
+
+    @classmethod
     def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
         """create_engine options for `from_url`: the user's, plus what this engine needs to work at all."""
         return dict(options)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from importlib.util import find_spec
 from typing import Any
 
 from sqlalchemy import (
@@ -37,7 +38,7 @@ from sqlalchemy import (
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
@@ -79,6 +80,13 @@ def sqlstate(exc: BaseException) -> str | None:
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+
+    @classmethod
+    def resolve_url(cls, url: URL) -> URL:
+        # A bare postgresql:// means psycopg2 to SQLAlchemy; the [postgresql] extra installs psycopg 3 instead.
+        if url.drivername == "postgresql" and find_spec("psycopg2") is None and find_spec("psycopg") is not None:
+            return url.set(drivername="postgresql+psycopg")
+        return url
 
     # --- column types ----------------------------------------------------------------------------------------
 
