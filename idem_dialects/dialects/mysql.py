@@ -1,0 +1,218 @@
+"""MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, duplicates by error 1062, locking reads for the loser.
+
+Three traps this module exists to avoid:
+
+- Collations merge keys. The usual defaults (``utf8mb4_0900_ai_ci``, ``utf8mb4_general_ci``) ignore case and
+  accents, and even ``utf8mb4_bin`` is PAD SPACE: ``'k'`` and ``'k '`` collide in its unique index. Identity
+  columns are therefore VARBINARY holding UTF-8 bytes: compared byte for byte, NO PAD, whatever the server's,
+  database's or connection's character set (255 characters x 4 bytes = 1020; 3 columns = 3060 bytes, within
+  InnoDB's 3072-byte index key limit under ROW_FORMAT=DYNAMIC).
+- Snapshots hide the winner. Under InnoDB's default REPEATABLE READ a plain SELECT reads the snapshot taken at
+  the transaction's first read, which predates the winner the INSERT just collided with; the loser reads with a
+  locking read instead, which sees the latest committed version (and keeps it stable for a takeover).
+- Quiet constructs hide errors. INSERT IGNORE and ON DUPLICATE KEY UPDATE also silence truncation, NOT NULL and
+  other unique indexes; the claim is a plain INSERT whose error 1062 is caught, and only when the primary key
+  row really exists (a 1062 from another unique index propagates). A duplicate-key error rolls back only the
+  statement in InnoDB, so no savepoint is needed and the caller's transaction stays usable. Connections used
+  for claims run in a strict sql_mode, so an over-long value fails instead of being truncated.
+
+The two engines differ where this module says so explicitly:
+
+=====================  =====================================  ==============================================
+                       MySQL 8.4 (``mysql``)                  MariaDB 10.6+ (``mariadb``)
+=====================  =====================================  ==============================================
+locking read           ``FOR SHARE`` (8.0.1+)                 ``LOCK IN SHARE MODE`` (``FOR SHARE`` is a
+                                                              syntax error)
+NO PAD binary          ``utf8mb4_0900_bin``                   ``utf8mb4_nopad_bin``
+collation              (not used: keys are VARBINARY, so no collation applies on either engine)
+RETURNING              none                                   INSERT/DELETE ... RETURNING (not needed: the
+                                                              claim's success is the INSERT's own success)
+extra retryable error  -                                      1020 (``innodb_snapshot_isolation=ON``, the
+                                                              default from MariaDB 11.6)
+=====================  =====================================  ==============================================
+
+Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
+`run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
+invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import func, literal, literal_column, select, text, type_coerce
+from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
+from sqlalchemy.dialects.mysql import limit as mysql_limit
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from ..keys import MAX_LENGTH
+from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
+
+# Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
+ER_DUP_ENTRY = 1062
+ER_LOCK_WAIT_TIMEOUT = 1205
+ER_LOCK_DEADLOCK = 1213
+ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
+CR_SERVER_GONE_ERROR = 2006
+CR_SERVER_LOST = 2013
+
+KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
+_UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
+_STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
+_STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
+
+
+class Utf8Bytes(TypeDecorator[str]):
+    """A str stored as its UTF-8 bytes in VARBINARY: byte-for-byte, NO PAD comparison on every version and
+    under every character set, because no collation is involved."""
+
+    impl = VARBINARY(KEY_BYTES)
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The server/client error number of a wrapped DBAPI error (PyMySQL, mysqlclient, mysql-connector)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        return args[0]
+    errno = getattr(orig, "errno", None)
+    return errno if isinstance(errno, int) else None
+
+
+class MySQLBackend(Backend):
+    name = "mysql"
+    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+    # The engine's own spelling of a shared locking read (see share_lock for servers that lack it).
+    share_lock_clause: ClassVar[str] = "FOR SHARE"
+    retryable: ClassVar[Mapping[int, str]] = {
+        ER_LOCK_DEADLOCK: DEADLOCK,
+        ER_LOCK_WAIT_TIMEOUT: LOCK_TIMEOUT,
+        CR_SERVER_GONE_ERROR: CONNECTION,
+        CR_SERVER_LOST: CONNECTION,
+    }
+
+    # --- column types ----------------------------------------------------------------------------------------
+
+    def key_type(self) -> TypeEngine[str]:
+        return Utf8Bytes()
+
+    def token_type(self) -> TypeEngine[str]:
+        return VARCHAR(64, charset="ascii", collation="ascii_bin")  # hex only: padding cannot matter
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return DATETIME(fsp=6)
+
+    def blob_type(self) -> TypeEngine[bytes]:
+        return LONGBLOB()  # BLOB stops at 64 KB; responses may be megabytes
+
+    def table_kwargs(self) -> dict[str, Any]:
+        options = {"engine": "InnoDB", "charset": "utf8mb4", "row_format": "DYNAMIC"}
+        # SQLAlchemy reads table options under its dialect's name: mysql_* for mysql://, mariadb_* for mariadb://.
+        return {f"{prefix}_{k}": v for prefix in ("mysql", "mariadb") for k, v in options.items()}
+
+    # --- transactions and the clock --------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        with conn.begin():
+            self.ensure_strict(conn)
+            yield
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        micros = round(seconds * 1_000_000)
+        expr = _UTC_NOW if micros == 0 else func.timestampadd(text("MICROSECOND"), micros, _UTC_NOW)
+        return type_coerce(expr, DATETIME(fsp=6))
+
+    def ensure_strict(self, conn: Connection) -> None:
+        """Make this connection's sql_mode strict (once per DBAPI connection), so a value that does not fit
+        raises instead of being truncated with a warning. Adds STRICT_ALL_TABLES only if neither strict mode is
+        set; the rest of the caller's sql_mode is kept."""
+        if conn.info.get(_STRICT_CHECKED):
+            return
+        mode = conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar()
+        if not _STRICT_MODES & {m.strip().upper() for m in str(mode or "").split(",")}:
+            conn.exec_driver_sql(
+                "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
+            )
+        conn.info[_STRICT_CHECKED] = True
+
+    def share_lock(self, conn: Connection) -> str:
+        """The locking-read clause this server understands. A `mysql://` URL may reach a MariaDB server or a
+        MySQL older than 8.0.1, neither of which parses FOR SHARE; both take LOCK IN SHARE MODE."""
+        dialect = conn.dialect
+        version = getattr(dialect, "server_version_info", None) or ()
+        if getattr(dialect, "is_mariadb", False) or tuple(version[:3]) < (8, 0, 1):
+            return MariaDBBackend.share_lock_clause
+        return self.share_lock_clause
+
+    # --- the protocol's statements ---------------------------------------------------------------------------
+
+    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        self.ensure_strict(conn)
+        try:
+            conn.execute(table.insert().values(**values))  # a duplicate rolls back this statement only
+        except IntegrityError as exc:
+            if self.is_duplicate(exc) and self._primary_key_exists(conn, table, values):
+                return False
+            raise
+        return True
+
+    def _primary_key_exists(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        # 1062 names no index by code; the row with our primary key existing is what makes it our duplicate.
+        # InnoDB checks the clustered (primary) index first, and the failed insert left a shared lock on the
+        # duplicate record, so the row cannot vanish before this read.
+        pk = table.primary_key.columns
+        stmt = (select(literal(1)).select_from(table).where(*(c == values[c.name] for c in pk))
+                .suffix_with(self.share_lock(conn)))
+        return conn.execute(stmt).first() is not None
+
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
+        # A locking read returns the latest committed version, not the transaction's REPEATABLE READ snapshot.
+        stmt = (select(*table.c, self.now().label("db_now")).where(*(table.c[k] == v for k, v in key.items()))
+                .suffix_with(self.share_lock(conn)))
+        return conn.execute(stmt).first()
+
+    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+        # Single-table DELETE ... LIMIT: one statement, no key list round trip.
+        return conn.execute(table.delete().where(condition).ext(mysql_limit(limit))).rowcount
+
+    # --- error classification --------------------------------------------------------------------------------
+
+    def is_duplicate(self, exc: DBAPIError) -> bool:
+        return error_code(exc) == ER_DUP_ENTRY
+
+    def retry_cause(self, exc: BaseException) -> str | None:
+        if not isinstance(exc, DBAPIError):
+            return None
+        code = error_code(exc)
+        cause = None if code is None else self.retryable.get(code)
+        # Otherwise only a connection SQLAlchemy invalidated (its own disconnect detection): a fresh one is safe.
+        return cause or super().retry_cause(exc)
+
+
+class MariaDBBackend(MySQLBackend):
+    name = "mariadb"
+    share_lock_clause: ClassVar[str] = "LOCK IN SHARE MODE"
+    retryable: ClassVar[Mapping[int, str]] = {
+        **MySQLBackend.retryable,
+        # With innodb_snapshot_isolation=ON (default from 11.6), a locking read or write of a row committed
+        # after the transaction's snapshot fails with 1020 instead of reading it: retry in a new transaction.
+        ER_CHECKREAD: SERIALIZATION,
+    }
+
+    def share_lock(self, conn: Connection) -> str:
+        return self.share_lock_clause
