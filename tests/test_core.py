@@ -270,3 +270,13 @@ def test_bare_postgresql_url_uses_installed_psycopg3() -> None:
     assert store.engine.url.drivername == "postgresql+psycopg" and store.backend.name == "postgresql"
     explicit = IdempotencyStore.from_url("postgresql+psycopg://app@127.0.0.1:1/app")
     assert explicit.engine.url.drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize("name", ["mysql", "mariadb"])
+def test_bare_mysql_url_uses_installed_pymysql(name: str) -> None:
+    from importlib.util import find_spec
+
+    if find_spec("MySQLdb") is not None or find_spec("pymysql") is None:
+        pytest.skip("needs PyMySQL without mysqlclient")
+    store = IdempotencyStore.from_url(f"{name}://root@127.0.0.1:1/test")
+    assert store.engine.url.drivername == f"{name}+pymysql" and store.backend.name == name

@@ -41,12 +41,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
+from importlib.util import find_spec
 from typing import Any, ClassVar
 
 from sqlalchemy import func, literal, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -104,6 +105,13 @@ class MySQLBackend(Backend):
         CR_SERVER_GONE_ERROR: CONNECTION,
         CR_SERVER_LOST: CONNECTION,
     }
+
+    @classmethod
+    def resolve_url(cls, url: URL) -> URL:
+        # A bare mysql:// or mariadb:// means mysqlclient to SQLAlchemy; the [mysql] extra installs PyMySQL instead.
+        if url.drivername == cls.name and find_spec("MySQLdb") is None and find_spec("pymysql") is not None:
+            return url.set(drivername=f"{cls.name}+pymysql")
+        return url
 
     # --- column types ----------------------------------------------------------------------------------------
 
