@@ -1,8 +1,12 @@
 """pytest plugin (entry point ``pytest11``): engine selection, provisioning, per-test isolation, observations.
 
-Options: ``--idem-engine NAME`` (repeatable, or ``all``; default all), ``--idem-url NAME=URL`` (repeatable; a
-name not in the catalogue defines an ad-hoc engine, e.g. a third-party backend), ``--idem-require NAME``
-(repeatable, or ``all``): a required engine that cannot be provisioned fails its checks instead of skipping.
+Options: ``--idem-engine NAME`` (repeatable, or ``all``; default all; a family name such as ``mssql`` means every
+``mssql-*`` engine), ``--idem-url NAME=URL`` (repeatable; a name not in the catalogue defines an ad-hoc engine,
+e.g. a third-party backend), ``--idem-require NAME`` (repeatable, or ``all``): a required engine that cannot be
+provisioned fails its checks instead of skipping. A required engine is run even if ``--idem-engine`` omits it.
+
+Each check is a ``test_<id>`` function; `check_id` and `check_statement` give its stable id and the one-line
+guarantee it proves (the docstring's first sentence). Checks record measured facts with the `observe` fixture.
 """
 
 from __future__ import annotations
@@ -15,16 +19,41 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, resolve
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, dialects
-from idem_dialects.engines import ENGINES, Server, Unavailable, resolve
 
 from .support import Effects
 
 OBSERVATION = "idem_observation"
+# A plugin object with this attribute (e.g. the one `idem-dialects matrix` passes) maps engine names to the Server
+# it already provisioned or the Unavailable it got; this session then uses those instead of provisioning its own
+# (and leaves stopping them to their owner).
+PROVISIONED = "idem_dialects_provisioned"
 _counter = itertools.count()
+
+
+def check_id(item: pytest.Item) -> tuple[str, str]:
+    """(stable id, variant) of a collected check: the function name without ``test_``, and its parameters other
+    than the engine joined by '-' ('' when not parametrized)."""
+    name = getattr(item, "originalname", None) or item.name.partition("[")[0]
+    ident = name.removeprefix("test_")
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return ident, ""
+    ids = list(getattr(callspec, "_idlist", None) or [callspec.id])
+    engine = callspec.params.get("idem_engine")
+    if engine in ids:
+        ids.remove(engine)
+    return ident, "-".join(ids)
+
+
+def check_statement(item: pytest.Item) -> str:
+    """The guarantee a check proves: the first paragraph of its docstring, on one line."""
+    doc = getattr(getattr(item, "obj", None), "__doc__", None) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 @dataclass
@@ -55,18 +84,22 @@ class Sessions:
             if not sep or not name or not url:
                 raise pytest.UsageError(f"--idem-url wants NAME=URL, got {item!r}")
             self.urls[name] = make_url(url)
-        chosen = config.getoption("idem_engine") or []
-        if chosen and "all" not in chosen:
-            self.names = list(dict.fromkeys(chosen))
-        else:
-            self.names = list(ENGINES) + [n for n in self.urls if n not in ENGINES]
-        for name in self.names:
-            if name not in ENGINES and name not in self.urls:
-                raise pytest.UsageError(f"unknown engine {name!r}: give its URL with --idem-url {name}=URL"
-                                        f" or pick one of {', '.join(ENGINES)}")
-        required = config.getoption("idem_require") or []
-        self.required = set(self.names) if "all" in required else set(required)
+        adhoc = [n for n in self.urls if n not in ENGINES]
+        try:
+            chosen = expand(config.getoption("idem_engine") or ["all"], adhoc)
+            required_names = config.getoption("idem_require") or []
+            required = expand(required_names, adhoc)
+        except KeyError as exc:
+            hint = "an engine outside the catalogue needs --idem-url NAME=URL"
+            raise pytest.UsageError(f"{exc.args[0]}; {hint}") from None
+        self.names = list(dict.fromkeys(chosen + required))
+        self.required = set(self.names) if "all" in required_names else set(required)
         self._servers: dict[str, Server | Unavailable] = {}
+        self._owned: set[str] = set()  # servers this session started, and so stops
+        for plugin in config.pluginmanager.get_plugins():
+            provisioned = getattr(plugin, PROVISIONED, None)
+            if isinstance(provisioned, dict):
+                self._servers.update(provisioned)
 
     def server(self, name: str) -> Server:
         if name not in self._servers:
@@ -75,6 +108,7 @@ class Sessions:
                     self._servers[name] = Server(name, self.urls[name], "URL from --idem-url")
                 else:
                     self._servers[name] = resolve([name])[0].provide()
+                    self._owned.add(name)
             except Unavailable as exc:
                 self._servers[name] = exc
         found = self._servers[name]
@@ -83,7 +117,8 @@ class Sessions:
         return found
 
     def close(self) -> None:
-        for server in self._servers.values():
+        for name in self._owned:
+            server = self._servers[name]
             if isinstance(server, Server):
                 server.stop()
 
@@ -93,7 +128,8 @@ _SESSIONS = pytest.StashKey[Sessions]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("idem-dialects", "idem-dialects conformance")
-    group.addoption("--idem-engine", action="append", metavar="NAME", help="engine to run the checks on (repeatable; 'all')")
+    group.addoption("--idem-engine", action="append", metavar="NAME",
+                    help="engine to run the checks on (repeatable; 'all'; a family such as 'mssql')")
     group.addoption("--idem-url", action="append", metavar="NAME=URL", help="database URL for an engine (repeatable)")
     group.addoption("--idem-require", action="append", metavar="NAME",
                     help="fail instead of skipping if this engine cannot be provisioned (repeatable; 'all')")

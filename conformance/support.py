@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -55,3 +56,17 @@ class Effects:
         with self.store.engine.connect() as conn:
             rows = conn.execute(select(self.table.c.k, func.count()).group_by(self.table.c.k)).all()
         return {k: int(n) for k, n in rows}
+
+
+def process_worker(url: str, prefix: str, keys: list[str], seed: int, out: Any) -> None:
+    """One process of the multi-process race: run every key (in its own shuffled order); report responses and
+    the retries it absorbed through `out`."""
+    store = IdempotencyStore.from_url(url, table_prefix=prefix)
+    effects = Effects(store)
+    random.Random(seed).shuffle(keys)
+    responses = {}
+    for key in keys:
+        result = store.run(scope="s", operation="op", key=key, request={"amount": 100}, effect=effects.effect(key))
+        responses[key] = result.response["effect"]
+    out.put((responses, dict(store.retries)))
+    store.engine.dispose()

@@ -111,7 +111,8 @@ RESPONSES: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize("response", RESPONSES, ids=lambda r: f"{type(r).__name__}{len(r) if hasattr(r, '__len__') else ''}")
+@pytest.mark.parametrize("response", RESPONSES,
+                         ids=lambda r: f"{type(r).__name__}{len(r) if hasattr(r, '__len__') else ''}")
 def test_response_replays_exactly(store: IdempotencyStore, response: Any) -> None:
     """Every response kind (JSON value or bytes, empty, NUL, 1 MB) replays with the same type and value."""
     store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: response)
@@ -129,7 +130,8 @@ BAD_IDENTIFIERS: list[tuple[Any, str]] = [
 
 
 @pytest.mark.parametrize("field", ["scope", "operation", "key"])
-@pytest.mark.parametrize(("value", "rule"), BAD_IDENTIFIERS, ids=["empty", "256", "nul", "surrogate", "int", "bytes", "none"])
+@pytest.mark.parametrize(("value", "rule"), BAD_IDENTIFIERS,
+                         ids=["empty", "256", "nul", "surrogate", "int", "bytes", "none"])
 def test_invalid_identity_rejected_before_sql(store: IdempotencyStore, field: str, value: Any, rule: str) -> None:
     """Bad scope/operation/key raises InvalidKey naming the field and rule, before any SQL runs."""
     args: dict[str, Any] = dict(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: 1)
@@ -254,7 +256,7 @@ def test_message_rolled_back_with_effect(store: IdempotencyStore, effects: Effec
 def test_purge_removes_old_keeps_live(store: IdempotencyStore) -> None:
     """purge deletes completed records and messages older than the window, in batches; live claims survive."""
     for i in range(7):
-        store.run(scope="s", operation="op", key=f"done-{i}", request=REQ, effect=lambda conn: i)
+        store.run(scope="s", operation="op", key=f"done-{i}", request=REQ, effect=lambda conn, i=i: i)
     with store.transaction() as conn:
         store.claim(conn, scope="s", operation="op", key="live", request=REQ, lease=timedelta(hours=1))
         store.accept_message(conn, subscriber="sub", message_id="m")

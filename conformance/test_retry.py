@@ -1,0 +1,130 @@
+"""Checks: retryable errors are retried within a bounded budget, counted, and reported with attempts and causes
+when the budget runs out; real contention on a held key is waited out or reported, never leaked raw."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+
+from idem_dialects import IdempotencyStore, Replayed, RetriesExhausted, RetryPolicy
+from idem_dialects.dialects.base import CONNECTION
+
+from .support import Effects
+
+REQ = {"amount": 100}
+Observe = Callable[[str, object], None]
+
+
+def lost_connection() -> OperationalError:
+    """What SQLAlchemy raises when the server drops the connection mid-statement (connection_invalidated)."""
+    return OperationalError("SELECT 1", {}, ConnectionError("server closed the connection unexpectedly"),
+                            connection_invalidated=True)
+
+
+def test_retry_exhaustion_reports_attempts_and_causes(store: IdempotencyStore, effects: Effects,
+                                                      observe: Observe) -> None:
+    """When retryable errors outlast the budget, run raises RetriesExhausted with the attempt count, the causes
+    tallied per kind and the last error; every attempt rolled back, and the absorbed retries were counted."""
+    calls: list[float] = []
+
+    def effect(conn: Any) -> Any:
+        calls.append(time.perf_counter())
+        effects.apply(conn, "k")
+        raise lost_connection()
+
+    started = time.perf_counter()
+    with pytest.raises(RetriesExhausted) as err:
+        store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
+                  retry=RetryPolicy(total=0.3, initial=0.01, max_wait=0.05))
+    elapsed = time.perf_counter() - started
+    exhausted = err.value
+    assert exhausted.attempts == len(calls) >= 2
+    assert exhausted.causes == {CONNECTION: exhausted.attempts}
+    assert isinstance(exhausted.last_error, OperationalError) and exhausted.__cause__ is exhausted.last_error
+    assert str(exhausted.attempts) in str(exhausted) and CONNECTION in str(exhausted)
+    assert store.retries[CONNECTION] == exhausted.attempts - 1
+    assert elapsed < 5, f"a 0.3 s budget took {elapsed:.2f}s"
+    assert effects.count() == 0
+    with store.engine.connect() as conn:
+        assert conn.execute(select(store.tables.records)).first() is None
+    observe("0.3 s retry budget: attempts before giving up", exhausted.attempts)
+
+
+def test_absorbed_retries_are_counted(store: IdempotencyStore, effects: Effects) -> None:
+    """A retryable error that clears up is absorbed by run: the caller gets the one result, the failed attempts
+    left nothing behind, and store.retries counts each absorbed retry by cause."""
+    failures = [lost_connection(), lost_connection()]
+
+    def effect(conn: Any) -> Any:
+        effect_id = effects.apply(conn, "k")
+        if failures:
+            raise failures.pop()
+        return {"effect": effect_id}
+
+    result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert not result.replayed and effects.count("k") == 1
+    assert dict(store.retries) == {CONNECTION: 2}
+
+
+def test_non_retryable_error_is_not_retried(store: IdempotencyStore) -> None:
+    """An error the backend does not classify as retryable reaches the caller after exactly one attempt."""
+    calls: list[int] = []
+
+    def effect(conn: Any) -> Any:
+        calls.append(1)
+        raise ValueError("bad input found by the effect")
+
+    with pytest.raises(ValueError, match="bad input"):
+        store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert calls == [1] and sum(store.retries.values()) == 0
+
+
+@pytest.mark.requires("concurrent_connections")
+def test_held_key_is_waited_out_or_reported(store: IdempotencyStore, effects: Effects, observe: Observe) -> None:
+    """A key held by another open transaction for 1 s, against a 0.3 s retry budget: run waits and replays the
+    holder's result, or raises RetriesExhausted naming real causes - never a raw driver error, never 2 effects."""
+    claimed = threading.Event()
+    release = threading.Event()
+    problems: list[BaseException] = []
+
+    def holder() -> None:
+        try:
+            with store.transaction() as conn:
+                outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+                claimed.set()
+                assert not isinstance(outcome, Replayed)
+                response = {"effect": effects.apply(conn, "k")}
+                release.wait(1.0)
+                store.complete(conn, outcome, response)  # type: ignore[arg-type]
+        except BaseException as exc:
+            problems.append(exc)
+            claimed.set()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert claimed.wait(30)
+    started = time.perf_counter()
+    try:
+        result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+                           retry=RetryPolicy(total=0.3))
+    except RetriesExhausted as exc:
+        waited = time.perf_counter() - started
+        assert exc.attempts >= 1 and exc.causes and "unknown" not in exc.causes, exc
+        tally = ", ".join(f"{cause} x{n}" for cause, n in sorted(exc.causes.items()))
+        observe("key held 1 s, 0.3 s budget", f"RetriesExhausted after {waited:.1f}s ({tally})")
+    else:
+        waited = time.perf_counter() - started
+        assert result.replayed, "the waiter ran its own effect while the holder's claim was open"
+        retried = ", ".join(f"{c} x{n}" for c, n in sorted(store.retries.items())) or "no retries"
+        observe("key held 1 s, 0.3 s budget", f"waited {waited:.1f}s, then replayed ({retried})")
+    finally:
+        release.set()
+        thread.join(30)
+    assert problems == []
+    assert effects.count("k") == 1

@@ -1,0 +1,72 @@
+"""The engine catalogue: env var naming, families, and clear reasons when an engine cannot be provided."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
+
+from idem_dialects.cli import main
+
+NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
+
+
+@pytest.fixture
+def no_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", NO_DOCKER)
+    for name in ENGINES:
+        monkeypatch.delenv(env_var(name), raising=False)
+
+
+def test_env_var_naming() -> None:
+    assert env_var("postgresql-18") == "IDEM_URL_POSTGRESQL_18"
+    assert env_var("mysql-8.4") == "IDEM_URL_MYSQL_8_4"
+    assert env_var("mssql-2022") == "IDEM_URL_MSSQL_2022"
+
+
+def test_catalogue_has_every_engine() -> None:
+    assert set(ENGINES) == {"sqlite", "postgresql-18", "postgresql", "mariadb", "mysql-8.4", "mssql-2022",
+                            "mssql-2025", "oracle-23", "oracle-26"}
+
+
+def test_families_expand() -> None:
+    assert expand(["mssql"]) == ["mssql-2022", "mssql-2025"]
+    assert expand(["oracle", "mysql"]) == ["oracle-23", "oracle-26", "mysql-8.4"]
+    assert expand(["postgresql"]) == ["postgresql"]  # an exact name wins over the family
+    assert expand(["sqlite", "sqlite"]) == ["sqlite"]
+    assert expand(["all"]) == list(ENGINES)
+    with pytest.raises(KeyError, match="unknown engine 'db2'"):
+        expand(["db2"])
+
+
+def test_no_docker_is_a_clear_reason(no_docker: None) -> None:
+    with pytest.raises(Unavailable, match="Docker engine not reachable"):
+        docker_reachable()
+
+
+@pytest.mark.parametrize("name", ["mysql-8.4", "mssql-2022", "mssql-2025", "oracle-23", "oracle-26"])
+def test_container_engines_say_how_to_enable(no_docker: None, name: str) -> None:
+    with pytest.raises(EngineUnavailable) as err:
+        get(name).provide()
+    exc = err.value
+    assert f"{env_var(name)} is not set" in exc.reasons[0]
+    assert "Docker engine not reachable" in exc.reasons[-1]
+    assert env_var(name) in exc.hint and "://" in exc.hint and "Docker" in exc.hint
+
+
+def test_url_from_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEM_URL_MSSQL_2022", "mssql+pyodbc://sa:pw@db:1433/master?driver=FreeTDS")
+    server = get("mssql-2022").provide()
+    assert server.url.get_backend_name() == "mssql" and server.how == "URL from IDEM_URL_MSSQL_2022"
+
+
+def test_engines_command(no_docker: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engines", "--engine", "sqlite", "--engine", "mssql-2022", "--format", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)["engines"]
+    assert found["sqlite"]["available"] and found["sqlite"]["how"].startswith("embedded")
+    assert not found["mssql-2022"]["available"]
+    assert "IDEM_URL_MSSQL_2022" in found["mssql-2022"]["hint"]
+    assert main(["engines", "--engine", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "oracle-23" in out and "oracle-26" in out and "to enable" in out

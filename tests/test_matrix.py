@@ -1,0 +1,103 @@
+"""The matrix and check commands, run as a user would (a subprocess): report formats, JSON schema, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
+QUICK = "first_request or keys_differing_in_case or same_key_thread_race"
+
+
+def cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDEM_URL_")}
+    env["DOCKER_HOST"] = NO_DOCKER
+    prefix = ["-c", code] if code else ["-m", "idem_dialects.cli"]
+    return subprocess.run([sys.executable, *prefix, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_json_report_schema() -> None:
+    done = cli("matrix", "--engine", "sqlite", "--engine", "mysql-8.4", "-k", QUICK, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["version"] == 1
+    assert set(report) >= {"engines", "checks", "observations", "summary"}
+    sqlite, mysql = report["engines"]["sqlite"], report["engines"]["mysql-8.4"]
+    assert sqlite["available"] and sqlite["how"] and sqlite["reason"] is None
+    assert not mysql["available"] and "IDEM_URL_MYSQL_8_4" in mysql["hint"] and mysql["reason"]
+    checks = {c["id"]: c for c in report["checks"]}
+    assert set(checks) == {"first_request_claims_and_runs_once", "keys_differing_in_case_are_distinct",
+                           "same_key_thread_race"}
+    first = checks["first_request_claims_and_runs_once"]
+    assert first["statement"].startswith("A first request runs its effect once")
+    assert first["results"]["sqlite"]["outcome"] == "passed" and first["results"]["sqlite"]["duration"] >= 0
+    skipped = first["results"]["mysql-8.4"]
+    assert skipped["outcome"] == "skipped" and "mysql-8.4 unavailable" in skipped["reason"]
+    assert "16-thread race: duplicates resolved by" in report["observations"]["sqlite"]
+    assert "mysql-8.4" not in report["observations"]
+    assert report["summary"]["exit_status"] == 0 and report["summary"]["failed"] == 0
+    assert "[" in done.stderr and "passed" in done.stderr  # progress lines
+
+
+def test_table_lists_unavailable_engines_with_reason() -> None:
+    done = cli("matrix", "--engine", "sqlite", "--engine", "mssql", "-k", "first_request")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "first_request_claims_and_runs_once" in out and "✓" in out
+    assert "mssql-2022" in out and "mssql-2025" in out and "skipped" in out and "Docker engine not reachable" in out
+    assert "Behaviour" in out and "server version" in out
+
+
+def test_markdown_format() -> None:
+    done = cli("matrix", "--engine", "sqlite", "-k", "first_request", "--format", "markdown")
+    assert done.returncode == 0, done.stderr
+    assert "| check | guarantee | sqlite |" in done.stdout and "## Behaviour" in done.stdout
+
+
+def test_required_engine_missing_exits_2_with_how_to() -> None:
+    done = cli("matrix", "--engine", "sqlite", "--require", "mssql-2022")
+    assert done.returncode == 2
+    assert "required engine mssql-2022 is unavailable" in done.stderr
+    assert "IDEM_URL_MSSQL_2022=mssql+pyodbc://" in done.stderr and "Docker" in done.stderr
+    assert done.stdout == ""
+
+
+def test_require_family_alias() -> None:
+    done = cli("matrix", "--require", "oracle")
+    assert done.returncode == 2
+    assert "oracle-23 is unavailable" in done.stderr and "oracle-26 is unavailable" in done.stderr
+
+
+def test_failed_check_exits_1() -> None:
+    broken = (
+        "import sys\n"
+        "from idem_dialects import store\n"
+        "def run(self, **kw):\n"
+        "    raise RuntimeError('deliberately broken backend')\n"
+        "store.IdempotencyStore.run = run\n"
+        "from idem_dialects.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    done = cli("matrix", "--engine", "sqlite", "-k", "first_request", "--format", "json", code=broken)
+    assert done.returncode == 1, done.stderr
+    cell = json.loads(done.stdout)["checks"][0]["results"]["sqlite"]
+    assert cell["outcome"] == "failed" and "deliberately broken backend" in cell["reason"]
+    assert "FAILED first_request_claims_and_runs_once on sqlite" in done.stderr
+
+
+def test_check_command_on_a_url(tmp_path: Path) -> None:
+    done = cli("check", f"sqlite:///{tmp_path / 'mine.db'}", "-k", "first_request or purge", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert list(report["engines"]) == ["target"] and report["engines"]["target"]["how"] == "URL from --url"
+    assert {c["id"] for c in report["checks"]} == {"first_request_claims_and_runs_once", "purge_removes_old_keeps_live"}
+
+
+def test_check_command_unreachable_url_exits_2() -> None:
+    done = cli("check", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    assert done.returncode == 2
+    assert "cannot connect" in done.stderr
