@@ -1,0 +1,186 @@
+"""How many SQL statements each path of `run` sends, per backend: a structural test, not a timing test.
+
+Counted with SQLAlchemy's ``before_cursor_execute`` (which sees SQLite's BEGIN IMMEDIATE, savepoints and every
+protocol statement) plus the ``commit`` event (the COMMIT the driver sends). The effect here issues no SQL, so
+these are the protocol's own statements; the seed 000 debit adds its UPDATE and SELECT to a first-time request.
+The numbers are documented in BENCHMARKS.md ("Statements per request"); a change here is a change in cost.
+
+SQLite always; PostgreSQL and MariaDB/MySQL when the engine catalogue can provide a server (skipped with its reason
+otherwise). SQL Server and Oracle without a server: the statements the backend compiles for a first-time request,
+captured by a recording connection (the replay path needs a stored row from a live server, so it is skipped).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import import_module
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+
+from idem_dialects import IdempotencyStore
+from idem_dialects.benchmark import record_statements, statement_kind
+from idem_dialects.outcomes import Claimed
+
+engines: Any = import_module("idem_dialects.engines")
+
+# backend -> path -> (statement kinds in order, commits). Transaction control the driver sends outside a cursor
+# (psycopg's BEGIN) is not in the list: it is one more round trip per transaction on PostgreSQL.
+EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
+    "sqlite": {
+        "first": (["BEGIN IMMEDIATE", "INSERT", "UPDATE"], 1),
+        "replay": (["BEGIN IMMEDIATE", "INSERT", "SELECT"], 1),
+    },
+    "postgresql": {
+        "first": (["INSERT", "UPDATE"], 1),
+        "replay": (["INSERT", "SELECT"], 1),
+    },
+    "mariadb": {
+        # The duplicate INSERT fails (1062), the backend confirms the primary key is the duplicate, then reads.
+        "first": (["INSERT", "UPDATE"], 1),
+        "replay": (["INSERT", "SELECT", "SELECT"], 1),
+    },
+    "mysql": {
+        "first": (["INSERT", "UPDATE"], 1),
+        "replay": (["INSERT", "SELECT", "SELECT"], 1),
+    },
+    # Compiled without a server (first-time path only).
+    "mssql": {"first": (["DECLARE", "UPDATE"], 1)},
+    "oracle": {"first": (["INSERT", "UPDATE"], 1)},
+}
+
+LIVE = {"sqlite": "sqlite", "postgresql": "postgresql", "mariadb": "mariadb", "mysql": "mysql-8.4"}
+
+
+def _no_sql(conn: Any) -> dict[str, int]:
+    return {"balance": 900}
+
+
+@pytest.fixture(scope="module", params=sorted(LIVE))
+def live_store(request: pytest.FixtureRequest) -> Iterator[IdempotencyStore]:
+    spec = engines.get(LIVE[request.param])
+    try:
+        server = spec.provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{spec.name}: {exc}")
+    try:
+        store = IdempotencyStore.from_url(server.url, table_prefix=f"sc_{uuid.uuid4().hex[:6]}_")
+    except ImportError as exc:
+        server.stop()
+        pytest.skip(f"{spec.name}: driver or backend not importable: {exc}")
+    store.create_tables()
+    yield store
+    store.drop_tables()
+    store.engine.dispose()
+    server.stop()
+
+
+def _counted(store: IdempotencyStore, fn: Callable[[], object]) -> tuple[list[str], int]:
+    with record_statements(store.engine) as log:
+        fn()
+    return log.kinds, log.commits
+
+
+def test_first_time_and_replay(live_store: IdempotencyStore) -> None:
+    store = live_store
+    expected = EXPECTED[store.backend.name]
+    key = uuid.uuid4().hex
+    call = lambda: store.run(scope="account:1", operation="debit:v1", key=key,  # noqa: E731
+                             request={"amount": 100}, effect=_no_sql)
+    # Warm the connection first: per-connection setup (e.g. MariaDB's sql_mode check) is not per-request cost.
+    store.run(scope="account:1", operation="debit:v1", key="warm", request={}, effect=_no_sql)
+    assert _counted(store, call) == expected["first"]
+    assert _counted(store, call) == expected["replay"]
+
+
+def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
+    """The bench's first-time request: the protocol's statements plus the debit's UPDATE and SELECT."""
+    from idem_dialects.benchmark import Workload
+
+    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="sc_")
+    work = Workload(store)
+    work.create([1], plpgsql=False)
+    try:
+        assert _counted(store, lambda: work.bare(1, "")) == (["BEGIN IMMEDIATE", "UPDATE", "SELECT"], 1)
+        assert _counted(store, lambda: work.via_run(1, "k")) == (
+            ["BEGIN IMMEDIATE", "INSERT", "UPDATE", "SELECT", "UPDATE"], 1)
+        assert _counted(store, lambda: work.via_run(1, "k")) == (["BEGIN IMMEDIATE", "INSERT", "SELECT"], 1)
+    finally:
+        work.drop()
+        store.engine.dispose()
+
+
+# --- without a server: what the backend compiles -------------------------------------------------------------
+
+
+class _Result:
+    rowcount = 1
+
+    def scalar_one(self) -> int:
+        return 1
+
+    def scalar(self) -> int:
+        return 1
+
+    def first(self) -> tuple[int]:
+        return (1,)
+
+
+class RecordingConnection:
+    """Stands in for a Connection: compiles each statement for the engine's dialect and records it; every
+    statement "succeeds" as on a first-time request (the insert inserts, the fenced update matches one row)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect
+        self.info: dict[str, Any] = {}
+        self.statements: list[str] = []
+        self.commits = 0
+
+    def execute(self, statement: Any, parameters: Any = None) -> _Result:
+        self.statements.append(str(statement.compile(dialect=self.dialect)))
+        return _Result()
+
+    def exec_driver_sql(self, statement: str, parameters: Any = None) -> _Result:
+        self.statements.append(statement)
+        return _Result()
+
+    def get_execution_options(self) -> dict[str, Any]:
+        return {}
+
+    @contextmanager
+    def begin(self) -> Iterator[None]:
+        yield
+        self.commits += 1
+
+    @contextmanager
+    def begin_nested(self) -> Iterator[None]:
+        self.statements.append("SAVEPOINT")
+        yield
+        self.statements.append("RELEASE SAVEPOINT")
+
+
+@pytest.mark.parametrize("backend,url", [("mssql", "mssql+pyodbc://u:p@localhost/db?driver=FreeTDS"),
+                                         ("oracle", "oracle+oracledb://u:p@localhost/?service_name=FREEPDB1")])
+def test_first_time_compiled_without_server(backend: str, url: str) -> None:
+    try:
+        engine = create_engine(url)
+        store = IdempotencyStore(engine, table_prefix="sc_")
+    except ImportError as exc:
+        pytest.skip(f"{backend}: driver or backend not importable: {exc}")
+    conn = RecordingConnection(engine)
+    with store.backend.transaction(conn):  # type: ignore[arg-type]
+        outcome = store.claim(conn, scope="account:1", operation="debit:v1", key="k",  # type: ignore[arg-type]
+                              request={"amount": 100})
+        assert isinstance(outcome, Claimed)
+        store.complete(conn, outcome, {"balance": 900})  # type: ignore[arg-type]
+    assert ([statement_kind(s) for s in conn.statements], conn.commits) == EXPECTED[backend]["first"]
+
+
+@pytest.mark.parametrize("backend", ["mssql", "oracle"])
+def test_replay_needs_a_server(backend: str) -> None:
+    pytest.skip(f"{backend}: the replay path reads the stored record back, which needs a live server"
+                f" (set {engines.env_var(backend + '-2022' if backend == 'mssql' else backend + '-23')})")
