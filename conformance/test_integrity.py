@@ -77,8 +77,8 @@ def test_insert_if_absent_reports_other_integrity_errors(store: IdempotencyStore
     records = store.tables.records
     with pytest.raises(IntegrityError), store.transaction() as conn:
         store.claim(conn, scope="s", operation="op", key="k", request=REQ)
-        values = dict(scope="s", operation="op", idem_key="other", fingerprint=None, claim_token="t" * 32,
-                      created_at=backend.now(), locked_until=backend.now())
-        backend.insert_if_absent(conn, records, values)  # NOT NULL fingerprint on the records table itself
+        values = dict(scope="s", operation="op", idem_key="other", fingerprint=None, claim_token="t" * 32)
+        clock = {"created_at": 0.0, "locked_until": 0.0}
+        backend.insert_if_absent(conn, records, values, clock)  # NOT NULL fingerprint on the records table itself
     assert effects.count("k") == 1
     _no_record(store)

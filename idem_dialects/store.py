@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, and_, create_engine, delete, make_url, or_, update
+from sqlalchemy import Delete, Engine, Update, and_, bindparam, create_engine, delete, make_url, or_, update
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -24,9 +24,10 @@ from .fingerprint import decode_response, encode_response, fingerprint, payload_
 from .keys import check_identifier
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import RetryPolicy, call_with_retry
-from .schema import Tables, build_tables, check_prefix
+from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 
 _NO_PAYLOAD: Any = object()
+_Fenceable = TypeVar("_Fenceable", Update, Delete)
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
@@ -144,11 +145,11 @@ class IdempotencyStore:
         # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
         # abandoned, so its lease is already over and the next caller takes it over.
         hold = req.lease or 0.0
+        clock = {"created_at": 0.0, "locked_until": hold}
         for _ in range(_CLAIM_ROUNDS):
             token = uuid.uuid4().hex
-            values = dict(ident, fingerprint=req.fingerprint, claim_token=token, created_at=backend.now(),
-                          locked_until=backend.now_plus(hold))
-            if backend.insert_if_absent(conn, t, values):
+            values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
+            if backend.insert_if_absent(conn, t, values, clock):
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
             row = backend.read_row(conn, t, ident)
             if row is None:
@@ -160,13 +161,10 @@ class IdempotencyStore:
             if row.locked_until > row.db_now:
                 return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
             # The holder's lease is over: take the claim over, fenced on the token we saw.
-            taken = conn.execute(
-                update(t)
-                .where(*(t.c[k] == v for k, v in ident.items()), t.c.claim_token == row.claim_token,
-                       t.c.completed_at.is_(None))
-                .values(claim_token=token, locked_until=backend.now_plus(hold))
-            )
-            if taken.rowcount == 1:
+            takeover = backend.prepared(("takeover", t, hold), lambda: self._fenced(update(t)).values(
+                claim_token=bindparam("new_token", type_=t.c.claim_token.type), locked_until=backend.now_plus(hold)))
+            params = backend.params(ident, "w_") | {"w_claim_token": row.claim_token, "new_token": token}
+            if conn.execute(takeover, params).rowcount == 1:
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased, taken_over=True)
         raise ClaimRaced(f"key {req.key!r} in {req.scope!r}/{req.operation!r} changed under {_CLAIM_ROUNDS} claims")
 
@@ -174,22 +172,29 @@ class IdempotencyStore:
         """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
         body = encode_response(response)
         _check_status(status)
-        t = self.tables.records
-        done = conn.execute(
-            update(t)
-            .where(*self._ident_clause(claimed), t.c.claim_token == claimed.token, t.c.completed_at.is_(None))
-            .values(completed_at=self.backend.now(), locked_until=self.backend.now(), status=status, response=body)
-        )
-        if done.rowcount != 1:
+        t, backend = self.tables.records, self.backend
+        stmt = backend.prepared(("complete", t), lambda: self._fenced(update(t)).values(
+            completed_at=backend.now(), locked_until=backend.now(), **backend.binds(t, ("status", "response"))))
+        if conn.execute(stmt, self._fence_params(claimed) | backend.params({"status": status, "response": body})
+                        ).rowcount != 1:
             raise LeaseLost(claimed.scope, claimed.operation, claimed.key, claimed.token)
 
     def release(self, conn: Connection, claimed: Claimed) -> bool:
         """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
         t = self.tables.records
-        gone = conn.execute(
-            delete(t).where(*self._ident_clause(claimed), t.c.claim_token == claimed.token, t.c.completed_at.is_(None))
-        )
-        return gone.rowcount == 1
+        stmt = self.backend.prepared(("release", t), lambda: self._fenced(delete(t)))
+        return conn.execute(stmt, self._fence_params(claimed)).rowcount == 1
+
+    def _fenced(self, stmt: _Fenceable) -> _Fenceable:
+        """`stmt` restricted to one record, still in flight, still held by the claim token w_claim_token."""
+        t = self.tables.records
+        names = (*KEY_COLUMNS, "claim_token")
+        return stmt.where(*(t.c[n] == b for n, b in self.backend.binds(t, names, "w_").items()),
+                          t.c.completed_at.is_(None))
+
+    def _fence_params(self, claimed: Claimed) -> dict[str, Any]:
+        return {"w_scope": claimed.scope, "w_operation": claimed.operation, "w_idem_key": claimed.key,
+                "w_claim_token": claimed.token}
 
     def accept_message(
         self, conn: Connection, *, subscriber: str, message_id: str, payload: Any = _NO_PAYLOAD
@@ -203,7 +208,7 @@ class IdempotencyStore:
         fp = None if payload is _NO_PAYLOAD else payload_fingerprint(payload)
         t = self.tables.messages
         for _ in range(_CLAIM_ROUNDS):
-            if self.backend.insert_if_absent(conn, t, dict(ident, fingerprint=fp, processed_at=self.backend.now())):
+            if self.backend.insert_if_absent(conn, t, dict(ident, fingerprint=fp), {"processed_at": 0.0}):
                 return True
             row = self.backend.read_row(conn, t, ident)
             if row is None:
@@ -328,9 +333,3 @@ class IdempotencyStore:
         # Each batch is its own short transaction, retried like run's (busy, serialization failure, deadlock).
         with self.transaction() as conn:
             return self.backend.purge_batch(conn, table, condition, batch_size)
-
-    def _ident_clause(self, claimed: Claimed) -> list[Any]:
-        c = self.tables.records.c
-        return [c.scope == claimed.scope, c.operation == claimed.operation, c.idem_key == claimed.key]
-
-

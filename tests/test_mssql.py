@@ -169,7 +169,7 @@ def test_identity_beyond_the_index_limit_is_refused_before_sql(backend: MSSQLBac
     assert err.value.field == "scope" and "2293 bytes" in err.value.rule and conn.statements == []
     values.update(scope="s" * 255, operation="o" * 255, idem_key="k" * 255)
     assert backend.insert_if_absent(FakeConnection(1), tables.records, values) is True  # type: ignore[arg-type]
-    messages = dict(subscriber="\U0001f600" * 255, message_id="\U0001f601" * 255, processed_at=backend.now())
+    messages = dict(subscriber="\U0001f600" * 255, message_id="\U0001f601" * 255)
     with pytest.raises(InvalidKey):
         backend.insert_if_absent(FakeConnection(), tables.messages, messages)  # type: ignore[arg-type]
 
@@ -177,16 +177,19 @@ def test_identity_beyond_the_index_limit_is_refused_before_sql(backend: MSSQLBac
 # --- the claim statement -------------------------------------------------------------------------------------------
 
 
+CLAIM_CLOCK = {"created_at": 0.0, "locked_until": 90.5}  # the database clock, and a 90.5 s lease
+
+
 def claim_values(backend: MSSQLBackend, key: str = "k ") -> dict[str, Any]:
-    return dict(scope="acct:1", operation="debit:v1", idem_key=key, fingerprint="f" * 64, claim_token="a" * 32,
-                created_at=backend.now(), locked_until=backend.now_plus(90.5))
+    return dict(scope="acct:1", operation="debit:v1", idem_key=key, fingerprint="f" * 64, claim_token="a" * 32)
 
 
 def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables: Tables, dialect: Dialect) -> None:
     """The claim: XACT_ABORT off around a plain INSERT (the PK resolves the race), 2627/2601 caught by number while
     the transaction is committable, everything else re-thrown, settings restored, one row saying if it inserted.
     No MERGE, no OUTPUT, no range-locking NOT EXISTS."""
-    compiled = InsertIfAbsent(tables.records, claim_values(backend)).compile(dialect=dialect)
+    values = backend.insert_values(tables.records, claim_values(backend), CLAIM_CLOCK)
+    compiled = InsertIfAbsent(tables.records, values).compile(dialect=dialect)
     text = str(compiled)
     lines = [line.strip() for line in text.splitlines()]
     assert lines[0] == "DECLARE @idem_options int = @@OPTIONS, @idem_inserted int = 1;"
@@ -207,14 +210,15 @@ def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables:
     for banned in ("MERGE", "OUTPUT", "HOLDLOCK", "UPDLOCK", "SAVE TRANSACTION"):
         assert banned not in text.upper()
     assert compiled.isinsert is False  # the batch executes as a statement returning a row, not as an INSERT
-    assert compiled.positiontup == ["scope", "operation", "idem_key", "fingerprint", "claim_token"]
-    for name in ("scope", "operation", "idem_key"):
+    assert compiled.positiontup == ["v_scope", "v_operation", "v_idem_key", "v_fingerprint", "v_claim_token"]
+    for name in ("v_scope", "v_operation", "v_idem_key"):
         assert isinstance(compiled.binds[name].type, Utf8Key)
 
 
 def test_message_claim_uses_the_same_batch(backend: MSSQLBackend, tables: Tables, dialect: Dialect) -> None:
-    values = dict(subscriber="sub", message_id="m-1", fingerprint=None, processed_at=backend.now())
-    text = str(InsertIfAbsent(tables.messages, values).compile(dialect=dialect))
+    values = dict(subscriber="sub", message_id="m-1", fingerprint=None)
+    insert_values = backend.insert_values(tables.messages, values, {"processed_at": 0.0})
+    text = str(InsertIfAbsent(tables.messages, insert_values).compile(dialect=dialect))
     assert "INSERT INTO idem_messages (subscriber, message_id, fingerprint, processed_at) VALUES (?, ?, ?, " \
            "sysutcdatetime());" in text
     assert "SET XACT_ABORT OFF;" in text and "THROW;" in text

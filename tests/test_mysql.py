@@ -401,20 +401,20 @@ def test_rolled_back_first_inserter_deadlock_is_classified(make_store: Callable[
     deadlock victim (1213), classified as retryable, and the other one gets the key."""
     store = make_store(backend)
     t = store.tables.records
-    values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t",
-                  created_at=store.backend.now(), locked_until=store.backend.now())
+    values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t")
+    clock = {"created_at": 0.0, "locked_until": 0.0}
     outcomes: list[Any] = []
 
     def waiter() -> None:
         try:
             with store.transaction() as conn:
-                outcomes.append(store.backend.insert_if_absent(conn, t, values))
+                outcomes.append(store.backend.insert_if_absent(conn, t, values, clock))
         except DBAPIError as exc:
             outcomes.append(exc)
 
     with store.engine.connect() as first:
         tx = first.begin()
-        assert store.backend.insert_if_absent(first, t, values)
+        assert store.backend.insert_if_absent(first, t, values, clock)
         threads = [threading.Thread(target=waiter) for _ in range(2)]
         for th in threads:
             th.start()

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, event, func, select, update
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import oracle
 from sqlalchemy.engine import Dialect, Engine
@@ -66,10 +66,10 @@ def sql(stmt: Any, dialect: Dialect | None = None) -> str:
     return " ".join(str(stmt.compile(dialect=dialect or oracle.dialect())).split())
 
 
-def bound(compiled: Any, dialect: Dialect) -> dict[str, Any]:
+def bound(compiled: Any, dialect: Dialect, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The parameters as the driver receives them (after each type's bind processor)."""
     out = {}
-    for name, value in compiled.construct_params().items():
+    for name, value in compiled.construct_params(params).items():
         proc = compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
         out[name] = proc(value) if proc else value
     return out
@@ -129,9 +129,9 @@ class ScriptedConnection:
     def get_execution_options(self) -> dict[str, Any]:
         return self.options
 
-    def execute(self, stmt: Any) -> Result:
+    def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
         compiled = stmt.compile(dialect=self.dialect)
-        self.statements.append((" ".join(str(compiled).split()), bound(compiled, self.dialect)))
+        self.statements.append((" ".join(str(compiled).split()), bound(compiled, self.dialect, params)))
         step = self.script.pop(0)
         if isinstance(step, BaseException):
             raise step
@@ -307,11 +307,11 @@ def test_claim_is_one_plain_insert_with_utf8_key_bytes(backend: OracleBackend, e
     [(text, params)] = conn.statements
     assert text == (
         "INSERT INTO idem_records (scope, operation, idem_key, fingerprint, claim_token, created_at, locked_until)"
-        " VALUES (:scope, :operation, :idem_key, :fingerprint, :claim_token, sys_extract_utc(SYSTIMESTAMP),"
+        " VALUES (:v_scope, :v_operation, :v_idem_key, :v_fingerprint, :v_claim_token, sys_extract_utc(SYSTIMESTAMP),"
         " sys_extract_utc(SYSTIMESTAMP))"
     )
-    assert params["scope"] == b"Tenant " and params["idem_key"] == "Straße  ".encode()  # trailing spaces kept
-    assert params["fingerprint"] == fingerprint(REQ) and len(params["claim_token"]) == 32
+    assert params["v_scope"] == b"Tenant " and params["v_idem_key"] == "Straße  ".encode()  # trailing spaces kept
+    assert params["v_fingerprint"] == fingerprint(REQ) and len(params["v_claim_token"]) == 32
     assert "IGNORE_ROW_ON_DUPKEY_INDEX" not in text.upper() and "MERGE" not in text.upper()
 
 
@@ -337,10 +337,10 @@ def test_loser_reads_committed_winner_and_replays(engine: Engine) -> None:
         "SELECT idem_records.scope, idem_records.operation, idem_records.idem_key, idem_records.fingerprint,"
         " idem_records.claim_token, idem_records.created_at, idem_records.locked_until, idem_records.completed_at,"
         " idem_records.status, idem_records.response, sys_extract_utc(SYSTIMESTAMP) AS db_now FROM idem_records"
-        " WHERE idem_records.scope = :scope_1 AND idem_records.operation = :operation_1"
-        " AND idem_records.idem_key = :idem_key_1"
+        " WHERE idem_records.scope = :k_scope AND idem_records.operation = :k_operation"
+        " AND idem_records.idem_key = :k_idem_key"
     )
-    assert read_params == {"scope_1": b"s", "operation_1": b"op", "idem_key_1": b"k"}
+    assert read_params == {"k_scope": b"s", "k_operation": b"op", "k_idem_key": b"k"}
     assert "FOR UPDATE" not in read_sql and "NLSSORT" not in read_sql.upper()
 
 
@@ -399,20 +399,25 @@ def test_accept_message_duplicate_is_not_an_error(engine: Engine) -> None:
     assert store.accept_message(conn, subscriber="sub", message_id="m", payload=b"") is False  # type: ignore[arg-type]
     insert_sql, params = conn.statements[0]
     assert insert_sql.startswith("INSERT INTO idem_messages (subscriber, message_id, fingerprint, processed_at)")
-    assert params["fingerprint"] == payload_fingerprint(b"") and params["message_id"] == b"m"
+    assert params["v_fingerprint"] == payload_fingerprint(b"") and params["v_message_id"] == b"m"
 
 
-def test_complete_and_takeover_are_fenced_updates(backend: OracleBackend, engine: Engine) -> None:
-    t = build_tables("idem_", backend).records
-    stmt = (update(t).where(t.c.idem_key == "k", t.c.claim_token == "c" * 32, t.c.completed_at.is_(None))
-            .values(completed_at=backend.now(), status=200, response=encode_response(b"")))
-    compiled = stmt.compile(dialect=engine.dialect)
-    assert " ".join(str(compiled).split()) == (
-        "UPDATE idem_records SET completed_at=sys_extract_utc(SYSTIMESTAMP), status=:status, response=:response"
-        " WHERE idem_records.idem_key = :idem_key_1 AND idem_records.claim_token = :claim_token_1"
-        " AND idem_records.completed_at IS NULL"
+def test_complete_is_a_fenced_update(engine: Engine) -> None:
+    """The store's complete: one UPDATE fenced on the record, its claim token and still being in flight; the
+    response is stored with its kind tag, so empty bytes never reach Oracle as b'' (NULL)."""
+    store = IdempotencyStore(engine)
+    claimed = Claimed("s", "op", "k", fingerprint(REQ), "c" * 32, leased=False)
+    conn = ScriptedConnection(engine, [Result(rowcount=1)])
+    store.complete(conn, claimed, b"", status=200)  # type: ignore[arg-type]
+    [(text, params)] = conn.statements
+    assert text == (
+        "UPDATE idem_records SET locked_until=sys_extract_utc(SYSTIMESTAMP),"
+        " completed_at=sys_extract_utc(SYSTIMESTAMP),"
+        " status=:v_status, response=:v_response WHERE idem_records.scope = :w_scope"
+        " AND idem_records.operation = :w_operation AND idem_records.idem_key = :w_idem_key"
+        " AND idem_records.claim_token = :w_claim_token AND idem_records.completed_at IS NULL"
     )
-    assert bound(compiled, engine.dialect)["response"] == b"b"  # empty bytes are stored as the tag, never b""
+    assert params["v_response"] == b"b" and params["w_idem_key"] == b"k" and params["w_claim_token"] == "c" * 32
 
 
 def test_purge_deletes_a_bounded_batch_by_rowid(backend: OracleBackend, engine: Engine) -> None:

@@ -130,12 +130,14 @@ def test_claim_statement_names_its_conflict_target() -> None:
     conflict target is the record's key, so no other unique index's violation is ever absorbed."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
     tables = build_tables("idem_", backend)
-    values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t",
-                  created_at=backend.now(), locked_until=backend.now_plus(30))
-    sql = " ".join(str(backend.insert_statement(tables.records, values).compile(dialect=postgresql.dialect())).split())
+    values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t")
+    clock = {"created_at": 0.0, "locked_until": 30.0}
+    stmt = backend.insert_statement(tables.records, values, clock)
+    sql = " ".join(str(stmt.compile(dialect=postgresql.dialect())).split())
     assert "ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING" in sql
     assert sql.startswith("INSERT INTO idem_records ")
-    msg = backend.insert_statement(tables.messages, dict(subscriber="s", message_id="m", processed_at=backend.now()))
+    assert "statement_timestamp()" in sql and "%(v_idem_key)s" in sql  # the DB clock; the key as a bind parameter
+    msg = backend.insert_statement(tables.messages, dict(subscriber="s", message_id="m"), {"processed_at": 0.0})
     assert "ON CONFLICT (subscriber, message_id) DO NOTHING RETURNING" in str(msg.compile(dialect=postgresql.dialect()))
 
 

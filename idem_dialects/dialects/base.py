@@ -6,15 +6,15 @@ Names describe capabilities (insert if absent, read the committed winner), never
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
-from sqlalchemy import DateTime, Engine, LargeBinary, String, and_, delete, or_, select
+from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bindparam, delete, or_, select
 from sqlalchemy.engine import URL, Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
@@ -31,6 +31,10 @@ LOCK_TIMEOUT = "lock timeout"
 CONNECTION = "lost connection"
 CLAIM_RACE = "claim race"
 
+S = TypeVar("S")
+# Statement shapes are few (tables x operations x lease lengths); the bound only protects against odd callers.
+_PREPARED_LIMIT = 512
+
 
 class Backend:
     """One SQL engine's way of doing the protocol's statements. Subclasses set `name` and override hooks."""
@@ -41,6 +45,7 @@ class Backend:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._prepared: dict[Hashable, Any] = {}
 
     # --- engine construction -------------------------------------------------------------------------------
 
@@ -95,18 +100,56 @@ class Backend:
         """The database's current time plus `seconds` (may be negative): leases and retention use the DB clock."""
         raise NotImplementedError
 
+    # --- statements built once ------------------------------------------------------------------------------
+
+    def prepared(self, key: Hashable, build: Callable[[], S]) -> S:
+        """The statement for `key`, built on first use. Per-request data travels as bind parameters, so a request
+        costs neither building a statement nor its cache key, which dominated the client-side time per request."""
+        try:
+            stmt: S = self._prepared[key]
+        except KeyError:
+            if len(self._prepared) >= _PREPARED_LIMIT:
+                self._prepared.clear()
+            stmt = self._prepared[key] = build()
+        return stmt
+
+    @staticmethod
+    def binds(table: Table, names: Iterable[str], prefix: str = "v_") -> dict[str, BindParameter[Any]]:
+        """Bind parameters typed like the columns (so key encodings apply), named `prefix + column`."""
+        return {name: bindparam(prefix + name, type_=table.c[name].type) for name in names}
+
+    @staticmethod
+    def params(values: Mapping[str, Any], prefix: str = "v_") -> dict[str, Any]:
+        """The execution parameters for `binds(table, values, prefix)`."""
+        return {prefix + name: value for name, value in values.items()}
+
+    def insert_values(self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float]) -> dict[str, Any]:
+        """What an INSERT sets: bind parameters for `values`, the database clock (plus seconds) for `clock`."""
+        return {**self.binds(table, values), **{name: self.now_plus(s) for name, s in clock.items()}}
+
+    @staticmethod
+    def shape(table: Table, values: Mapping[str, Any], clock: Mapping[str, float]) -> tuple[Hashable, ...]:
+        """What an insert-if-absent statement depends on besides the request's data."""
+        return (table, tuple(values), tuple(sorted(clock.items())))
+
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
         """Insert one row unless its primary key exists; True if this call inserted it.
 
-        Must be atomic against concurrent inserts of the same key, must leave the caller's transaction usable
-        on a duplicate, and must let every other error (NOT NULL, CHECK, another unique index) propagate.
-        The portable default catches the duplicate inside a savepoint.
+        `values` are plain Python values; `clock` names the columns set to the database's current time plus that
+        many seconds. Must be atomic against concurrent inserts of the same key, must leave the caller's
+        transaction usable on a duplicate, and must let every other error (NOT NULL, CHECK, another unique index)
+        propagate. The portable default catches the duplicate inside a savepoint.
         """
+        clock = clock or {}
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
+                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
         try:
             with conn.begin_nested():
-                conn.execute(table.insert().values(**values))
+                conn.execute(stmt, self.params(values))
         except IntegrityError as exc:
             if self.is_duplicate(exc):
                 return False
@@ -115,9 +158,15 @@ class Backend:
 
     def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
         """Read the row with this primary key as last committed (or written by this transaction), with the
-        database's clock as `db_now`. Engines whose snapshot would hide a committed winner override this."""
-        stmt = select(*table.c, self.now().label("db_now")).where(*(table.c[k] == v for k, v in key.items()))
-        return conn.execute(stmt).first()
+        database's clock as `db_now`. Engines whose snapshot would hide a committed winner override this
+        (or `read_statement`)."""
+        stmt = self.prepared(("read", table, tuple(key)), lambda: self.read_statement(conn, table, key))
+        return conn.execute(stmt, self.params(key, "k_")).first()
+
+    def read_statement(self, conn: Connection, table: Table, key: Iterable[str]) -> Select[Any]:
+        """SELECT the row and `db_now` by primary key, the key as bind parameters named k_<column>."""
+        where = [table.c[name] == bind for name, bind in self.binds(table, key, "k_").items()]
+        return select(*table.c, self.now().label("db_now")).where(*where)
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         """Delete at most `limit` rows matching `condition`; return how many went.

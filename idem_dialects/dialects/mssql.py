@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Integer, String, delete, func, literal_column, text, type_coerce
 from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
-from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -35,7 +35,7 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from ..errors import IdemError, InvalidKey
-from .base import DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
+from .base import DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
 
 # Native SQL Server error numbers.
 ER_DUP_CONSTRAINT = 2627  # Violation of PRIMARY KEY / UNIQUE constraint
@@ -131,7 +131,7 @@ SELECT @idem_inserted AS inserted;"""
 class InsertIfAbsent(Executable, ClauseElement):
     """The claim batch around one INSERT; it returns one row, `inserted` (1 or 0)."""
 
-    inherit_cache = False  # compiled per claim: the INSERT's values carry SQL expressions for the DB clock
+    inherit_cache = False  # no cache key of its own: the batch is recompiled per execution (a cheap string format)
 
     def __init__(self, table: Table, values: Mapping[str, Any]) -> None:
         self.insert = table.insert().values(**values)
@@ -227,11 +227,16 @@ class MSSQLBackend(Backend):
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
         check_index_key(table, values)
-        return bool(conn.execute(InsertIfAbsent(table, values)).scalar_one())
+        clock = clock or {}
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
+                             lambda: InsertIfAbsent(table, self.insert_values(table, values, clock)))
+        return bool(conn.execute(stmt, self.params(values)).scalar_one())
 
-    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Row[Any] | None:
+    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
         row = super().read_row(conn, table, key)
         if row is None and self._in_snapshot(conn):
             # The insert just failed on this key, so the row exists: our snapshot predates its commit.

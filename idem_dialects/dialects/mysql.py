@@ -38,13 +38,13 @@ invalidated the connection). Nothing else: not 1062, not truncation, not NOT NUL
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from importlib.util import find_spec
 from typing import Any, ClassVar
 
-from sqlalchemy import func, literal, literal_column, select, text, type_coerce
+from sqlalchemy import Select, UniqueConstraint, func, literal, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection, Dialect
@@ -54,7 +54,7 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from ..keys import MAX_LENGTH
-from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
+from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
 
 # Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
 ER_DUP_ENTRY = 1062
@@ -92,6 +92,12 @@ def error_code(exc: BaseException) -> int | None:
         return args[0]
     errno = getattr(orig, "errno", None)
     return errno if isinstance(errno, int) else None
+
+
+def _primary_key_is_only_unique_key(table: Table) -> bool:
+    """Then any 1062 on `table` is a duplicate primary key (true of the record tables this library creates)."""
+    return not any(isinstance(c, UniqueConstraint) for c in table.constraints) and not any(
+        index.unique for index in table.indexes)
 
 
 class MySQLBackend(Backend):
@@ -169,12 +175,19 @@ class MySQLBackend(Backend):
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
         self.ensure_strict(conn)
+        clock = clock or {}
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
+                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
         try:
-            conn.execute(table.insert().values(**values))  # a duplicate rolls back this statement only
+            conn.execute(stmt, self.params(values))  # a duplicate rolls back this statement only
         except IntegrityError as exc:
-            if self.is_duplicate(exc) and self._primary_key_exists(conn, table, values):
+            if self.is_duplicate(exc) and (
+                _primary_key_is_only_unique_key(table) or self._primary_key_exists(conn, table, values)
+            ):
                 return False
             raise
         return True
@@ -183,16 +196,18 @@ class MySQLBackend(Backend):
         # 1062 names no index by code; the row with our primary key existing is what makes it our duplicate.
         # InnoDB checks the clustered (primary) index first, and the failed insert left a shared lock on the
         # duplicate record, so the row cannot vanish before this read.
-        pk = table.primary_key.columns
-        stmt = (select(literal(1)).select_from(table).where(*(c == values[c.name] for c in pk))
-                .suffix_with(self.share_lock(conn)))
-        return conn.execute(stmt).first() is not None
+        pk = [c.name for c in table.primary_key.columns]
 
-    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
+        def build() -> Any:
+            where = [table.c[name] == bind for name, bind in self.binds(table, pk, "k_").items()]
+            return select(literal(1)).select_from(table).where(*where).suffix_with(self.share_lock(conn))
+
+        stmt = self.prepared(("pk exists", table), build)
+        return conn.execute(stmt, self.params({name: values[name] for name in pk}, "k_")).first() is not None
+
+    def read_statement(self, conn: Connection, table: Table, key: Iterable[str]) -> Select[Any]:
         # A locking read returns the latest committed version, not the transaction's REPEATABLE READ snapshot.
-        stmt = (select(*table.c, self.now().label("db_now")).where(*(table.c[k] == v for k, v in key.items()))
-                .suffix_with(self.share_lock(conn)))
-        return conn.execute(stmt).first()
+        return super().read_statement(conn, table, key).suffix_with(self.share_lock(conn))
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         # Single-table DELETE ... LIMIT: one statement, no key list round trip.

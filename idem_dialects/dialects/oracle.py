@@ -179,10 +179,15 @@ class OracleBackend(Backend):
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
         _guard_identity(table, values)
+        clock = clock or {}
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
+                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
         try:
-            conn.execute(table.insert().values(**values))
+            conn.execute(stmt, self.params(values))
         except IntegrityError as exc:
             if self.is_duplicate(exc):
                 return False  # only the INSERT was rolled back; the transaction goes on

@@ -122,7 +122,9 @@ class PostgreSQLBackend(Backend):
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_statement(self, table: Table, values: Mapping[str, Any]) -> ReturningInsert[Any]:
+    def insert_statement(
+        self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float]
+    ) -> ReturningInsert[Any]:
         """``INSERT ... ON CONFLICT (<pk columns>) DO NOTHING RETURNING <first pk column>``.
 
         The conflict target names the primary key, so only a duplicate identity is absorbed; a violation of any
@@ -131,13 +133,18 @@ class PostgreSQLBackend(Backend):
         pk = list(table.primary_key.columns)
         return (
             pg_insert(table)
-            .values(**values)
+            .values(**self.insert_values(table, values, clock))
             .on_conflict_do_nothing(index_elements=[c.name for c in pk])
             .returning(pk[0])
         )
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
-        return conn.execute(self.insert_statement(table, values)).first() is not None
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
+        clock = clock or {}
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
+                             lambda: self.insert_statement(table, values, clock))
+        return conn.execute(stmt, self.params(values)).first() is not None
 
     def purge_statement(self, table: Table, condition: ColumnElement[bool], limit: int) -> Delete:
         """``DELETE ... WHERE ctid = ANY(ARRAY(SELECT ctid ... LIMIT n FOR UPDATE SKIP LOCKED)) AND <condition>``.

@@ -95,10 +95,18 @@ class SQLiteBackend(Backend):
             expr = func.strftime(_TIME_FORMAT, "now", f"{seconds:+.3f} seconds")
         return type_coerce(expr, DateTime())
 
-    def insert_if_absent(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def insert_if_absent(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
+    ) -> bool:
+        clock = clock or {}
         pk = [c.name for c in table.primary_key.columns]
-        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=pk)
-        return conn.execute(stmt).rowcount == 1
+
+        def build() -> Any:
+            return sqlite_insert(table).values(**self.insert_values(table, values, clock)).on_conflict_do_nothing(
+                index_elements=pk)
+
+        stmt = self.prepared(("insert", *self.shape(table, values, clock)), build)
+        return conn.execute(stmt, self.params(values)).rowcount == 1
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         rowid: ColumnElement[int] = literal_column("rowid")
