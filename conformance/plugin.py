@@ -16,7 +16,6 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from idem_dialects.engines import ENGINES, Server, Unavailable, expand, resolve
@@ -25,7 +24,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, dialects
 
-from .support import Effects
+from .support import Effects, stores
 
 OBSERVATION = "idem_observation"
 # A plugin object with this attribute (e.g. the one `idem-dialects matrix` passes) maps engine names to the Server
@@ -182,21 +181,8 @@ def unique_prefix() -> str:
 @pytest.fixture
 def make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores on one set of fresh tables; extra keyword arguments go to create_engine (e.g. isolation_level)."""
-    prefix = unique_prefix()
-    made: list[IdempotencyStore] = []
-
-    def make(**engine_options: Any) -> IdempotencyStore:
-        store = IdempotencyStore.from_url(idem_engine.url, table_prefix=prefix, **engine_options)
-        if not made:
-            store.create_tables()
-        made.append(store)
-        return store
-
-    yield make
-    if made:
-        made[0].drop_tables()
-    for store in made:
-        store.engine.dispose()
+    with stores(idem_engine.url, unique_prefix()) as make:
+        yield make
 
 
 @pytest.fixture

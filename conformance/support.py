@@ -4,13 +4,36 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 
 from idem_dialects import IdempotencyStore
+
+
+@contextmanager
+def stores(url: URL, prefix: str) -> Iterator[Callable[..., IdempotencyStore]]:
+    """A factory of stores on one set of fresh tables (created by the first, dropped on exit); keyword arguments
+    go to create_engine (e.g. isolation_level), and `url=` points one store at another URL of the same database."""
+    made: list[IdempotencyStore] = []
+
+    def make(url_override: URL | None = None, **engine_options: Any) -> IdempotencyStore:
+        store = IdempotencyStore.from_url(url_override or url, table_prefix=prefix, **engine_options)
+        if not made:
+            store.create_tables()
+        made.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        if made:
+            made[0].drop_tables()
+        for store in made:
+            store.engine.dispose()
 
 
 class Effects:

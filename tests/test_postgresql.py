@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance.support import Effects
+from idem_dialects.conformance.support import Effects, stores
 from idem_dialects.engines import Server, Unavailable, get
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.dialects import postgresql
@@ -60,21 +60,8 @@ def admin(pg: Server) -> Iterator[Engine]:
 @pytest.fixture
 def make_store(pg: Server) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores sharing one fresh set of tables (isolated by prefix); keyword arguments go to create_engine."""
-    prefix = f"pg{secrets.token_hex(4)}_"
-    made: list[IdempotencyStore] = []
-
-    def make(url: URL | None = None, **engine_options: Any) -> IdempotencyStore:
-        store = IdempotencyStore.from_url(url or pg.url, table_prefix=prefix, **engine_options)
-        if not made:
-            store.create_tables()
-        made.append(store)
-        return store
-
-    yield make
-    if made:
-        made[0].drop_tables()
-    for store in made:
-        store.engine.dispose()
+    with stores(pg.url, f"pg{secrets.token_hex(4)}_") as make:
+        yield make
 
 
 @pytest.fixture
