@@ -26,7 +26,7 @@ from .. import __version__
 
 # The shipped suite lives in packages mypy cannot map from their source directories (setuptools package-dir).
 from ..conformance import CHECK_MODULES  # type: ignore[import-not-found, unused-ignore]
-from ..conformance.plugin import (  # type: ignore[import-not-found, unused-ignore]
+from ..conformance.naming import (  # type: ignore[import-not-found, unused-ignore]
     OBSERVATION,
     PROVISIONED,
     check_id,

@@ -127,10 +127,18 @@ class Backend:
         """What an INSERT sets: bind parameters for `values`, the database clock (plus seconds) for `clock`."""
         return {**self.binds(table, values), **{name: self.now_plus(s) for name, s in clock.items()}}
 
-    @staticmethod
-    def shape(table: Table, values: Mapping[str, Any], clock: Mapping[str, float]) -> tuple[Hashable, ...]:
-        """What an insert-if-absent statement depends on besides the request's data."""
-        return (table, tuple(values), tuple(sorted(clock.items())))
+    def prepared_insert(
+        self,
+        table: Table,
+        values: Mapping[str, Any],
+        clock: Mapping[str, float] | None,
+        build: Callable[[dict[str, Any]], S],
+    ) -> S:
+        """The insert-if-absent statement for this table, columns and clock offsets, built once by
+        `build(insert_values)`; execute it with `self.params(values)`."""
+        clock = clock or {}
+        shape = ("insert", table, tuple(values), tuple(sorted(clock.items())))
+        return self.prepared(shape, lambda: build(self.insert_values(table, values, clock)))
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
@@ -144,9 +152,7 @@ class Backend:
         transaction usable on a duplicate, and must let every other error (NOT NULL, CHECK, another unique index)
         propagate. The portable default catches the duplicate inside a savepoint.
         """
-        clock = clock or {}
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
-                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
+        stmt = self.prepared_insert(table, values, clock, lambda v: table.insert().values(**v))
         try:
             with conn.begin_nested():
                 conn.execute(stmt, self.params(values))

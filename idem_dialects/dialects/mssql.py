@@ -231,9 +231,7 @@ class MSSQLBackend(Backend):
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> bool:
         check_index_key(table, values)
-        clock = clock or {}
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
-                             lambda: InsertIfAbsent(table, self.insert_values(table, values, clock)))
+        stmt = self.prepared_insert(table, values, clock, lambda v: InsertIfAbsent(table, v))
         return bool(conn.execute(stmt, self.params(values)).scalar_one())
 
     def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:

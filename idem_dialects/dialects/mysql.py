@@ -179,9 +179,7 @@ class MySQLBackend(Backend):
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> bool:
         self.ensure_strict(conn)
-        clock = clock or {}
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
-                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
+        stmt = self.prepared_insert(table, values, clock, lambda v: table.insert().values(**v))
         try:
             conn.execute(stmt, self.params(values))  # a duplicate rolls back this statement only
         except IntegrityError as exc:

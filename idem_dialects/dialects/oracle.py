@@ -183,9 +183,7 @@ class OracleBackend(Backend):
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> bool:
         _guard_identity(table, values)
-        clock = clock or {}
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
-                             lambda: table.insert().values(**self.insert_values(table, values, clock)))
+        stmt = self.prepared_insert(table, values, clock, lambda v: table.insert().values(**v))
         try:
             conn.execute(stmt, self.params(values))
         except IntegrityError as exc:

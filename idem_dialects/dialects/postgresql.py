@@ -123,7 +123,7 @@ class PostgreSQLBackend(Backend):
     # --- the protocol's statements ---------------------------------------------------------------------------
 
     def insert_statement(
-        self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float]
+        self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> ReturningInsert[Any]:
         """``INSERT ... ON CONFLICT (<pk columns>) DO NOTHING RETURNING <first pk column>``.
 
@@ -131,19 +131,14 @@ class PostgreSQLBackend(Backend):
         other unique index on the table still raises. A row comes back iff this statement inserted it.
         """
         pk = list(table.primary_key.columns)
-        return (
-            pg_insert(table)
-            .values(**self.insert_values(table, values, clock))
-            .on_conflict_do_nothing(index_elements=[c.name for c in pk])
-            .returning(pk[0])
-        )
+        return self.prepared_insert(table, values, clock, lambda v: (
+            pg_insert(table).values(**v).on_conflict_do_nothing(index_elements=[c.name for c in pk]).returning(pk[0])
+        ))
 
     def insert_if_absent(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> bool:
-        clock = clock or {}
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)),
-                             lambda: self.insert_statement(table, values, clock))
+        stmt = self.insert_statement(table, values, clock)
         return conn.execute(stmt, self.params(values)).first() is not None
 
     def purge_statement(self, table: Table, condition: ColumnElement[bool], limit: int) -> Delete:

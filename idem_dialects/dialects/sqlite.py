@@ -98,14 +98,9 @@ class SQLiteBackend(Backend):
     def insert_if_absent(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
     ) -> bool:
-        clock = clock or {}
         pk = [c.name for c in table.primary_key.columns]
-
-        def build() -> Any:
-            return sqlite_insert(table).values(**self.insert_values(table, values, clock)).on_conflict_do_nothing(
-                index_elements=pk)
-
-        stmt = self.prepared(("insert", *self.shape(table, values, clock)), build)
+        stmt = self.prepared_insert(
+            table, values, clock, lambda v: sqlite_insert(table).values(**v).on_conflict_do_nothing(index_elements=pk))
         return conn.execute(stmt, self.params(values)).rowcount == 1
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:

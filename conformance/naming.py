@@ -1,0 +1,33 @@
+"""How checks are named and what they record, without importing pytest: `idem-dialects matrix` reads these in
+every CLI start-up, while the plugin that needs pytest is only loaded when the suite runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+OBSERVATION = "idem_observation"
+# A plugin object with this attribute (e.g. the one `idem-dialects matrix` passes) maps engine names to the Server
+# it already provisioned or the Unavailable it got; this session then uses those instead of provisioning its own
+# (and leaves stopping them to their owner).
+PROVISIONED = "idem_dialects_provisioned"
+
+
+def check_id(item: Any) -> tuple[str, str]:
+    """(stable id, variant) of a collected check: the function name without ``test_``, and its parameters other
+    than the engine joined by '-' ('' when not parametrized)."""
+    name = getattr(item, "originalname", None) or item.name.partition("[")[0]
+    ident = name.removeprefix("test_")
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return ident, ""
+    ids = list(getattr(callspec, "_idlist", None) or [callspec.id])
+    engine = callspec.params.get("idem_engine")
+    if engine in ids:
+        ids.remove(engine)
+    return ident, "-".join(ids)
+
+
+def check_statement(item: Any) -> str:
+    """The guarantee a check proves: the first paragraph of its docstring, on one line."""
+    doc = getattr(getattr(item, "obj", None), "__doc__", None) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
