@@ -45,7 +45,9 @@ class EngineUnderTest:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return dialects.load(self.backend).capabilities(self.url)
+        features = dialects.load(self.backend).url_features(self.url)
+        flags = {name for name in features.flags() if features.has(name)}
+        return frozenset(flags | {f"isolation:{lvl}" for lvl in features.isolation_levels})
 
 
 class Sessions:

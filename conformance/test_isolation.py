@@ -18,7 +18,7 @@ def test_declared_isolation_levels_work(make_store: Callable[..., IdempotencySto
     default = make_store()
     with default.engine.connect() as conn:
         observe("default isolation level", conn.get_isolation_level())
-    levels = type(default.backend).isolation_levels
+    levels = default.features.isolation_levels
     assert levels, "a backend must declare at least one isolation level"
     for i, level in enumerate(levels):
         store = make_store(isolation_level=level)

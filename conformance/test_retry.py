@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from idem_dialects import IdempotencyStore, Replayed, RetriesExhausted, RetryPolicy
-from idem_dialects.dialects.base import CONNECTION
+from idem_dialects.errors import RetryCause
 
 from .support import Effects
 
@@ -45,10 +45,10 @@ def test_retry_exhaustion_reports_attempts_and_causes(store: IdempotencyStore, e
     elapsed = time.perf_counter() - started
     exhausted = err.value
     assert exhausted.attempts == len(calls) >= 2
-    assert exhausted.causes == {CONNECTION: exhausted.attempts}
+    assert exhausted.causes == {RetryCause.CONNECTION: exhausted.attempts}
     assert isinstance(exhausted.last_error, OperationalError) and exhausted.__cause__ is exhausted.last_error
-    assert str(exhausted.attempts) in str(exhausted) and CONNECTION in str(exhausted)
-    assert store.retries[CONNECTION] == exhausted.attempts - 1
+    assert str(exhausted.attempts) in str(exhausted) and RetryCause.CONNECTION in str(exhausted)
+    assert store.retries[RetryCause.CONNECTION] == exhausted.attempts - 1
     assert elapsed < 5, f"a 0.3 s budget took {elapsed:.2f}s"
     assert effects.count() == 0
     with store.engine.connect() as conn:
@@ -69,7 +69,7 @@ def test_absorbed_retries_are_counted(store: IdempotencyStore, effects: Effects)
 
     result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
     assert not result.replayed and effects.count("k") == 1
-    assert dict(store.retries) == {CONNECTION: 2}
+    assert dict(store.retries) == {RetryCause.CONNECTION: 2}
 
 
 def test_non_retryable_error_is_not_retried(store: IdempotencyStore) -> None:

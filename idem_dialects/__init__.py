@@ -5,15 +5,24 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from .errors import (
+    ClaimRaced,
+    ConfigurationError,
     IdemError,
+    IdemWarning,
     InvalidKey,
     InvalidPayload,
+    KeyedError,
     LeaseLost,
     RequestInFlight,
     RequestMismatch,
     RetriesExhausted,
+    RetryCause,
+    TransientError,
     UnsupportedEngine,
+    UnsupportedIsolation,
+    WinnerNotVisible,
 )
+from .features import Features
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import RetryPolicy
 from .store import IdempotencyStore, Reply
@@ -24,12 +33,17 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "ClaimRaced",
     "Claimed",
+    "ConfigurationError",
+    "Features",
     "IdemError",
+    "IdemWarning",
     "IdempotencyStore",
     "InFlight",
     "InvalidKey",
     "InvalidPayload",
+    "KeyedError",
     "LeaseLost",
     "Mismatch",
     "Outcome",
@@ -39,7 +53,11 @@ __all__ = [
     "RequestMismatch",
     "Result",
     "RetriesExhausted",
+    "RetryCause",
     "RetryPolicy",
+    "TransientError",
     "UnsupportedEngine",
+    "UnsupportedIsolation",
+    "WinnerNotVisible",
     "__version__",
 ]

@@ -1,16 +1,42 @@
-"""The IdemError hierarchy. Every error carries its data as attributes, not only in its message."""
+"""One error vocabulary: the IdemError hierarchy, the retry causes, and the library's warning category.
+
+Every error carries its data as attributes, not only in its message; an error that maps to an HTTP answer carries
+`http_status`. No message ever includes a stored response, request body or claim token.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import ClassVar
+
+
+class RetryCause(StrEnum):
+    """Why `run` may retry: what a backend's `retry_cause` returns and `RetriesExhausted.causes` tallies."""
+
+    BUSY = "busy"  # a one-writer engine's lock (SQLite), Oracle's resource busy
+    SERIALIZATION = "serialization failure"  # the snapshot cannot see (or conflicts with) a committed winner
+    DEADLOCK = "deadlock"  # this transaction was the deadlock victim
+    LOCK_TIMEOUT = "lock timeout"  # a lock wait outlasted the engine's lock timeout
+    CONNECTION = "lost connection"  # the connection dropped; the transaction did not commit
+    CLAIM_RACE = "claim race"  # the record kept changing between our insert and our read
+
+
+class IdemWarning(UserWarning):
+    """Warnings of idem-dialects (e.g. a configuration that works but is probably not what was meant)."""
 
 
 class IdemError(Exception):
     """Base class of every error this library raises on purpose."""
 
+    # The HTTP status this error maps to, for services that answer HTTP requests; None where it maps to none.
+    http_status: ClassVar[int | None] = None
+
 
 class InvalidKey(IdemError, ValueError):
     """A scope, operation, key (or subscriber / message id) breaks a rule; raised before any SQL (HTTP 400)."""
+
+    http_status = 400
 
     def __init__(self, field: str, rule: str, value: object) -> None:
         self.field = field
@@ -25,64 +51,90 @@ class InvalidKey(IdemError, ValueError):
 class InvalidPayload(IdemError, TypeError):
     """A request, payload, response or status that cannot be stored and replayed exactly; raised before any SQL."""
 
+    http_status = 400
+
     def __init__(self, field: str, reason: str) -> None:
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}")
 
 
-class RequestMismatch(IdemError):
+class KeyedError(IdemError):
+    """An answer about one idempotency record: `scope`, `operation` and `key` say which."""
+
+    def __init__(self, scope: str, operation: str, key: str, message: str) -> None:
+        self.scope = scope
+        self.operation = operation
+        self.key = key
+        super().__init__(f"key {key!r} in {scope!r}/{operation!r} {message}")
+
+
+class RequestMismatch(KeyedError):
     """The key was first used with a different request (HTTP 422); the effect did not run."""
 
     http_status = 422
 
     def __init__(self, scope: str, operation: str, key: str, stored: str | None, given: str | None) -> None:
-        self.scope = scope
-        self.operation = operation
-        self.key = key
         self.stored_fingerprint = stored
         self.given_fingerprint = given
-        super().__init__(
-            f"key {key!r} in {scope!r}/{operation!r} was first used with a different request"
-            f" (stored fingerprint {stored}, this request {given})"
-        )
+        super().__init__(scope, operation, key, f"was first used with a different request (stored fingerprint"
+                                                f" {stored}, this request {given})")
 
 
-class RequestInFlight(IdemError):
+class RequestInFlight(KeyedError):
     """Another attempt holds a live lease on the key (HTTP 409 with Retry-After)."""
 
     http_status = 409
 
     def __init__(self, scope: str, operation: str, key: str, retry_after: float) -> None:
-        self.scope = scope
-        self.operation = operation
-        self.key = key
         self.retry_after = retry_after
-        super().__init__(f"key {key!r} in {scope!r}/{operation!r} is in flight; retry after {retry_after:.3f}s")
+        super().__init__(scope, operation, key, f"is in flight; retry after {retry_after:.3f}s")
 
 
-class LeaseLost(IdemError):
-    """The claim was taken over (its lease expired) or completed by someone else; roll the transaction back."""
+class LeaseLost(KeyedError):
+    """The claim was taken over (its lease expired) or completed by someone else; roll the transaction back.
+
+    The claim token is kept as `token` for the caller, never put in the message (it fences the record)."""
+
+    http_status = 409
 
     def __init__(self, scope: str, operation: str, key: str, token: str) -> None:
-        self.scope = scope
-        self.operation = operation
-        self.key = key
         self.token = token
-        super().__init__(f"claim {token} on key {key!r} in {scope!r}/{operation!r} is no longer held")
+        super().__init__(scope, operation, key, "is no longer held by this claim (taken over or completed)")
 
 
-class UnsupportedEngine(IdemError):
-    """No backend is registered for the URL's dialect name."""
+class TransientError(IdemError):
+    """A condition of the library's own that clears up when the transaction runs again; `run` retries it.
 
-    def __init__(self, name: str, known: Sequence[str]) -> None:
-        self.name = name
-        self.known = tuple(known)
-        super().__init__(f"no idem-dialects backend for {name!r}; known backends: {', '.join(self.known)}")
+    Raised out of `claim()` when called directly: retry the caller's transaction (or use `run`)."""
+
+    http_status = 503
+    cause: ClassVar[RetryCause]
+
+
+class ClaimRaced(TransientError):
+    """The record changed between our insert and our read too many times in a row (purged, taken over, rolled
+    back); contention to back off from, not a loop to spin in."""
+
+    cause = RetryCause.CLAIM_RACE
+
+
+class WinnerNotVisible(TransientError):
+    """The claim hit a committed record this transaction's snapshot cannot see (SQL Server SNAPSHOT, Oracle
+    SERIALIZABLE: both read as of the transaction's start). A new transaction's snapshot includes it."""
+
+    cause = RetryCause.SERIALIZATION
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        super().__init__(f"{table}: an existing record committed after this transaction's snapshot began;"
+                         " retry in a new transaction")
 
 
 class RetriesExhausted(IdemError):
-    """`run` kept hitting retryable errors until its time budget ran out; the last error is the __cause__."""
+    """`run` kept hitting retryable errors until its budget ran out; the last error is the __cause__ (HTTP 503)."""
+
+    http_status = 503
 
     def __init__(self, attempts: int, elapsed: float, causes: Mapping[str, int], last: BaseException) -> None:
         self.attempts = attempts
@@ -90,7 +142,41 @@ class RetriesExhausted(IdemError):
         self.causes = dict(causes)
         self.last_error = last
         tally = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.causes.items()))
+        plural = "attempt" if attempts == 1 else "attempts"
         super().__init__(
-            f"gave up after {attempts} attempts in {elapsed:.2f}s; retried: {tally};"
-            f" last error: {type(last).__name__}: {last}"
+            f"gave up after {attempts} {plural} in {elapsed:.2f}s; failed attempts by cause: {tally};"
+            f" last error: {type(last).__name__}: {_first_line(last)}"
         )
+
+
+class ConfigurationError(IdemError):
+    """The store cannot work as configured; the message says how to fix it."""
+
+
+class UnsupportedEngine(ConfigurationError):
+    """No backend is registered for the URL's dialect name."""
+
+    def __init__(self, name: str, known: Sequence[str], hint: str = "") -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(f"no idem-dialects backend for {name!r}; known backends: {', '.join(self.known)}"
+                         + (f"; {hint}" if hint else ""))
+
+
+class UnsupportedIsolation(ConfigurationError):
+    """The engine is configured with an isolation level the backend does not guarantee the protocol under."""
+
+    def __init__(self, backend: str, level: str, supported: Sequence[str]) -> None:
+        self.backend = backend
+        self.level = level
+        self.supported = tuple(supported)
+        why = (" (AUTOCOMMIT commits every statement alone, so a failing effect would leave its claim behind)"
+               if level == "AUTOCOMMIT" else "")
+        super().__init__(f"the {backend} backend does not support isolation_level={level!r}{why}; use one of"
+                         f" {', '.join(self.supported)}, or leave isolation_level unset for the engine's default")
+
+
+def _first_line(exc: BaseException) -> str:
+    # SQLAlchemy appends the statement and its parameters on later lines: never repeat those (stored values).
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"

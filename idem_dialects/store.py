@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import uuid
 from collections import Counter
@@ -10,7 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import Delete, Engine, Update, and_, bindparam, create_engine, delete, make_url, or_, update
 from sqlalchemy.engine import URL, Connection
@@ -18,8 +20,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
 from . import dialects
-from .dialects.base import CLAIM_RACE, Backend
-from .errors import IdemError, InvalidPayload, LeaseLost, RequestInFlight, RequestMismatch
+from .dialects.base import Backend, configured_isolation
+from .errors import (
+    ClaimRaced,
+    InvalidPayload,
+    LeaseLost,
+    RequestInFlight,
+    RequestMismatch,
+    RetryCause,
+    UnsupportedIsolation,
+)
+from .features import Features
 from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
 from .keys import check_identifier
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
@@ -31,10 +42,7 @@ _Fenceable = TypeVar("_Fenceable", Update, Delete)
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
-
-
-class ClaimRaced(IdemError):
-    """The record changed between our insert and our read too many times; `run` retries it with backoff."""
+log = logging.getLogger("idem_dialects")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,12 @@ class Reply:
 
     response: Any
     status: int = 200
+
+
+def _check_isolation(backend: Backend, level: str | None) -> None:
+    """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
+    if level is not None and level not in backend.features.isolation_levels:
+        raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
 
 
 def _check_status(status: object) -> int:
@@ -80,7 +94,10 @@ class _Request:
 
 
 class IdempotencyStore:
-    """Idempotency records for one database. Thread-safe; share one per engine."""
+    """Idempotency records for one database. Thread-safe; share one per engine.
+
+    A context manager: `close()` (or leaving the `with` block) disposes of an engine the store created itself
+    (`from_url`) and leaves an engine the caller passed in alone."""
 
     def __init__(
         self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None
@@ -89,10 +106,12 @@ class IdempotencyStore:
         self.table_prefix = check_prefix(table_prefix)
         self.retry = retry or RetryPolicy()
         self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
+        _check_isolation(self.backend, configured_isolation(engine))
         self.tables: Tables = build_tables(table_prefix, self.backend)
         # Retries `run` absorbed, by cause, since this store was made (what the matrix reports per engine).
         self.retries: Counter[str] = Counter()
         self._retries_lock = threading.Lock()
+        self._owns_engine = False
 
     @classmethod
     def from_url(
@@ -103,7 +122,30 @@ class IdempotencyStore:
         backend = dialects.load(parsed.get_backend_name())
         parsed = backend.resolve_url(parsed)
         engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
-        return cls(engine, table_prefix=table_prefix, retry=retry)
+        try:
+            store = cls(engine, table_prefix=table_prefix, retry=retry)
+        except BaseException:
+            engine.dispose()
+            raise
+        store._owns_engine = True
+        return store
+
+    @property
+    def features(self) -> Features:
+        """What the backend offers on this database (refined from the server once a connection was made)."""
+        return self.backend.features
+
+    def close(self) -> None:
+        """Dispose of the engine's connections if this store created the engine; a caller's engine is theirs."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"IdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
@@ -123,8 +165,10 @@ class IdempotencyStore:
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A connection in a transaction begun the way the engine needs; commits on success."""
-        with self.engine.connect() as conn, self.backend.transaction(conn):
-            yield conn
+        with self.engine.connect() as conn:
+            self.backend.live_features(conn)
+            with self.backend.transaction(conn):
+                yield conn
 
     def claim(
         self,
@@ -137,7 +181,10 @@ class IdempotencyStore:
         lease: timedelta | None = None,
     ) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
-        return self._claim(conn, _Request.check(scope, operation, key, request, lease))
+        req = _Request.check(scope, operation, key, request, lease)
+        _check_isolation(self.backend, configured_isolation(conn))
+        self.backend.live_features(conn)
+        return self._claim(conn, req)
 
     def _claim(self, conn: Connection, req: _Request) -> Outcome:
         t, backend, ident = self.tables.records, self.backend, req.ident
@@ -165,6 +212,8 @@ class IdempotencyStore:
                 claim_token=bindparam("new_token", type_=t.c.claim_token.type), locked_until=backend.now_plus(hold)))
             params = backend.params(ident, "w_") | {"w_claim_token": row.claim_token, "new_token": token}
             if conn.execute(takeover, params).rowcount == 1:
+                log.warning("took over the claim on key %r in %r/%r: its holder's lease ended without completing",
+                            req.key, req.scope, req.operation)
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased, taken_over=True)
         raise ClaimRaced(f"key {req.key!r} in {req.scope!r}/{req.operation!r} changed under {_CLAIM_ROUNDS} claims")
 
@@ -177,6 +226,8 @@ class IdempotencyStore:
             completed_at=backend.now(), locked_until=backend.now(), **backend.binds(t, ("status", "response"))))
         if conn.execute(stmt, self._fence_params(claimed) | backend.params({"status": status, "response": body})
                         ).rowcount != 1:
+            log.warning("lost the claim on key %r in %r/%r before completing it (taken over or completed)",
+                        claimed.scope, claimed.operation, claimed.key)
             raise LeaseLost(claimed.scope, claimed.operation, claimed.key, claimed.token)
 
     def release(self, conn: Connection, claimed: Claimed) -> bool:
@@ -206,6 +257,7 @@ class IdempotencyStore:
             "message_id": check_identifier("message_id", message_id),
         }
         fp = None if payload is _NO_PAYLOAD else payload_fingerprint(payload)
+        _check_isolation(self.backend, configured_isolation(conn))
         t = self.tables.messages
         for _ in range(_CLAIM_ROUNDS):
             if self.backend.insert_if_absent(conn, t, dict(ident, fingerprint=fp), {"processed_at": 0.0}):
@@ -249,9 +301,8 @@ class IdempotencyStore:
         with self._retries_lock:
             self.retries[cause] += 1
 
-    def retry_cause(self, exc: BaseException) -> str | None:
-        if isinstance(exc, ClaimRaced):
-            return CLAIM_RACE
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        """Why `run` would retry after `exc` (None: it propagates unchanged)."""
         return self.backend.retry_cause(exc)
 
     def _run_atomic(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:

@@ -15,22 +15,22 @@ from typing import Any
 
 import pytest
 from sqlalchemy import and_, create_mock_engine, event, or_, select
+from sqlalchemy.dialects.mssql import VARBINARY
 from sqlalchemy.dialects.mssql import pyodbc as mssql_pyodbc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 
 from idem_dialects import IdempotencyStore, InvalidKey
 from idem_dialects.dialects import load
-from idem_dialects.dialects.base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION
 from idem_dialects.dialects.mssql import (
     INDEX_KEY_LIMIT,
     KEY_BYTES,
     InsertIfAbsent,
     MSSQLBackend,
-    Utf8Key,
-    WinnerNotVisible,
     native_error,
 )
+from idem_dialects.dialects.types import Utf8Bytes
+from idem_dialects.errors import RetryCause, WinnerNotVisible
 from idem_dialects.schema import Tables, build_tables
 
 URL = "mssql+pyodbc://sa:x@127.0.0.1:1/db?driver=FreeTDS"  # port 1: nothing listens there
@@ -133,7 +133,8 @@ def test_distinct_keys_store_distinct_bytes(dialect: Dialect) -> None:
     """Keys that differ in case, accents, normalization form, whitespace anywhere (trailing included) or in 4-byte
     characters bind different bytes (their UTF-8), none containing 0x00 (so no binary padding rule can merge them),
     and read back exactly."""
-    bind, result = Utf8Key().bind_processor(dialect), Utf8Key().result_processor(dialect, None)
+    key = Utf8Bytes(VARBINARY(KEY_BYTES))
+    bind, result = key.bind_processor(dialect), key.result_processor(dialect, None)
     assert bind is not None and result is not None
     encoded = [bind(k) for k in DISTINCT_KEYS]
     assert len(set(DISTINCT_KEYS)) == len(DISTINCT_KEYS) == len(set(encoded))
@@ -212,7 +213,7 @@ def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables:
     assert compiled.isinsert is False  # the batch executes as a statement returning a row, not as an INSERT
     assert compiled.positiontup == ["v_scope", "v_operation", "v_idem_key", "v_fingerprint", "v_claim_token"]
     for name in ("v_scope", "v_operation", "v_idem_key"):
-        assert isinstance(compiled.binds[name].type, Utf8Key)
+        assert isinstance(compiled.binds[name].type, Utf8Bytes)
 
 
 def test_message_claim_uses_the_same_batch(backend: MSSQLBackend, tables: Tables, dialect: Dialect) -> None:
@@ -256,7 +257,7 @@ def test_snapshot_hiding_the_winner_is_retryable(backend: MSSQLBackend, tables: 
     snapshot = FakeConnection(None, 5)
     with pytest.raises(WinnerNotVisible) as err:
         backend.read_row(snapshot, tables.records, ident)  # type: ignore[arg-type]
-    assert backend.retry_cause(err.value) == SERIALIZATION
+    assert backend.retry_cause(err.value) == RetryCause.SERIALIZATION
     assert "sys.dm_exec_sessions" in str(snapshot.statements[1])
     assert backend.read_row(FakeConnection(None, 2), tables.records, ident) is None  # type: ignore[arg-type]
 
@@ -367,7 +368,8 @@ def test_other_integrity_errors_are_not_duplicates(backend: MSSQLBackend, driver
 
 
 @DRIVERS
-@pytest.mark.parametrize(("number", "cause"), [(1205, DEADLOCK), (1222, LOCK_TIMEOUT), (3960, SERIALIZATION)])
+@pytest.mark.parametrize(("number", "cause"), [(1205, RetryCause.DEADLOCK), (1222, RetryCause.LOCK_TIMEOUT),
+                                               (3960, RetryCause.SERIALIZATION)])
 def test_retryable_errors(backend: MSSQLBackend, driver: str, number: int, cause: str) -> None:
     """Deadlock victim, lock timeout and snapshot update conflict are retried by `run`; they are not duplicates."""
     exc = pyodbc_error(driver, None, number)
@@ -409,7 +411,7 @@ def test_windows_multi_record_messages(backend: MSSQLBackend) -> None:
 
 @pytest.mark.parametrize("function", ["SQLExecDirectW", "SQLExecute", "SQLFetch", "SQLMoreResults", "SQLEndTran"])
 def test_any_odbc_function_name(backend: MSSQLBackend, function: str) -> None:
-    assert backend.retry_cause(pyodbc_error(FREETDS, None, 1205, function=function)) == DEADLOCK
+    assert backend.retry_cause(pyodbc_error(FREETDS, None, 1205, function=function)) == RetryCause.DEADLOCK
 
 
 def test_unparseable_or_foreign_errors_are_not_classified(backend: MSSQLBackend) -> None:
@@ -429,7 +431,7 @@ def test_lost_connection_is_retryable(backend: MSSQLBackend) -> None:
     orig = pyodbc.OperationalError("08S01", "[08S01] [FreeTDS][SQL Server]Communication link failure (0) "
                                             "(SQLExecDirectW)")
     exc = DBAPIError.instance("x", [], orig, pyodbc.Error, connection_invalidated=True)
-    assert backend.retry_cause(exc) == CONNECTION
+    assert backend.retry_cause(exc) == RetryCause.CONNECTION
 
 
 # --- building from a URL: no connection, no early driver import --------------------------------------------------

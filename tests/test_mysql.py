@@ -25,8 +25,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Replayed
-from idem_dialects.dialects.base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION
 from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend, error_code
+from idem_dialects.errors import RetryCause
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
 
@@ -341,7 +341,7 @@ def test_mariadb_snapshot_isolation_is_retried(make_store: Callable[..., Idempot
             outcome = store.claim(reader, scope="s", operation="op", key="k", request=REQ)
             assert isinstance(outcome, Replayed)
         except DBAPIError as exc:
-            assert error_code(exc) == 1020 and store.retry_cause(exc) == SERIALIZATION
+            assert error_code(exc) == 1020 and store.retry_cause(exc) == RetryCause.SERIALIZATION
         tx.rollback()
     effects = Effects(store)
     effects.create()
@@ -379,19 +379,19 @@ def test_retry_classification(backend: type[MySQLBackend]) -> None:
     """Deadlock, lock wait timeout and lost connection (by code, or as SQLAlchemy invalidated the connection) are
     retryable; nothing else is (1020 only on MariaDB)."""
     b = backend.__new__(backend)  # classification needs no engine
-    assert b.retry_cause(_wrapped(1213)) == DEADLOCK
-    assert b.retry_cause(_wrapped(1205)) == LOCK_TIMEOUT
-    assert b.retry_cause(_wrapped(2006)) == CONNECTION
-    assert b.retry_cause(_wrapped(2013)) == CONNECTION
+    assert b.retry_cause(_wrapped(1213)) == RetryCause.DEADLOCK
+    assert b.retry_cause(_wrapped(1205)) == RetryCause.LOCK_TIMEOUT
+    assert b.retry_cause(_wrapped(2006)) == RetryCause.CONNECTION
+    assert b.retry_cause(_wrapped(2013)) == RetryCause.CONNECTION
     for code in (1062, 1048, 1406, 1452, 1064, 2014, 2003):
         assert b.retry_cause(_wrapped(code)) is None, code
     integrity = IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1062, "Duplicate entry"))
     assert b.is_duplicate(integrity) and b.retry_cause(integrity) is None
     assert not b.is_duplicate(IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1048, "null")))
     assert b.retry_cause(RuntimeError("1213")) is None
-    assert b.retry_cause(_wrapped(1020)) == (SERIALIZATION if backend is MariaDBBackend else None)
+    assert b.retry_cause(_wrapped(1020)) == (RetryCause.SERIALIZATION if backend is MariaDBBackend else None)
     invalidated = OperationalError("SELECT 1", {}, pymysql.err.InterfaceError(0, ""), connection_invalidated=True)
-    assert b.retry_cause(invalidated) == CONNECTION  # SQLAlchemy's own disconnect detection
+    assert b.retry_cause(invalidated) == RetryCause.CONNECTION  # SQLAlchemy's own disconnect detection
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -424,7 +424,7 @@ def test_rolled_back_first_inserter_deadlock_is_classified(make_store: Callable[
             th.join()
     errors = [o for o in outcomes if isinstance(o, DBAPIError)]
     assert sorted(map(repr, outcomes)) == sorted(map(repr, [True, *errors])) and len(errors) == 1, outcomes
-    assert store.retry_cause(errors[0]) == DEADLOCK and error_code(errors[0]) == 1213
+    assert store.retry_cause(errors[0]) == RetryCause.DEADLOCK and error_code(errors[0]) == 1213
     assert len(_records(store)) == 1
 
 
@@ -436,7 +436,7 @@ def test_lock_wait_timeout_is_classified(make_store: Callable[..., IdempotencySt
         assert isinstance(store.claim(holder, scope="s", operation="op", key="k", request=REQ), Claimed)
         with pytest.raises(OperationalError) as err, store.transaction() as conn:
             store.claim(conn, scope="s", operation="op", key="k", request=REQ)
-        assert error_code(err.value) == 1205 and store.retry_cause(err.value) == LOCK_TIMEOUT
+        assert error_code(err.value) == 1205 and store.retry_cause(err.value) == RetryCause.LOCK_TIMEOUT
 
 
 # --- engine facts the protocol relies on --------------------------------------------------------------------
@@ -526,6 +526,6 @@ def test_failing_winner_deadlocks_are_absorbed(make_store: Callable[..., Idempot
         errors = [r for r in results if isinstance(r, Exception)]
         assert [str(e) for e in errors] == ["winner failed"]
         assert effects.count("k") == 1 and sum(not r.replayed for r in results if r not in errors) == 1
-        assert set(store.retries) == {DEADLOCK}, store.retries  # the victims were retried, not surfaced
+        assert set(store.retries) == {RetryCause.DEADLOCK}, store.retries  # the victims were retried, not surfaced
     finally:
         effects.drop()

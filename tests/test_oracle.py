@@ -26,16 +26,14 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from idem_dialects import Claimed, IdempotencyStore, InvalidKey, InvalidPayload, Replayed, RetriesExhausted, RetryPolicy
 from idem_dialects.dialects import load
-from idem_dialects.dialects.base import BUSY, CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION
 from idem_dialects.dialects.oracle import (
     KEY_BYTES,
     NonEmptyBlob,
     NonEmptyString,
     OracleBackend,
-    SnapshotHidesWinner,
-    Utf8Raw,
     ora_code,
 )
+from idem_dialects.errors import RetryCause, WinnerNotVisible
 from idem_dialects.fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
 from idem_dialects.schema import build_tables
 
@@ -153,10 +151,8 @@ def winner_row(fp: str, response: Any, status: int = 201) -> SimpleNamespace:
 
 def test_registry_and_isolation_levels() -> None:
     assert load("oracle") is OracleBackend
-    assert OracleBackend.isolation_levels == ("READ COMMITTED", "SERIALIZABLE")
-    caps = OracleBackend.capabilities(create_engine(CLOSED_PORT_URL).url)
-    assert {"isolation:READ COMMITTED", "isolation:SERIALIZABLE"} <= caps
-    assert "isolation:REPEATABLE READ" not in caps
+    features = OracleBackend.url_features(create_engine(CLOSED_PORT_URL).url)
+    assert features.isolation_levels == ("READ COMMITTED", "SERIALIZABLE")
 
 
 def test_driver_imports_stay_lazy() -> None:
@@ -362,14 +358,14 @@ def test_winner_gone_between_insert_and_read_claims_again(engine: Engine) -> Non
 
 def test_serializable_snapshot_hiding_the_winner_is_retryable(engine: Engine) -> None:
     """SERIALIZABLE reads as of the transaction's start: a winner committed later is invisible to the loser.
-    The backend raises SnapshotHidesWinner, which run retries as a serialization failure (like ORA-08177)."""
+    The backend raises WinnerNotVisible, which run retries as a serialization failure (like ORA-08177)."""
     store = IdempotencyStore(engine)
     dup = wrapped(ora_error(1, ORA_00001), engine)
     conn = ScriptedConnection(engine, [dup, Result(None)], isolation_level="SERIALIZABLE")
-    with pytest.raises(SnapshotHidesWinner) as err:
+    with pytest.raises(WinnerNotVisible) as err:
         store.claim(conn, scope="s", operation="op", key="k", request=REQ)  # type: ignore[arg-type]
-    assert err.value.key == {"scope": "s", "operation": "op", "idem_key": "k"}
-    assert store.retry_cause(err.value) == SERIALIZATION
+    assert err.value.table == store.tables.records.name
+    assert store.retry_cause(err.value) == RetryCause.SERIALIZATION
 
 
 @pytest.mark.parametrize(("engine_level", "option", "raises"), [
@@ -384,7 +380,7 @@ def test_serializable_detected_from_sqlalchemy_configuration(engine_level: str |
     dup = wrapped(ora_error(1, ORA_00001), eng)
     conn = ScriptedConnection(eng, [dup, Result(None), Result()], isolation_level=option)
     if raises:
-        with pytest.raises(SnapshotHidesWinner):
+        with pytest.raises(WinnerNotVisible):
             store.claim(conn, scope="s", operation="op", key="k", request=REQ)  # type: ignore[arg-type]
     else:
         assert isinstance(store.claim(conn, scope="s", operation="op", key="k", request=REQ), Claimed)  # type: ignore[arg-type]
@@ -445,7 +441,7 @@ KEYS = ["k", "K", "k ", " k", "k\t", "Straße", "STRASSE", "é", unicodedata.nor
 def test_keys_round_trip_byte_exact_and_stay_distinct(engine: Engine) -> None:
     """Keys become their UTF-8 bytes: distinct keys (case, accents, normalization, trailing space) stay distinct
     whatever NLS_COMP/NLS_SORT says, and come back as the same str."""
-    key = Utf8Raw()
+    key = OracleBackend(engine).key_type()
     bind = key.bind_processor(engine.dialect)
     result = key.result_processor(engine.dialect, oracledb.DB_TYPE_RAW)
     assert bind is not None and result is not None
@@ -493,12 +489,13 @@ def test_driver_error_objects_are_the_real_ones() -> None:
     (1400, ORA_01400, sa_exc.IntegrityError, False, None),
     (2291, ORA_02291, sa_exc.IntegrityError, False, None),
     (2291, ORA_02291_SAYS_00001, sa_exc.IntegrityError, False, None),
-    (8177, ORA_08177, sa_exc.DatabaseError, False, SERIALIZATION),
-    (8177, ORA_08177 + " (not ORA-00060 deadlock, not ORA-00001)", sa_exc.DatabaseError, False, SERIALIZATION),
-    (60, ORA_00060, sa_exc.DatabaseError, False, DEADLOCK),
-    (54, ORA_00054, sa_exc.DatabaseError, False, BUSY),
-    (30006, ORA_30006, sa_exc.DatabaseError, False, LOCK_TIMEOUT),
-    (3113, ORA_03113, sa_exc.DatabaseError, False, CONNECTION),
+    (8177, ORA_08177, sa_exc.DatabaseError, False, RetryCause.SERIALIZATION),
+    (8177, ORA_08177 + " (not ORA-00060 deadlock, not ORA-00001)", sa_exc.DatabaseError, False,
+     RetryCause.SERIALIZATION),
+    (60, ORA_00060, sa_exc.DatabaseError, False, RetryCause.DEADLOCK),
+    (54, ORA_00054, sa_exc.DatabaseError, False, RetryCause.BUSY),
+    (30006, ORA_30006, sa_exc.DatabaseError, False, RetryCause.LOCK_TIMEOUT),
+    (3113, ORA_03113, sa_exc.DatabaseError, False, RetryCause.CONNECTION),
     (942, "ORA-00942: table or view does not exist (ORA-08177 ORA-00060)", sa_exc.DatabaseError, False, None),
 ], ids=["00001", "01400", "02291", "02291-says-00001", "08177", "08177-says-others", "00060", "00054", "30006",
         "03113-lost", "00942-says-retryable"])
@@ -592,7 +589,7 @@ def test_run_gives_up_on_persistent_serialization_failures(sqlite_store_with_ora
 
     with pytest.raises(RetriesExhausted) as err:
         ctx.store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
-    assert err.value.causes == {SERIALIZATION: 3}
+    assert err.value.causes == {RetryCause.SERIALIZATION: 3}
 
 
 @pytest.mark.parametrize(("code", "message"), [(1400, ORA_01400), (2291, ORA_02291_SAYS_00001), (1, ORA_00001)])

@@ -26,8 +26,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.schema import CreateTable
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RequestMismatch, RetryPolicy
-from idem_dialects.dialects.base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION
 from idem_dialects.dialects.postgresql import PostgreSQLBackend, sqlstate
+from idem_dialects.errors import RetryCause
 from idem_dialects.schema import build_tables
 
 REQ = {"amount": 100}
@@ -173,12 +173,12 @@ def _wrapped(orig: Exception, cls: type[DBAPIError] = OperationalError) -> DBAPI
     ("23503", "duplicate key", False, None),  # FK
     ("23514", "duplicate key", False, None),  # CHECK
     ("23P01", "conflicting key value violates exclusion constraint", False, None),
-    ("40001", "duplicate key", False, SERIALIZATION),
-    ("40P01", "anything", False, DEADLOCK),
-    ("55P03", "anything", False, LOCK_TIMEOUT),
-    ("57P01", "terminating connection due to administrator command", False, CONNECTION),
-    ("08006", "connection failure", False, CONNECTION),
-    ("08003", "connection does not exist", False, CONNECTION),
+    ("40001", "duplicate key", False, RetryCause.SERIALIZATION),
+    ("40P01", "anything", False, RetryCause.DEADLOCK),
+    ("55P03", "anything", False, RetryCause.LOCK_TIMEOUT),
+    ("57P01", "terminating connection due to administrator command", False, RetryCause.CONNECTION),
+    ("08006", "connection failure", False, RetryCause.CONNECTION),
+    ("08003", "connection does not exist", False, RetryCause.CONNECTION),
     ("57014", "canceling statement due to statement timeout", False, None),  # cancel: the caller's decision
     ("42601", "deadlock detected (a syntax error's text)", False, None),
 ])
@@ -198,9 +198,9 @@ def test_error_without_sqlstate_is_not_retried_unless_connection_dropped() -> No
     plain = _wrapped(_Psycopg3Error(None, "server closed the connection unexpectedly"))
     assert sqlstate(plain) is None and backend.retry_cause(plain) is None
     dropped = OperationalError("SELECT 1", {}, _Psycopg3Error(None, "x"), connection_invalidated=True)
-    assert backend.retry_cause(dropped) == CONNECTION
+    assert backend.retry_cause(dropped) == RetryCause.CONNECTION
     pg8000_style = _wrapped(Exception({"C": "40001", "M": "could not serialize"}))
-    assert backend.retry_cause(pg8000_style) == SERIALIZATION
+    assert backend.retry_cause(pg8000_style) == RetryCause.SERIALIZATION
 
 
 def test_effect_unique_violation_surfaces_unretried(store: IdempotencyStore, effects: Effects) -> None:
@@ -259,7 +259,7 @@ def test_claim_waiting_on_uncommitted_winner(make_store: Callable[..., Idempoten
         elif level in SNAPSHOT_LEVELS:
             with pytest.raises(DBAPIError) as err:
                 pending.result(timeout=30)
-            assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == SERIALIZATION
+            assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == RetryCause.SERIALIZATION
         else:
             outcome = pending.result(timeout=30)
             assert isinstance(outcome, Replayed) and (outcome.response, outcome.status) == ("first", 201)
@@ -284,7 +284,7 @@ def test_claim_with_snapshot_older_than_winner(make_store: Callable[..., Idempot
             if level in SNAPSHOT_LEVELS:
                 with pytest.raises(DBAPIError) as err:
                     store.claim(reader, scope="s", operation="op", key="k", request=REQ)
-                assert store.retry_cause(err.value) == SERIALIZATION
+                assert store.retry_cause(err.value) == RetryCause.SERIALIZATION
             else:
                 assert isinstance(store.claim(reader, scope="s", operation="op", key="k", request=REQ), Replayed)
         finally:
@@ -320,7 +320,7 @@ def test_claim_after_record_changed_since_snapshot(make_store: Callable[..., Ide
             if level in SNAPSHOT_LEVELS:
                 with pytest.raises(DBAPIError) as err:
                     store.claim(reader, scope="s", operation="op", key="k", request=REQ, lease=timedelta(minutes=5))
-                assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == SERIALIZATION
+                assert sqlstate(err.value) == "40001" and store.retry_cause(err.value) == RetryCause.SERIALIZATION
             else:
                 outcome = store.claim(reader, scope="s", operation="op", key="k", request=REQ,
                                       lease=timedelta(minutes=5))
@@ -373,7 +373,7 @@ def test_lost_connection_is_retried_by_run(store: IdempotencyStore, effects: Eff
 
     result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
     assert not result.replayed and effects.count("k") == 1
-    assert store.retries[CONNECTION] == 1
+    assert store.retries[RetryCause.CONNECTION] == 1
 
 
 def test_lock_timeout_is_retried_by_run(make_store: Callable[..., IdempotencyStore], effects: Effects,
@@ -390,9 +390,9 @@ def test_lock_timeout_is_retried_by_run(make_store: Callable[..., IdempotencySto
                               effect=effects.effect("k"), retry=RetryPolicy(total=60))
         try:
             deadline = time.monotonic() + 30
-            while impatient.retries[LOCK_TIMEOUT] < 2 and time.monotonic() < deadline:
+            while impatient.retries[RetryCause.LOCK_TIMEOUT] < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert impatient.retries[LOCK_TIMEOUT] >= 2
+            assert impatient.retries[RetryCause.LOCK_TIMEOUT] >= 2
         finally:
             holder_store.complete(holder, won, "holder's")
             tx.commit()
@@ -424,7 +424,7 @@ def test_deadlock_victim_is_classified(store: IdempotencyStore, admin: Engine) -
                 tx.rollback()
     victims = [o for o in outcomes if isinstance(o, DBAPIError)]
     assert len(victims) == 1, outcomes
-    assert sqlstate(victims[0]) == "40P01" and store.retry_cause(victims[0]) == DEADLOCK
+    assert sqlstate(victims[0]) == "40P01" and store.retry_cause(victims[0]) == RetryCause.DEADLOCK
     assert sum(isinstance(o, Claimed) for o in outcomes) == 1
 
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
-from idem_dialects.dialects.base import BUSY
+from idem_dialects.errors import RetryCause
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_busy_is_absorbed_by_run(store: IdempotencyStore, db: Path) -> None:
     holder = hold_write_lock(db, 0.4)
     result = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "done")
     holder.join()
-    assert result.response == "done" and store.retries[BUSY] >= 1
+    assert result.response == "done" and store.retries[RetryCause.BUSY] >= 1
 
 
 def test_retry_exhaustion_says_what_and_how_often(db: Path, store: IdempotencyStore) -> None:
@@ -87,7 +87,7 @@ def test_retry_exhaustion_says_what_and_how_often(db: Path, store: IdempotencySt
                   retry=RetryPolicy(total=0.3, initial=0.01, max_wait=0.05))
     elapsed = time.monotonic() - started
     holder.join()
-    assert err.value.attempts >= 2 and err.value.causes == {BUSY: err.value.attempts}
+    assert err.value.attempts >= 2 and err.value.causes == {RetryCause.BUSY: err.value.attempts}
     assert isinstance(err.value.__cause__, Exception) and err.value.last_error is err.value.__cause__
     assert "busy" in str(err.value) and f"{err.value.attempts} attempts" in str(err.value)
     assert elapsed < 1.0  # bounded by the policy, not by the lock holder
@@ -113,7 +113,7 @@ def test_memory_database_serialises_threads() -> None:
         t.join()
     assert len(effects) == 1 and {r.response for r in results} == {effects[0]}
     assert sum(r.replayed for r in results) == 7
-    assert "processes" not in store.backend.capabilities(store.engine.url)
+    assert not store.features.processes and not store.features.concurrent_connections
 
 
 def test_duplicate_is_classified_by_extended_code(store: IdempotencyStore) -> None:

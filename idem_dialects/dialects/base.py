@@ -18,33 +18,42 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
+from ..errors import RetryCause, TransientError
+from ..features import Features
 from ..keys import MAX_LENGTH
 
 # A result row of any shape (SQLAlchemy 2.1 types rows by the tuple of their column types).
 AnyRow: TypeAlias = "Row[*tuple[Any, ...]]"
-
-# Retry causes reported by `Backend.retry_cause` and tallied in RetriesExhausted.causes.
-BUSY = "busy"
-SERIALIZATION = "serialization failure"
-DEADLOCK = "deadlock"
-LOCK_TIMEOUT = "lock timeout"
-CONNECTION = "lost connection"
-CLAIM_RACE = "claim race"
 
 S = TypeVar("S")
 # Statement shapes are few (tables x operations x lease lengths); the bound only protects against odd callers.
 _PREPARED_LIMIT = 512
 
 
+def configured_isolation(target: Connection | Engine) -> str | None:
+    """The isolation level SQLAlchemy was told to use for `target` (an execution option, or
+    create_engine(isolation_level=...)), upper-cased; None for the server's default. No round trip."""
+    level = target.get_execution_options().get("isolation_level")
+    if level is None:
+        # create_engine(isolation_level=...) has no public accessor; tests/test_core.py fails loudly if this moves.
+        level = getattr(target.dialect, "_on_connect_isolation_level", None)
+    return level.upper() if isinstance(level, str) else None
+
+
 class Backend:
     """One SQL engine's way of doing the protocol's statements. Subclasses set `name` and override hooks."""
 
     name: ClassVar[str]
-    # Isolation levels (SQLAlchemy spelling) under which the protocol is guaranteed on this engine.
-    isolation_levels: ClassVar[tuple[str, ...]] = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+    # What this engine offers before anything is known of the server; `url_features` and `refine_features`
+    # adjust it per database.
+    base_features: ClassVar[Features] = Features()
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # A mock engine (create_mock_engine: DDL without a server) has no URL: it gets the backend's base features.
+        url: URL | None = getattr(engine, "url", None)
+        self.features = self.base_features if url is None else self.url_features(url)
+        self._refined = False
         self._prepared: dict[Hashable, Any] = {}
 
     # --- engine construction -------------------------------------------------------------------------------
@@ -59,11 +68,24 @@ class Backend:
         """create_engine options for `from_url`: the user's, plus what this engine needs to work at all."""
         return dict(options)
 
+    # --- features ---------------------------------------------------------------------------------------------
+
     @classmethod
-    def capabilities(cls, url: URL) -> frozenset[str]:
-        """What conformance checks may rely on for a database at `url` (checks name capabilities, not engines)."""
-        shared = {"concurrent_connections", "processes", "concurrent_writers"}
-        return frozenset(shared | {f"isolation:{lvl}" for lvl in cls.isolation_levels})
+    def url_features(cls, url: URL) -> Features:
+        """What this backend offers for a database at `url`, known without connecting."""
+        return cls.base_features
+
+    def refine_features(self, conn: Connection, features: Features) -> Features:
+        """`features` adjusted to what the live server decides (called once, on the store's first connection)."""
+        # Set once SQLAlchemy has initialized the dialect on a first connection.
+        return features.replace(default_isolation=getattr(conn.dialect, "default_isolation_level", None))
+
+    def live_features(self, conn: Connection) -> Features:
+        """The features, refined from the server on first use (a benign race: every thread computes the same)."""
+        if not self._refined:
+            self.features = self.refine_features(conn, self.features)
+            self._refined = True
+        return self.features
 
     # --- column types ----------------------------------------------------------------------------------------
 
@@ -193,8 +215,11 @@ class Backend:
         """True only for a primary-key / unique violation."""
         raise NotImplementedError
 
-    def retry_cause(self, exc: BaseException) -> str | None:
-        """Why `run` may retry after `exc` (one of the cause constants), or None if it must not."""
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        """Why `run` may retry after `exc`, or None if it must not. Backends classify their driver's codes and
+        defer to this for the library's own transient errors and connections SQLAlchemy saw drop."""
+        if isinstance(exc, TransientError):
+            return exc.cause
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-            return CONNECTION
+            return RetryCause.CONNECTION
         return None

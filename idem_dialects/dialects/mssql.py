@@ -11,7 +11,8 @@ Four things SQL Server does differently from the portable defaults, and what thi
   the index key limit (see `KEY_BYTES`).
 - **A SNAPSHOT transaction cannot see a winner that committed after it began.** The duplicate error proves the row
   exists, so `read_row` raises the retryable `WinnerNotVisible` instead of reporting it absent; `run` retries in a
-  fresh transaction, which sees it.
+  fresh transaction, which sees it. SNAPSHOT is a supported level only where the database allows it
+  (``ALLOW_SNAPSHOT_ISOLATION ON``): the live server decides (`refine_features`).
 - **Error codes are in the message.** pyodbc gives ``(sqlstate, message)`` only; the native number is the
   ``(NNNN)`` pyodbc itself appends after the driver's text, parsed anchored to that structure (`native_error`).
 """
@@ -25,17 +26,19 @@ from typing import Any
 
 from sqlalchemy import Integer, String, delete, func, literal_column, text, type_coerce
 from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.schema import Table
-from sqlalchemy.types import TypeDecorator, TypeEngine
+from sqlalchemy.types import TypeEngine
 
-from ..errors import IdemError, InvalidKey
-from .base import DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
+from ..errors import InvalidKey, RetryCause, WinnerNotVisible
+from ..features import Features
+from .base import AnyRow, Backend
+from .types import Utf8Bytes
 
 # Native SQL Server error numbers.
 ER_DUP_CONSTRAINT = 2627  # Violation of PRIMARY KEY / UNIQUE constraint
@@ -46,7 +49,8 @@ ER_DEADLOCK = 1205  # chosen as deadlock victim; the transaction is already roll
 ER_LOCK_TIMEOUT = 1222  # Lock request time out period exceeded (SET LOCK_TIMEOUT)
 ER_SNAPSHOT_CONFLICT = 3960  # Snapshot isolation transaction aborted due to update conflict
 DUPLICATE_ERRORS = frozenset({ER_DUP_CONSTRAINT, ER_DUP_INDEX})
-_RETRYABLE = {ER_DEADLOCK: DEADLOCK, ER_LOCK_TIMEOUT: LOCK_TIMEOUT, ER_SNAPSHOT_CONFLICT: SERIALIZATION}
+_RETRYABLE = {ER_DEADLOCK: RetryCause.DEADLOCK, ER_LOCK_TIMEOUT: RetryCause.LOCK_TIMEOUT,
+              ER_SNAPSHOT_CONFLICT: RetryCause.SERIALIZATION}
 
 # @@OPTIONS bits, and sys.dm_exec_sessions.transaction_isolation_level for SNAPSHOT.
 _OPT_NOCOUNT = 512
@@ -76,28 +80,6 @@ def _datetime2() -> TypeEngine[datetime]:
 # after all of the server's text, so its last occurrence marks the end of the first record.
 _FIRST_RECORD_END = re.compile(r" \((-?\d+)\) \((SQL[A-Za-z]+)\)(?=; \[|\Z)")
 _PYODBC_PREFIX = re.compile(r"\A\[[0-9A-Z]{5}\] ")
-
-
-class WinnerNotVisible(IdemError):
-    """The claim hit an existing record that this SNAPSHOT transaction cannot see (it committed after the snapshot
-    began). Retry in a new transaction, whose snapshot will include it: `run` does."""
-
-
-class Utf8Key(TypeDecorator[str]):
-    """VARBINARY(1020) of UTF-8: byte-exact whatever the database collation (case, accents, normalization form,
-    trailing spaces, 4-byte characters), and it reads back exactly."""
-
-    impl = VARBINARY
-    cache_ok = True
-
-    def __init__(self) -> None:
-        super().__init__(KEY_BYTES)
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
-        return None if value is None else value.encode("utf-8")
-
-    def process_result_value(self, value: Any | None, dialect: Dialect) -> str | None:
-        return None if value is None else bytes(value).decode("utf-8")
 
 
 # Why a batch and not a savepoint: with XACT_ABORT ON a 2627 dooms the transaction even inside a savepoint or
@@ -190,12 +172,22 @@ def check_index_key(table: Table, values: Mapping[str, Any]) -> None:
 
 class MSSQLBackend(Backend):
     name = "mssql"
-    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT")
+    base_features = Features(isolation_levels=("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT"),
+                             max_identity_bytes=INDEX_KEY_LIMIT)
+
+    def refine_features(self, conn: Connection, features: Features) -> Features:
+        features = super().refine_features(conn, features)
+        allowed = conn.execute(
+            text("SELECT snapshot_isolation_state FROM sys.databases WHERE name = DB_NAME()")).scalar()
+        if allowed != 1:  # 1 = ON; SET TRANSACTION ISOLATION LEVEL SNAPSHOT would fail with error 3952
+            features = features.replace(isolation_levels=tuple(lvl for lvl in features.isolation_levels
+                                                               if lvl != "SNAPSHOT"))
+        return features
 
     # --- column types ----------------------------------------------------------------------------------------
 
     def key_type(self) -> TypeEngine[str]:
-        return Utf8Key()
+        return Utf8Bytes(VARBINARY(KEY_BYTES))  # type: ignore[no-untyped-call]
 
     def token_type(self) -> TypeEngine[str]:
         return String(64, collation=_BIN2)  # ASCII hex, compared exactly
@@ -238,7 +230,7 @@ class MSSQLBackend(Backend):
         row = super().read_row(conn, table, key)
         if row is None and self._in_snapshot(conn):
             # The insert just failed on this key, so the row exists: our snapshot predates its commit.
-            raise WinnerNotVisible(f"{table.name}: the existing record committed after this SNAPSHOT transaction began")
+            raise WinnerNotVisible(table.name)
         return row
 
     @staticmethod
@@ -258,9 +250,7 @@ class MSSQLBackend(Backend):
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
 
-    def retry_cause(self, exc: BaseException) -> str | None:
-        if isinstance(exc, WinnerNotVisible):
-            return SERIALIZATION
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):
             number = native_error(exc)
             if number is not None and number in _RETRYABLE:

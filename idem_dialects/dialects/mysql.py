@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from importlib.util import find_spec
 from typing import Any, ClassVar
@@ -47,14 +48,17 @@ from typing import Any, ClassVar
 from sqlalchemy import Select, UniqueConstraint, func, literal, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
-from sqlalchemy.engine import URL, Connection, Dialect
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
-from sqlalchemy.types import TypeDecorator, TypeEngine
+from sqlalchemy.types import TypeEngine
 
+from ..errors import RetryCause
+from ..features import Features
 from ..keys import MAX_LENGTH
-from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
+from .base import Backend
+from .types import Utf8Bytes
 
 # Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
 ER_DUP_ENTRY = 1062
@@ -68,20 +72,6 @@ KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 _STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
-
-
-class Utf8Bytes(TypeDecorator[str]):
-    """A str stored as its UTF-8 bytes in VARBINARY: byte-for-byte, NO PAD comparison on every version and
-    under every character set, because no collation is involved."""
-
-    impl = VARBINARY(KEY_BYTES)
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
-        return None if value is None else value.encode("utf-8")
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
-        return None if value is None else bytes(value).decode("utf-8")
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -100,16 +90,21 @@ def _primary_key_is_only_unique_key(table: Table) -> bool:
         index.unique for index in table.indexes)
 
 
+@dataclass(frozen=True, slots=True)
+class MySQLFeatures(Features):
+    # The server's spelling of a shared locking read: FOR SHARE (MySQL 8.0.1+) or LOCK IN SHARE MODE (MariaDB,
+    # older MySQL; a mysql:// URL may reach either, so the live server decides).
+    share_lock: str = "FOR SHARE"
+
+
 class MySQLBackend(Backend):
     name = "mysql"
-    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
-    # The engine's own spelling of a shared locking read (see share_lock for servers that lack it).
-    share_lock_clause: ClassVar[str] = "FOR SHARE"
-    retryable: ClassVar[Mapping[int, str]] = {
-        ER_LOCK_DEADLOCK: DEADLOCK,
-        ER_LOCK_WAIT_TIMEOUT: LOCK_TIMEOUT,
-        CR_SERVER_GONE_ERROR: CONNECTION,
-        CR_SERVER_LOST: CONNECTION,
+    base_features: ClassVar[Features] = MySQLFeatures()
+    retryable: ClassVar[Mapping[int, RetryCause]] = {
+        ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
+        ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
+        CR_SERVER_GONE_ERROR: RetryCause.CONNECTION,
+        CR_SERVER_LOST: RetryCause.CONNECTION,
     }
 
     @classmethod
@@ -122,7 +117,7 @@ class MySQLBackend(Backend):
     # --- column types ----------------------------------------------------------------------------------------
 
     def key_type(self) -> TypeEngine[str]:
-        return Utf8Bytes()
+        return Utf8Bytes(VARBINARY(KEY_BYTES))
 
     def token_type(self) -> TypeEngine[str]:
         return VARCHAR(64, charset="ascii", collation="ascii_bin")  # hex only: padding cannot matter
@@ -164,14 +159,18 @@ class MySQLBackend(Backend):
             )
         conn.info[_STRICT_CHECKED] = True
 
-    def share_lock(self, conn: Connection) -> str:
-        """The locking-read clause this server understands. A `mysql://` URL may reach a MariaDB server or a
-        MySQL older than 8.0.1, neither of which parses FOR SHARE; both take LOCK IN SHARE MODE."""
+    def refine_features(self, conn: Connection, features: Features) -> Features:
         dialect = conn.dialect
-        version = getattr(dialect, "server_version_info", None) or ()
-        if getattr(dialect, "is_mariadb", False) or tuple(version[:3]) < (8, 0, 1):
-            return MariaDBBackend.share_lock_clause
-        return self.share_lock_clause
+        version = tuple(getattr(dialect, "server_version_info", None) or ())
+        old = getattr(dialect, "is_mariadb", False) or version[:3] < (8, 0, 1)
+        return super().refine_features(conn, features).replace(share_lock="LOCK IN SHARE MODE" if old else
+                                                               "FOR SHARE")
+
+    def share_lock(self, conn: Connection) -> str:
+        """The locking-read clause this server understands (a feature the live server decides)."""
+        features = self.live_features(conn)
+        assert isinstance(features, MySQLFeatures)
+        return features.share_lock
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
@@ -216,9 +215,9 @@ class MySQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
 
-    def retry_cause(self, exc: BaseException) -> str | None:
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if not isinstance(exc, DBAPIError):
-            return None
+            return super().retry_cause(exc)  # the library's own transient errors
         code = error_code(exc)
         cause = None if code is None else self.retryable.get(code)
         # Otherwise only a connection SQLAlchemy invalidated (its own disconnect detection): a fresh one is safe.
@@ -227,13 +226,10 @@ class MySQLBackend(Backend):
 
 class MariaDBBackend(MySQLBackend):
     name = "mariadb"
-    share_lock_clause: ClassVar[str] = "LOCK IN SHARE MODE"
-    retryable: ClassVar[Mapping[int, str]] = {
+    base_features: ClassVar[Features] = MySQLFeatures(share_lock="LOCK IN SHARE MODE")
+    retryable: ClassVar[Mapping[int, RetryCause]] = {
         **MySQLBackend.retryable,
         # With innodb_snapshot_isolation=ON (default from 11.6), a locking read or write of a row committed
         # after the transaction's snapshot fails with 1020 instead of reading it: retry in a new transaction.
-        ER_CHECKREAD: SERIALIZATION,
+        ER_CHECKREAD: RetryCause.SERIALIZATION,
     }
-
-    def share_lock(self, conn: Connection) -> str:
-        return self.share_lock_clause

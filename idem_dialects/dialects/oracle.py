@@ -43,9 +43,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from ..errors import IdemError, InvalidPayload
+from ..errors import InvalidPayload, RetryCause, WinnerNotVisible
+from ..features import Features
 from ..keys import MAX_LENGTH, check_identifier
-from .base import BUSY, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, AnyRow, Backend
+from .base import AnyRow, Backend, configured_isolation
+from .types import Utf8Bytes
 
 # Oracle error numbers (``_Error.code``), as the server sends them.
 ORA_UNIQUE_VIOLATED = 1  # ORA-00001: unique constraint violated -- the only duplicate
@@ -55,10 +57,10 @@ ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transa
 ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
 # Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
 _RETRYABLE = {
-    ORA_CANNOT_SERIALIZE: SERIALIZATION,
-    ORA_DEADLOCK: DEADLOCK,
-    ORA_RESOURCE_BUSY: BUSY,
-    ORA_LOCK_WAIT_TIMEOUT: LOCK_TIMEOUT,
+    ORA_CANNOT_SERIALIZE: RetryCause.SERIALIZATION,
+    ORA_DEADLOCK: RetryCause.DEADLOCK,
+    ORA_RESOURCE_BUSY: RetryCause.BUSY,
+    ORA_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
 }
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per code point
@@ -75,39 +77,6 @@ def ora_code(exc: BaseException) -> int | None:
     if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
         return None
     return code
-
-
-class SnapshotHidesWinner(IdemError):
-    """Our insert met a committed duplicate that this SERIALIZABLE transaction's snapshot cannot see.
-
-    Oracle's serializable transactions read as of their start, so the winner's row is invisible to the loser
-    (SELECT ... FOR UPDATE does not help: it only locks rows the snapshot finds). Like ORA-08177, the remedy is to
-    run the transaction again; `run` retries it as a serialization failure.
-    """
-
-    def __init__(self, table: str, key: Mapping[str, str]) -> None:
-        self.table = table
-        self.key = dict(key)
-        super().__init__(
-            f"{table}: {self.key} was committed by another transaction after this serializable transaction began;"
-            " retry in a new transaction"
-        )
-
-
-class Utf8Raw(TypeDecorator[str]):
-    """Text kept as its UTF-8 bytes in a RAW column, so equality is byte equality under any NLS settings."""
-
-    impl = RAW
-    cache_ok = True
-
-    def __init__(self, length: int = KEY_BYTES) -> None:
-        super().__init__(length)
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
-        return None if value is None else value.encode("utf-8")
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
-        return None if value is None else bytes(value).decode("utf-8")
 
 
 class NonEmptyString(TypeDecorator[str]):
@@ -141,22 +110,14 @@ def _guard_identity(table: Table, values: Mapping[str, Any]) -> None:
         check_identifier(_FIELDS.get(column.name, column.name), values.get(column.name))
 
 
-def _isolation_level(conn: Connection) -> str | None:
-    """The isolation level this connection was configured with through SQLAlchemy, if any (no round trip)."""
-    level = conn.get_execution_options().get("isolation_level")
-    if level is None:
-        level = getattr(conn.dialect, "_on_connect_isolation_level", None)  # create_engine(isolation_level=...)
-    return level.upper() if isinstance(level, str) else None
-
-
 class OracleBackend(Backend):
     name = "oracle"
-    isolation_levels = ("READ COMMITTED", "SERIALIZABLE")  # the only two Oracle has
+    base_features = Features(isolation_levels=("READ COMMITTED", "SERIALIZABLE"))  # the only two Oracle has
 
     # --- column types ----------------------------------------------------------------------------------------
 
     def key_type(self) -> TypeEngine[str]:
-        return Utf8Raw()
+        return Utf8Bytes(RAW(KEY_BYTES))
 
     def token_type(self) -> TypeEngine[str]:
         # Lower-case hex: equal under every NLS sort exactly when equal byte for byte, so VARCHAR2 is safe here.
@@ -196,11 +157,12 @@ class OracleBackend(Backend):
         """A plain consistent read: under READ COMMITTED each statement sees the latest committed row, so the
         loser sees the winner. No FOR UPDATE: it would make the loser hold the winner's row lock until its own
         transaction ends, and it finds nothing more than the snapshot does. Under SERIALIZABLE a winner that
-        committed after our snapshot is invisible: raise SnapshotHidesWinner (retried like ORA-08177) when the
-        level is known from SQLAlchemy; otherwise the store's claim loop ends in a ClaimRaced, also retried."""
+        committed after our snapshot is invisible: raise WinnerNotVisible (retried like ORA-08177) when the
+        level is known from SQLAlchemy; otherwise the store's claim loop ends in a ClaimRaced, also retried.
+        (SELECT ... FOR UPDATE does not help: it only locks rows the snapshot finds.)"""
         row = super().read_row(conn, table, key)
-        if row is None and _isolation_level(conn) == "SERIALIZABLE":
-            raise SnapshotHidesWinner(table.name, key)
+        if row is None and configured_isolation(conn) == "SERIALIZABLE":
+            raise WinnerNotVisible(table.name)
         return row
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
@@ -217,12 +179,10 @@ class OracleBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
 
-    def retry_cause(self, exc: BaseException) -> str | None:
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """ORA-08177, ORA-00060, ORA-00054, ORA-30006 and lost connections. After ORA-00060 Oracle has rolled
         back only the one statement and the session still holds its locks: `run` retries in a new transaction,
         and the failed one is rolled back explicitly when its `conn.begin()` block exits with the error."""
-        if isinstance(exc, SnapshotHidesWinner):
-            return SERIALIZATION
         cause = super().retry_cause(exc)
         if cause is not None:
             return cause

@@ -45,18 +45,19 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
+from ..errors import RetryCause
 from ..keys import MAX_LENGTH
-from .base import CONNECTION, DEADLOCK, LOCK_TIMEOUT, SERIALIZATION, Backend
+from .base import Backend
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
 _RETRYABLE = {
-    "40001": SERIALIZATION,  # serialization_failure (RR/SERIALIZABLE snapshot conflicts, SSI)
-    "40P01": DEADLOCK,  # deadlock_detected: this transaction was chosen as the victim and rolled back
-    "55P03": LOCK_TIMEOUT,  # lock_not_available: lock_timeout expired or NOWAIT
-    "57P01": CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
-    "57P02": CONNECTION,  # crash_shutdown
-    "57P03": CONNECTION,  # cannot_connect_now: server starting up or in recovery
+    "40001": RetryCause.SERIALIZATION,  # serialization_failure (RR/SERIALIZABLE snapshot conflicts, SSI)
+    "40P01": RetryCause.DEADLOCK,  # deadlock_detected: this transaction was chosen as the victim and rolled back
+    "55P03": RetryCause.LOCK_TIMEOUT,  # lock_not_available: lock_timeout expired or NOWAIT
+    "57P01": RetryCause.CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
+    "57P02": RetryCause.CONNECTION,  # crash_shutdown
+    "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
 }
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 
@@ -79,7 +80,6 @@ def sqlstate(exc: BaseException) -> str | None:
 
 class PostgreSQLBackend(Backend):
     name = "postgresql"
-    isolation_levels = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
     @classmethod
     def resolve_url(cls, url: URL) -> URL:
@@ -169,11 +169,11 @@ class PostgreSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
 
-    def retry_cause(self, exc: BaseException) -> str | None:
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)
         if code is not None:
             if code in _RETRYABLE:
                 return _RETRYABLE[code]
             if code.startswith(_CONNECTION_CLASS):
-                return CONNECTION
+                return RetryCause.CONNECTION
         return super().retry_cause(exc)  # a connection SQLAlchemy saw drop (no SQLSTATE: the socket closed)

@@ -22,7 +22,9 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
-from .base import BUSY, Backend
+from ..errors import IdemWarning, RetryCause
+from ..features import Features
+from .base import Backend
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
 _SQLITE_BUSY = 5
@@ -39,7 +41,8 @@ def is_memory(url: URL) -> bool:
 
 class SQLiteBackend(Backend):
     name = "sqlite"
-    isolation_levels = ("SERIALIZABLE",)  # SQLite transactions are serializable; that is the only level it has
+    # SQLite transactions are serializable; that is the only level it has.
+    base_features = Features(isolation_levels=("SERIALIZABLE",))
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -53,6 +56,7 @@ class SQLiteBackend(Backend):
                 "this :memory: SQLite engine gives each thread (or pooled connection) its own empty database, so"
                 " idempotency records are not shared between them; use IdempotencyStore.from_url (one shared"
                 " connection), poolclass=StaticPool, or a file database",
+                IdemWarning,
                 stacklevel=3,
             )
 
@@ -66,12 +70,10 @@ class SQLiteBackend(Backend):
         return opts
 
     @classmethod
-    def capabilities(cls, url: URL) -> frozenset[str]:
-        if is_memory(url):
-            return frozenset({f"isolation:{lvl}" for lvl in cls.isolation_levels})  # one shared connection
-        # One writer at a time: a second write transaction waits for the first to end, so checks that hold two
-        # open at once in one thread do not apply.
-        return super().capabilities(url) - {"concurrent_writers"}
+    def url_features(cls, url: URL) -> Features:
+        if is_memory(url):  # one shared connection whose transactions take turns, in this process only
+            return cls.base_features.replace(concurrent_connections=False, processes=False)
+        return cls.base_features
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
@@ -111,11 +113,11 @@ class SQLiteBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
 
-    def retry_cause(self, exc: BaseException) -> str | None:
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):
             code = getattr(exc.orig, "sqlite_errorcode", None)
             if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
-                return BUSY
+                return RetryCause.BUSY
         return super().retry_cause(exc)
 
 

@@ -1,0 +1,30 @@
+"""Column types several backends share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import LargeBinary, TypeDecorator, TypeEngine
+
+
+class Utf8Bytes(TypeDecorator[str]):
+    """A str stored as its UTF-8 bytes in a binary column (VARBINARY, RAW): compared byte for byte, never padded
+    or folded, whatever the server's, database's or session's collation and character set -- no collation applies
+    to binary. It reads back as the same str."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def __init__(self, binary: TypeEngine[bytes]) -> None:
+        super().__init__()
+        self.binary = binary
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(self.binary)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
