@@ -172,6 +172,8 @@ def test_first_time_compiled_without_server(backend: str, url: str) -> None:
         store = IdempotencyStore(engine, table_prefix="sc_")
     except ImportError as exc:
         pytest.skip(f"{backend}: driver or backend not importable: {exc}")
+    # The store reads server-decided features once, on its first connection: not part of any request's count.
+    store.backend.live_features(RecordingConnection(engine))  # type: ignore[arg-type]
     conn = RecordingConnection(engine)
     with store.backend.transaction(conn):  # type: ignore[arg-type]
         outcome = store.claim(conn, scope="account:1", operation="debit:v1", key="k",  # type: ignore[arg-type]
