@@ -141,8 +141,10 @@ def docker_reachable() -> None:
 def _need(module: str, extra: str) -> None:
     try:
         __import__(module)
-    except ImportError:
+    except ModuleNotFoundError:
         raise Unavailable(f"the {module} driver is not installed (pip install 'idem-dialects[{extra}]')") from None
+    except ImportError as exc:  # installed, but a system library it needs is missing (pyodbc without unixODBC)
+        raise Unavailable(f"the {module} driver cannot load: {exc}") from None
 
 
 def _testcontainers_class(module: str, name: str) -> type:

@@ -37,6 +37,16 @@ URL = "mssql+pyodbc://sa:x@127.0.0.1:1/db?driver=FreeTDS"  # port 1: nothing lis
 ODBC18_URL = "mssql+pyodbc://sa:x@127.0.0.1:1/db?driver=ODBC+Driver+18+for+SQL+Server&TrustServerCertificate=yes"
 
 
+def load_pyodbc() -> Any:
+    """pyodbc, or a skip saying why: it is installed with the [mssql] extra but loads only with the unixODBC system
+    library (``libodbc.so.2``), which a bare machine lacks. ImportError, not only ModuleNotFoundError."""
+    try:
+        import pyodbc
+    except ImportError as exc:
+        pytest.skip(f"pyodbc cannot load ({exc}); install unixODBC: apt-get install unixodbc tdsodbc")
+    return pyodbc
+
+
 @pytest.fixture(scope="module")
 def dialect() -> Dialect:
     return mssql_pyodbc.dialect(paramstyle="qmark")  # what create_engine picks for pyodbc
@@ -44,7 +54,7 @@ def dialect() -> Dialect:
 
 @pytest.fixture(scope="module")
 def backend() -> MSSQLBackend:
-    pytest.importorskip("pyodbc", reason="pyodbc needs unixODBC (apt-get install unixodbc tdsodbc)")
+    load_pyodbc()
     from sqlalchemy import create_engine
 
     return MSSQLBackend(create_engine(URL))
@@ -333,7 +343,7 @@ SQLSTATES = {
 def pyodbc_error(driver: str, sqlstate: str | None, number: int, text: str | None = None,
                  function: str = "SQLExecDirectW", more: str = "") -> DBAPIError:
     """A real pyodbc exception as pyodbc raises it, wrapped the way SQLAlchemy wraps it."""
-    pyodbc = pytest.importorskip("pyodbc")
+    pyodbc = load_pyodbc()
     state = sqlstate or SQLSTATES[driver][number]
     message = f"[{state}] {driver}{text if text is not None else TEXTS[number]} ({number}) ({function}){more}"
     cls = {"23": pyodbc.IntegrityError, "42": pyodbc.ProgrammingError}.get(state[:2], pyodbc.Error)
@@ -416,7 +426,7 @@ def test_any_odbc_function_name(backend: MSSQLBackend, function: str) -> None:
 
 def test_unparseable_or_foreign_errors_are_not_classified(backend: MSSQLBackend) -> None:
     """No number, pyodbc's own (message, sqlstate) errors, and other drivers' exceptions classify as nothing."""
-    pyodbc = pytest.importorskip("pyodbc")
+    pyodbc = load_pyodbc()
     for orig in [pyodbc.Error("HY000", "The driver did not supply an error!"),
                  pyodbc.ProgrammingError("Attempt to use a closed cursor.", "HY000"),
                  pyodbc.IntegrityError("23000", "Violation of PRIMARY KEY constraint (2627)"),  # no [state] / function
@@ -427,7 +437,7 @@ def test_unparseable_or_foreign_errors_are_not_classified(backend: MSSQLBackend)
 
 
 def test_lost_connection_is_retryable(backend: MSSQLBackend) -> None:
-    pyodbc = pytest.importorskip("pyodbc")
+    pyodbc = load_pyodbc()
     orig = pyodbc.OperationalError("08S01", "[08S01] [FreeTDS][SQL Server]Communication link failure (0) "
                                             "(SQLExecDirectW)")
     exc = DBAPIError.instance("x", [], orig, pyodbc.Error, connection_invalidated=True)
@@ -439,7 +449,7 @@ def test_lost_connection_is_retryable(backend: MSSQLBackend) -> None:
 
 @pytest.fixture
 def offline_store() -> Iterator[tuple[IdempotencyStore, list[object]]]:
-    pytest.importorskip("pyodbc", reason="pyodbc needs unixODBC (apt-get install unixodbc tdsodbc)")
+    load_pyodbc()
     store = IdempotencyStore.from_url(URL)
     connects: list[object] = []
     event.listen(store.engine, "connect", lambda *a: connects.append(a))
@@ -473,7 +483,7 @@ def test_invalid_key_before_any_connection(offline_store: tuple[IdempotencyStore
 @pytest.mark.parametrize("url", [URL, ODBC18_URL], ids=["freetds", "odbc18"])
 def test_backend_from_url(url: str) -> None:
     """The URL's dialect name picks MSSQLBackend; driver= (and other ODBC keywords) pass through to pyodbc."""
-    pytest.importorskip("pyodbc", reason="pyodbc needs unixODBC (apt-get install unixodbc tdsodbc)")
+    load_pyodbc()
     store = IdempotencyStore.from_url(url, table_prefix="app_")
     try:
         assert load("mssql") is MSSQLBackend and type(store.backend) is MSSQLBackend
