@@ -129,3 +129,36 @@ def test_key_column_declares_byte_exact_type(store: IdempotencyStore, observe: O
     kind = found["type"]
     collation = getattr(kind, "collation", None) or found.get("collation")
     observe("key column (reflected)", f"{kind!r}" + (f" collate {collation}" if collation else ""))
+
+
+def test_identity_size_limit_is_the_same_on_every_engine(store: IdempotencyStore) -> None:
+    """The widest identity (scope, operation and key of 255 four-byte characters each) raises InvalidKey naming the
+    1700-byte limit before any SQL, on every engine alike; an identity of exactly 1700 bytes completes and replays."""
+    from idem_dialects.keys import MAX_IDENTITY_BYTES
+
+    wide = "😀" * 255  # 1020 bytes of UTF-8
+    statements: list[str] = []
+
+    def record(*args: Any) -> None:
+        statements.append(args[2])
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)):
+            store.run(scope=wide, operation=wide, key=wide, request=REQ, effect=lambda conn: "never")
+        with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)), store.transaction() as conn:
+            statements.clear()
+            store.accept_message(conn, subscriber=wide, message_id=wide)
+        assert statements == [], "SQL ran for an identity beyond the limit"
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    fill = "😀" * 169 + "abc"  # 679 bytes: 1020 + 1 + 679 = MAX_IDENTITY_BYTES
+    assert len((wide + "o" + fill).encode()) == MAX_IDENTITY_BYTES
+    assert store.run(scope=wide, operation="o", key=fill, request=REQ, effect=lambda conn: "done").response == "done"
+    again = store.run(scope=wide, operation="o", key=fill, request=REQ, effect=lambda conn: "never")
+    assert again.replayed and again.response == "done"
+    with store.transaction() as conn:
+        assert store.accept_message(conn, subscriber=wide, message_id="m" + fill)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(store.tables.records.c.scope, store.tables.records.c.idem_key)).all() == [
+            (wide, fill)]

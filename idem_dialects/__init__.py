@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .encoding import default_encoder
 from .errors import (
     ClaimRaced,
     ConfigurationError,
@@ -60,4 +61,5 @@ __all__ = [
     "UnsupportedIsolation",
     "WinnerNotVisible",
     "__version__",
+    "default_encoder",
 ]

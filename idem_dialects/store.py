@@ -31,8 +31,9 @@ from .errors import (
     UnsupportedIsolation,
 )
 from .features import Features
-from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
-from .keys import check_identifier
+from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
+from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
+from .limits import check_batch_size, check_older_than, lease_seconds
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import RetryPolicy, call_with_retry
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
@@ -65,14 +66,6 @@ def _check_status(status: object) -> int:
     return status
 
 
-def _lease_seconds(lease: timedelta | None) -> float | None:
-    if lease is None:
-        return None
-    if not isinstance(lease, timedelta) or lease <= timedelta(0):
-        raise InvalidPayload("lease", f"must be a positive timedelta, got {lease!r}")
-    return lease.total_seconds()
-
-
 @dataclass(frozen=True, slots=True)
 class _Request:
     """A request validated and fingerprinted once, before any SQL, however many attempts it takes."""
@@ -84,9 +77,13 @@ class _Request:
     lease: float | None
 
     @classmethod
-    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> _Request:
-        return cls(check_identifier("scope", scope), check_identifier("operation", operation),
-                   check_identifier("key", key), fingerprint(request), _lease_seconds(lease))
+    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None,
+              encoder: Encoder | None = None, identity_limit: int = MAX_IDENTITY_BYTES) -> _Request:
+        fields = {"scope": check_identifier("scope", scope), "operation": check_identifier("operation", operation),
+                  "key": check_identifier("key", key)}
+        check_identity_size(fields, identity_limit)
+        return cls(fields["scope"], fields["operation"], fields["key"], fingerprint(request, encoder=encoder),
+                   lease_seconds(lease))
 
     @property
     def ident(self) -> dict[str, str]:
@@ -100,14 +97,19 @@ class IdempotencyStore:
     (`from_url`) and leaves an engine the caller passed in alone."""
 
     def __init__(
-        self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None
+        self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         self.engine = engine
+        # Turns values that are not plain JSON (Decimal, datetime, ...) into JSON; None refuses them.
+        self.encoder = encoder
         self.table_prefix = check_prefix(table_prefix)
         self.retry = retry or RetryPolicy()
         self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
         _check_isolation(self.backend, configured_isolation(engine))
         self.tables: Tables = build_tables(table_prefix, self.backend)
+        # The portable identity limit, or the backend's own if lower (checked before any SQL).
+        self.identity_limit = min(MAX_IDENTITY_BYTES, self.backend.features.max_identity_bytes or MAX_IDENTITY_BYTES)
         # Retries `run` absorbed, by cause, since this store was made (what the matrix reports per engine).
         self.retries: Counter[str] = Counter()
         self._retries_lock = threading.Lock()
@@ -115,7 +117,8 @@ class IdempotencyStore:
 
     @classmethod
     def from_url(
-        cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None, **engine_options: Any
+        cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+        encoder: Encoder | None = None, **engine_options: Any
     ) -> IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
         parsed = make_url(url)
@@ -123,7 +126,7 @@ class IdempotencyStore:
         parsed = backend.resolve_url(parsed)
         engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
         try:
-            store = cls(engine, table_prefix=table_prefix, retry=retry)
+            store = cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder)
         except BaseException:
             engine.dispose()
             raise
@@ -181,7 +184,7 @@ class IdempotencyStore:
         lease: timedelta | None = None,
     ) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
-        req = _Request.check(scope, operation, key, request, lease)
+        req = _Request.check(scope, operation, key, request, lease, self.encoder, self.identity_limit)
         _check_isolation(self.backend, configured_isolation(conn))
         self.backend.live_features(conn)
         return self._claim(conn, req)
@@ -219,7 +222,7 @@ class IdempotencyStore:
 
     def complete(self, conn: Connection, claimed: Claimed, response: Any, status: int = 200) -> None:
         """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
-        body = encode_response(response)
+        body = encode_response(response, self.encoder)
         _check_status(status)
         t, backend = self.tables.records, self.backend
         stmt = backend.prepared(("complete", t), lambda: self._fenced(update(t)).values(
@@ -256,7 +259,8 @@ class IdempotencyStore:
             "subscriber": check_identifier("subscriber", subscriber),
             "message_id": check_identifier("message_id", message_id),
         }
-        fp = None if payload is _NO_PAYLOAD else payload_fingerprint(payload)
+        check_identity_size(ident, self.identity_limit)
+        fp = None if payload is _NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
         _check_isolation(self.backend, configured_isolation(conn))
         t = self.tables.messages
         for _ in range(_CLAIM_ROUNDS):
@@ -291,7 +295,7 @@ class IdempotencyStore:
         `effect` may return `Reply(response, status)` to store a status other than `status`.
         """
         # Validate everything before the first connection, so bad input never costs a round trip.
-        req = _Request.check(scope, operation, key, request, lease)
+        req = _Request.check(scope, operation, key, request, lease, self.encoder, self.identity_limit)
         _check_status(status)
         run_once = self._run_atomic if lease is None else self._run_leased
         return call_with_retry(retry or self.retry, self.retry_cause, lambda: run_once(req, effect, status),
@@ -357,10 +361,8 @@ class IdempotencyStore:
     def purge(self, older_than: timedelta, batch_size: int = 1000) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
         messages as old, in batches of one transaction each. A live in-flight claim is never touched."""
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise InvalidPayload("older_than", f"must be a non-negative timedelta, got {older_than!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidPayload("batch_size", f"must be a positive int, got {batch_size!r}")
+        check_older_than(older_than)
+        check_batch_size(batch_size)
         cutoff = self.backend.now_plus(-older_than.total_seconds())
         r, m = self.tables.records.c, self.tables.messages.c
         targets = [

@@ -46,6 +46,7 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
 from ..errors import RetryCause
+from ..features import Features
 from ..keys import MAX_LENGTH
 from .base import Backend
 
@@ -60,6 +61,10 @@ _RETRYABLE = {
     "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
 }
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
+# A btree index row holds at most 2704 bytes (8 kB pages): an 8-byte tuple header plus, per key column, a 4-byte
+# varlena header and up to 3 bytes of alignment; 2704 - 8 - 3 x 7 = 2675 bytes of identity always fit (measured:
+# a 2680-byte identity can fail with "index row size 2712 exceeds btree version 4 maximum 2704").
+BTREE_IDENTITY_BYTES = 2675
 
 
 def sqlstate(exc: BaseException) -> str | None:
@@ -80,6 +85,7 @@ def sqlstate(exc: BaseException) -> str | None:
 
 class PostgreSQLBackend(Backend):
     name = "postgresql"
+    base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
 
     @classmethod
     def resolve_url(cls, url: URL) -> URL:
