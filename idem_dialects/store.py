@@ -32,6 +32,7 @@ from .errors import (
 )
 from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
+from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_older_than, lease_seconds
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
@@ -109,6 +110,7 @@ class IdempotencyStore:
         _check_isolation(self.backend, configured_isolation(engine))
         self.tables: Tables = build_tables(table_prefix, self.backend)
         # The portable identity limit, or the backend's own if lower (checked before any SQL).
+        guard(engine, self.backend, (self.tables.records.name, self.tables.messages.name))
         self.identity_limit = min(MAX_IDENTITY_BYTES, self.backend.features.max_identity_bytes or MAX_IDENTITY_BYTES)
         # Retries `run` absorbed, by cause, since this store was made (what the matrix reports per engine).
         self.retries: Counter[str] = Counter()
@@ -124,7 +126,8 @@ class IdempotencyStore:
         parsed = make_url(url)
         backend = dialects.load(parsed.get_backend_name())
         parsed = backend.resolve_url(parsed)
-        engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
+        # hide_parameters: no stored response, token or request value in an error message or log line.
+        engine = create_engine(parsed, **backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
         try:
             store = cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder)
         except BaseException:

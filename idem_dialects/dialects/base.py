@@ -6,13 +6,13 @@ Names describe capabilities (insert if absent, read the committed winner), never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bindparam, delete, or_, select
-from sqlalchemy.engine import URL, Connection, Row
+from sqlalchemy.engine import URL, Connection, ExceptionContext, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -214,6 +214,15 @@ class Backend:
     def is_duplicate(self, exc: DBAPIError) -> bool:
         """True only for a primary-key / unique violation."""
         raise NotImplementedError
+
+    def redact(self, exc: DBAPIError) -> None:
+        """Remove from a failed store statement's driver error any text that repeats stored values (a row's
+        contents); the statement's parameters are already hidden. Most drivers never repeat values: no-op."""
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        """``guard.MISSING_TABLE`` or ``guard.NO_PRIVILEGE`` if a store statement failed because its table does not
+        exist or the role lacks a privilege (by driver error code), else None."""
+        return None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """Why `run` may retry after `exc`, or None if it must not. Backends classify their driver's codes and

@@ -20,13 +20,13 @@ Four things SQL Server does differently from the portable defaults, and what thi
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, String, delete, func, literal_column, text, type_coerce
 from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -37,6 +37,7 @@ from sqlalchemy.types import TypeEngine
 
 from ..errors import InvalidKey, RetryCause, WinnerNotVisible
 from ..features import Features
+from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import AnyRow, Backend
 from .types import Utf8Bytes
 
@@ -48,6 +49,9 @@ ER_CONSTRAINT_CONFLICT = 547  # FOREIGN KEY / CHECK constraint conflict
 ER_DEADLOCK = 1205  # chosen as deadlock victim; the transaction is already rolled back
 ER_LOCK_TIMEOUT = 1222  # Lock request time out period exceeded (SET LOCK_TIMEOUT)
 ER_SNAPSHOT_CONFLICT = 3960  # Snapshot isolation transaction aborted due to update conflict
+ER_INVALID_OBJECT = 208  # Invalid object name (the table does not exist)
+ER_PERMISSION_OBJECT = 229  # The <verb> permission was denied on the object
+ER_PERMISSION_DATABASE = 262  # CREATE TABLE permission denied in database
 DUPLICATE_ERRORS = frozenset({ER_DUP_CONSTRAINT, ER_DUP_INDEX})
 _RETRYABLE = {ER_DEADLOCK: RetryCause.DEADLOCK, ER_LOCK_TIMEOUT: RetryCause.LOCK_TIMEOUT,
               ER_SNAPSHOT_CONFLICT: RetryCause.SERIALIZATION}
@@ -249,6 +253,12 @@ class MSSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        number = native_error(exc)
+        if number == ER_INVALID_OBJECT:
+            return MISSING_TABLE
+        return NO_PRIVILEGE if number in (ER_PERMISSION_OBJECT, ER_PERMISSION_DATABASE) else None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):

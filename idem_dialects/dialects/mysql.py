@@ -38,7 +38,7 @@ invalidated the connection). Nothing else: not 1062, not truncation, not NOT NUL
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 from sqlalchemy import Select, UniqueConstraint, func, literal, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -56,6 +56,7 @@ from sqlalchemy.types import TypeEngine
 
 from ..errors import RetryCause
 from ..features import Features
+from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
 from .base import Backend
 from .types import Utf8Bytes
@@ -67,6 +68,9 @@ ER_LOCK_DEADLOCK = 1213
 ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
 CR_SERVER_GONE_ERROR = 2006
 CR_SERVER_LOST = 2013
+ER_NO_SUCH_TABLE = 1146
+ER_DBACCESS_DENIED = 1044
+ER_TABLEACCESS_DENIED = 1142  # also "CREATE command denied"
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
@@ -214,6 +218,12 @@ class MySQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        code = error_code(exc)
+        if code == ER_NO_SUCH_TABLE:
+            return MISSING_TABLE
+        return NO_PRIVILEGE if code in (ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED) else None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if not isinstance(exc, DBAPIError):

@@ -17,7 +17,7 @@ how text compares, and SERIALIZABLE reads from the transaction's start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -37,7 +37,7 @@ from sqlalchemy import (
     type_coerce,
 )
 from sqlalchemy.dialects.oracle import RAW
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection, Dialect, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -45,6 +45,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from ..errors import InvalidPayload, RetryCause, WinnerNotVisible
 from ..features import Features
+from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH, check_identifier
 from .base import AnyRow, Backend, configured_isolation
 from .types import Utf8Bytes
@@ -55,6 +56,8 @@ ORA_RESOURCE_BUSY = 54  # ORA-00054: resource busy and acquire with NOWAIT speci
 ORA_DEADLOCK = 60  # ORA-00060: deadlock detected; only the one statement was rolled back
 ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transaction
 ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
+ORA_NO_TABLE = 942  # ORA-00942: table or view does not exist
+ORA_NO_PRIVILEGE = 1031  # ORA-01031: insufficient privileges
 # Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
 _RETRYABLE = {
     ORA_CANNOT_SERIALIZE: RetryCause.SERIALIZATION,
@@ -178,6 +181,9 @@ class OracleBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        return {ORA_NO_TABLE: MISSING_TABLE, ORA_NO_PRIVILEGE: NO_PRIVILEGE}.get(ora_code(exc) or 0)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """ORA-08177, ORA-00060, ORA-00054, ORA-30006 and lost connections. After ORA-00060 Oracle has rolled

@@ -19,7 +19,8 @@ usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK viol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib.util import find_spec
 from typing import Any
@@ -38,7 +39,7 @@ from sqlalchemy import (
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
@@ -47,11 +48,16 @@ from sqlalchemy.types import TypeEngine
 
 from ..errors import RetryCause
 from ..features import Features
+from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
 from .base import Backend
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
+UNDEFINED_TABLE = "42P01"
+INSUFFICIENT_PRIVILEGE = "42501"
+# The DETAIL PostgreSQL adds to NOT NULL / CHECK / partition violations repeats the whole row (responses, tokens).
+_FAILING_ROW = re.compile(r"\n?DETAIL:\s+Failing row contains .*", re.S)
 _RETRYABLE = {
     "40001": RetryCause.SERIALIZATION,  # serialization_failure (RR/SERIALIZABLE snapshot conflicts, SSI)
     "40P01": RetryCause.DEADLOCK,  # deadlock_detected: this transaction was chosen as the victim and rolled back
@@ -174,6 +180,19 @@ class PostgreSQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        return {UNDEFINED_TABLE: MISSING_TABLE, INSUFFICIENT_PRIVILEGE: NO_PRIVILEGE}.get(sqlstate(exc) or "")
+
+    def redact(self, exc: DBAPIError) -> None:
+        # psycopg and psycopg2 put DETAIL in their message; pg8000 keeps it under "D" in its error dict.
+        orig: Any = exc.orig
+        for error in (orig, exc):
+            args = getattr(error, "args", ())
+            if args and isinstance(args[0], str) and _FAILING_ROW.search(args[0]):
+                error.args = (_FAILING_ROW.sub("\nDETAIL:  (row redacted by idem-dialects)", args[0]), *args[1:])
+            elif args and isinstance(args[0], dict) and str(args[0].get("D", "")).startswith("Failing row"):
+                error.args = ({k: v for k, v in args[0].items() if k != "D"}, *args[1:])
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import DateTime, Engine, delete, event, func, literal_column, select, type_coerce
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
@@ -24,10 +24,13 @@ from sqlalchemy.sql.schema import Table
 
 from ..errors import IdemWarning, RetryCause
 from ..features import Features
+from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import Backend
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
+_SQLITE_ERROR = 1  # the generic code: a missing table has no code of its own
 _SQLITE_BUSY = 5
+_SQLITE_READONLY = 8
 _SQLITE_LOCKED = 6
 # Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
 _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
@@ -112,6 +115,27 @@ class SQLiteBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
+
+    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
+        code = getattr(exc.orig, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == _SQLITE_READONLY:
+            return NO_PRIVILEGE
+        if code != _SQLITE_ERROR or context.connection is None:
+            return None
+        # SQLITE_ERROR is every kind of SQL error: ask the database whether the statement's tables exist.
+        dbapi = context.connection.connection.dbapi_connection
+        if not tables or dbapi is None:
+            return None
+        cursor = dbapi.cursor()
+        try:
+            marks = ",".join("?" * len(tables))
+            cursor.execute(f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ({marks})",
+                           list(tables))
+            row: Any = cursor.fetchone()
+            found = int(row[0])
+        finally:
+            cursor.close()
+        return MISSING_TABLE if found < len(set(tables)) else None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):

@@ -1,0 +1,113 @@
+"""Nothing the user stored -- response, request, claim token -- appears in an exception or a log line, on every
+live engine: `complete()` is made to fail (a CHECK constraint or trigger on the record table) with a response
+holding ``sk_live_secret``, and every text of the error (str, repr, notes, chained causes and contexts, the
+formatted traceback) and every log record is searched for it, its hex and the claim token."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import uuid
+from collections.abc import Iterator
+from importlib import import_module
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError
+
+from idem_dialects import Claimed, IdempotencyStore
+
+engines: Any = import_module("idem_dialects.engines")
+
+SECRET = "sk_live_secret"
+LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
+# What makes the fenced UPDATE of complete() fail on each engine (the table name is formatted in).
+BREAK_COMPLETE = {
+    "sqlite": "CREATE TRIGGER {t}_no BEFORE UPDATE ON {t} BEGIN SELECT RAISE(ABORT, 'complete refused'); END",
+    # PostgreSQL's DETAIL for a CHECK violation repeats the whole row ("Failing row contains (...)").
+    "postgresql": "ALTER TABLE {t} ADD CONSTRAINT {t}_small CHECK (response IS NULL OR length(response) < 5)",
+    "mariadb": "ALTER TABLE {t} ADD CONSTRAINT {t}_small CHECK (response IS NULL OR length(response) < 5)",
+}
+
+
+@pytest.fixture(scope="module", params=LIVE)
+def server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    spec = engines.get(request.param)
+    try:
+        provided = spec.provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{spec.name}: {exc}")
+    yield provided
+    provided.stop()
+
+
+def every_text(exc: BaseException) -> str:
+    """All text an error carries: the formatted chain (causes, contexts, notes) plus each link's repr and args."""
+    parts = ["".join(traceback.format_exception(exc))]
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    stack = [exc]
+    while stack:
+        link = stack.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        parts += [str(link), repr(link), repr(link.args), *getattr(link, "__notes__", [])]
+        if isinstance(link, DBAPIError):
+            parts += [str(link.orig), repr(link.orig)]
+        stack += [link.__cause__, link.__context__]  # type: ignore[list-item]
+    return "\n".join(parts)
+
+
+def forbidden(token: str) -> list[str]:
+    return [SECRET, SECRET.encode().hex(), token]
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["from_url", "wrapped-engine"])
+def test_failing_complete_reveals_no_stored_value(server: Any, wrapped: bool,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    if not wrapped:  # SQLAlchemy's engine log (statements; parameters unless hidden): the caller's choice for
+        caplog.set_level(logging.INFO, logger="sqlalchemy.engine")  # an engine of their own (README: Secrets)
+    prefix = f"sec_{uuid.uuid4().hex[:6]}_"
+    if wrapped:  # the caller's engine, built without hide_parameters
+        store = IdempotencyStore(create_engine(server.url), table_prefix=prefix)
+    else:
+        store = IdempotencyStore.from_url(server.url, table_prefix=prefix)
+    store.create_tables()
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(BREAK_COMPLETE[store.backend.name].format(t=store.tables.records.name))
+        with pytest.raises(DBAPIError) as err, store.transaction() as conn:
+            claimed = store.claim(conn, scope="acct:1", operation="pay:v1", key="k1",
+                                  request={"card": SECRET, "password": SECRET})
+            assert isinstance(claimed, Claimed)
+            store.complete(conn, claimed, {"token": SECRET, "blob": SECRET * 3})
+        text = every_text(err.value)
+        logged = "\n".join(r.getMessage() + repr(r.args) for r in caplog.records)
+        for value in forbidden(claimed.token):
+            assert value not in text, f"{value!r} leaked into the error:\n{text[-3000:]}"
+            assert value not in logged, f"{value!r} leaked into a log line"
+        assert "refused" in text or "small" in text  # the error still says what failed
+        assert wrapped or any(r.name.startswith("sqlalchemy.engine") for r in caplog.records)
+    finally:
+        store.drop_tables()
+        store.engine.dispose()
+
+
+def test_the_effects_own_errors_keep_their_parameters(tmp_path: Any) -> None:
+    """Only the store's statements are redacted: an effect's error on the caller's table reaches them unchanged."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'own.db'}")
+    store = IdempotencyStore(engine)
+    store.create_tables()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE mine (v TEXT NOT NULL)")
+
+    def effect(conn: Any) -> None:
+        conn.exec_driver_sql("INSERT INTO mine (v) VALUES (?)", (None,))
+
+    with pytest.raises(DBAPIError) as err:
+        store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+    assert not err.value.hide_parameters and "[parameters: (None,)]" in str(err.value)
+    engine.dispose()
