@@ -163,6 +163,38 @@ class UnsupportedEngine(ConfigurationError):
                          + (f"; {hint}" if hint else ""))
 
 
+class MissingTables(ConfigurationError):
+    """The store's tables do not exist in this database."""
+
+    def __init__(self, tables: tuple[str, ...]) -> None:
+        self.tables = tables
+        super().__init__(f"the idempotency tables {', '.join(tables)} do not exist in this database: call"
+                         " store.create_tables() or run `idem-dialects init URL`")
+
+
+class InsufficientPrivilege(ConfigurationError):
+    """The database role may not create (or use) the store's tables."""
+
+    def __init__(self, tables: tuple[str, ...], creating: bool) -> None:
+        self.tables = tables
+        self.creating = creating
+        if creating:
+            fix = ("this database role may not create tables: ask for the CREATE privilege, or have a DBA apply"
+                   " the statements `idem-dialects ddl URL` prints")
+        else:
+            fix = (f"this database role may not use {', '.join(tables)}: grant it SELECT, INSERT, UPDATE and DELETE"
+                   " on them")
+        super().__init__(fix)
+
+
+class MissingDriver(ConfigurationError):
+    """The URL names a driver that is not installed (or cannot load); the message says what to install."""
+
+    def __init__(self, drivername: str, hint: str, cause: BaseException) -> None:
+        self.drivername = drivername
+        super().__init__(f"the driver for {drivername} URLs cannot be loaded ({cause}): {hint}")
+
+
 class UnsupportedIsolation(ConfigurationError):
     """The engine is configured with an isolation level the backend does not guarantee the protocol under."""
 

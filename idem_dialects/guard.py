@@ -14,43 +14,20 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, event
-from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from .errors import ConfigurationError
+from . import dialects
+from .errors import ConfigurationError, InsufficientPrivilege, MissingDriver, MissingTables
 
 if TYPE_CHECKING:
     from .dialects.base import Backend
 
 MISSING_TABLE = "missing table"
 NO_PRIVILEGE = "insufficient privilege"
-
-
-class MissingTables(ConfigurationError):
-    """The store's tables do not exist in this database."""
-
-    def __init__(self, tables: tuple[str, ...]) -> None:
-        self.tables = tables
-        super().__init__(f"the idempotency tables {', '.join(tables)} do not exist in this database: call"
-                         " store.create_tables() or run `idem-dialects init URL`")
-
-
-class InsufficientPrivilege(ConfigurationError):
-    """The database role may not create (or use) the store's tables."""
-
-    def __init__(self, tables: tuple[str, ...], creating: bool) -> None:
-        self.tables = tables
-        self.creating = creating
-        if creating:
-            fix = ("this database role may not create tables: ask for the CREATE privilege, or have a DBA apply"
-                   " the statements `idem-dialects ddl URL` prints")
-        else:
-            fix = (f"this database role may not use {', '.join(tables)}: grant it SELECT, INSERT, UPDATE and DELETE"
-                   " on them")
-        super().__init__(fix)
 
 
 # engine -> {table name: backend}; weak, so a disposed engine and its stores go away.
@@ -94,3 +71,25 @@ def _handle_error(context: ExceptionContext) -> BaseException | None:
         creating = (context.statement or "").lstrip().upper().startswith("CREATE")
         return InsufficientPrivilege(tuple(names), creating)
     return None
+
+
+def parse_url(url: str | URL) -> URL:
+    """`make_url`, with a ConfigurationError (never repeating the text: it may hold a password) for a non-URL."""
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise ConfigurationError("not a database URL; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB,"
+                                 " e.g. postgresql+psycopg://app@db/app or sqlite:///path/to.db") from None
+
+
+def build_engine(url: URL, options: dict[str, Any]) -> Engine:
+    """`create_engine`, with a ConfigurationError that says what to install when the URL's driver cannot load."""
+    backend, _, driver = url.drivername.partition("+")
+    try:
+        return create_engine(url, **options)
+    except NoSuchModuleError:
+        raise ConfigurationError(f"SQLAlchemy has no driver {driver!r} for {backend}:// URLs; leave it out"
+                                 f" ({backend}://) for the default, or see the supported drivers in README") from None
+    except ImportError as exc:
+        hint = dialects.install_hint(backend, driver or url.get_dialect().driver)
+        raise MissingDriver(url.drivername, hint, exc) from exc

@@ -14,7 +14,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Delete, Engine, Update, and_, bindparam, create_engine, delete, make_url, or_, update
+from sqlalchemy import Delete, Engine, Update, and_, bindparam, delete, or_, update
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -32,7 +32,7 @@ from .errors import (
 )
 from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
-from .guard import guard
+from .guard import build_engine, guard, parse_url
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_older_than, lease_seconds
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
@@ -123,11 +123,11 @@ class IdempotencyStore:
         encoder: Encoder | None = None, **engine_options: Any
     ) -> IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
-        parsed = make_url(url)
+        parsed = parse_url(url)
         backend = dialects.load(parsed.get_backend_name())
         parsed = backend.resolve_url(parsed)
         # hide_parameters: no stored response, token or request value in an error message or log line.
-        engine = create_engine(parsed, **backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
+        engine = build_engine(parsed, backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
         try:
             store = cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder)
         except BaseException:

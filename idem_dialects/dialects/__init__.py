@@ -6,6 +6,7 @@ A third-party package registers ``name = "module:Class"`` under the ``idem_diale
 
 from __future__ import annotations
 
+import difflib
 from importlib import import_module
 from importlib.metadata import entry_points
 
@@ -23,6 +24,17 @@ _registry: dict[str, str | type[Backend]] = {
     "oracle": "idem_dialects.dialects.oracle:OracleBackend",
 }
 _entry_points_loaded = False
+
+# Names people type for a backend that SQLAlchemy spells differently (postgres:// was removed in SQLAlchemy 1.4).
+ALIASES = {"postgres": "postgresql", "pg": "postgresql", "pgsql": "postgresql", "psql": "postgresql",
+           "maria": "mariadb", "sqlserver": "mssql", "tsql": "mssql", "sqlite3": "sqlite", "oracledb": "oracle"}
+# The extra that installs each backend's default driver, and the drivers it knows by their own package.
+EXTRAS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "mssql": "mssql", "oracle": "oracle"}
+DRIVER_PACKAGES = {"psycopg": "idem-dialects[postgresql]", "psycopg2": "psycopg2-binary", "pg8000": "pg8000",
+                   "asyncpg": "asyncpg", "pymysql": "idem-dialects[mysql]", "mysqldb": "mysqlclient",
+                   "mysqlconnector": "mysql-connector-python", "mariadbconnector": "mariadb",
+                   "pyodbc": "idem-dialects[mssql]", "mssqlpython": "mssql-python", "pymssql": "pymssql",
+                   "oracledb": "idem-dialects[oracle]", "cx_oracle": "cx_Oracle"}
 
 
 def register(name: str, backend: str | type[Backend]) -> None:
@@ -48,7 +60,7 @@ def load(name: str) -> type[Backend]:
     _load_entry_points()
     target = _registry.get(name)
     if target is None:
-        raise UnsupportedEngine(name, sorted(_registry))
+        raise UnsupportedEngine(name, sorted(_registry), did_you_mean(name))
     if isinstance(target, str):
         module_name, _, attr = target.partition(":")
         target = getattr(import_module(module_name), attr)
@@ -56,3 +68,17 @@ def load(name: str) -> type[Backend]:
             raise TypeError(f"{_registry[name]!r} registered for {name!r} is not a Backend subclass")
         _registry[name] = target
     return target
+
+
+def did_you_mean(name: str) -> str:
+    """A hint for an unknown backend name: the backend it is an alias of, or the closest known name."""
+    guess = ALIASES.get(name.lower()) or next(iter(difflib.get_close_matches(name.lower(), names(), n=1)), None)
+    return f"did you mean {guess}://?" if guess else ""
+
+
+def install_hint(backend: str, driver: str) -> str:
+    """How to install the driver a URL names (the default driver's extra, or the driver's own package)."""
+    package = DRIVER_PACKAGES.get(driver)
+    if package is None and backend in EXTRAS:
+        package = f"idem-dialects[{EXTRAS[backend]}]"
+    return f"pip install '{package}'" if package else f"install the Python driver for {backend}+{driver}"

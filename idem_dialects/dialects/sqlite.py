@@ -150,5 +150,8 @@ def _use_wal(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
+    except Exception as exc:  # a read-only database cannot switch: its first write says so (InsufficientPrivilege)
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF != _SQLITE_READONLY:
+            raise
     finally:
         cursor.close()
