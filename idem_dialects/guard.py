@@ -93,3 +93,12 @@ def build_engine(url: URL, options: dict[str, Any]) -> Engine:
     except ImportError as exc:
         hint = dialects.install_hint(backend, driver or url.get_dialect().driver)
         raise MissingDriver(url.drivername, hint, exc) from exc
+
+
+def resolve_url(url: str | URL) -> URL:
+    """The URL as `IdempotencyStore.from_url` builds its engine from it (a bare ``mysql://`` gets the installed
+    driver), checking that a backend exists for it and that its driver loads; no connection is made."""
+    parsed = parse_url(url)
+    parsed = dialects.load(parsed.get_backend_name()).resolve_url(parsed)
+    build_engine(parsed, {}).dispose()  # MissingDriver now, not a connection error later
+    return parsed

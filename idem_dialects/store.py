@@ -361,9 +361,11 @@ class IdempotencyStore:
 
     # --- retention -------------------------------------------------------------------------------------------
 
-    def purge(self, older_than: timedelta, batch_size: int = 1000) -> int:
+    def purge(self, older_than: timedelta, batch_size: int = 1000,
+              progress: Callable[[str, int], None] | None = None) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
-        messages as old, in batches of one transaction each. A live in-flight claim is never touched."""
+        messages as old, in batches of one transaction each. A live in-flight claim is never touched.
+        `progress(table, deleted)` is called after each batch."""
         check_older_than(older_than)
         check_batch_size(batch_size)
         cutoff = self.backend.now_plus(-older_than.total_seconds())
@@ -381,6 +383,8 @@ class IdempotencyStore:
                 batch = functools.partial(self._purge_batch, table, condition, batch_size)
                 deleted = call_with_retry(self.retry, self.retry_cause, batch, self._count_retry)
                 total += deleted
+                if progress is not None:
+                    progress(table.name, deleted)
                 if deleted < batch_size:
                     break
         return total

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from sqlalchemy import make_url
-from sqlalchemy.exc import ArgumentError
-
-from .matrix import EXIT_UNAVAILABLE, add_output_arguments, run_matrix
+from ..guard import resolve_url
+from .matrix import add_output_arguments, run_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,10 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        url = make_url(args.url)
-    except ArgumentError as exc:
-        print(f"idem-dialects check: not a database URL: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    url = resolve_url(args.url)  # as from_url does; a configuration error is reported by the CLI's handler
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet)

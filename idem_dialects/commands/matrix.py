@@ -32,6 +32,7 @@ from ..conformance.naming import (  # type: ignore[import-not-found, unused-igno
     check_id,
     check_statement,
 )
+from ..dialects import connect_hint
 from ..engines import (  # type: ignore[import-not-found, unused-ignore]
     ENGINES,
     EngineUnavailable,
@@ -145,7 +146,8 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> Eng
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         status.reason = f"{server.how}: cannot connect to {server.url.render_as_string()}: {first}"
         spec = ENGINES.get(name)
-        status.hint = spec.how_to_enable() if spec else "check the URL, the server and its driver"
+        status.hint = spec.how_to_enable() if spec else (
+            connect_hint(exc, server.url.get_backend_name()) or "check the URL, the server and its driver")
         return status
     status.server = server
     return status

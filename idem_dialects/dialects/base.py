@@ -215,6 +215,12 @@ class Backend:
         """True only for a primary-key / unique violation."""
         raise NotImplementedError
 
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        """How to fix a failed connection of this engine's drivers (wrong password, missing database, nothing
+        listening), by driver error code; None if `exc` is not such an error of this engine."""
+        return None
+
     def redact(self, exc: DBAPIError) -> None:
         """Remove from a failed store statement's driver error any text that repeats stored values (a row's
         contents); the statement's parameters are already hidden. Most drivers never repeat values: no-op."""

@@ -254,6 +254,12 @@ class MSSQLBackend(Backend):
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
 
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        return {18456: "SQL Server refused the login: check the user name and password in the URL",
+                4060: "SQL Server cannot open that database: create it or fix the database name in the URL",
+                }.get(native_error(exc) or 0)
+
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         number = native_error(exc)
         if number == ER_INVALID_OBJECT:

@@ -69,6 +69,10 @@ ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_sna
 CR_SERVER_GONE_ERROR = 2006
 CR_SERVER_LOST = 2013
 ER_NO_SUCH_TABLE = 1146
+ER_ACCESS_DENIED = 1045
+ER_BAD_DB = 1049
+CR_CONN_HOST_ERROR = 2003
+CR_UNKNOWN_HOST = 2005
 ER_DBACCESS_DENIED = 1044
 ER_TABLEACCESS_DENIED = 1142  # also "CREATE command denied"
 
@@ -218,6 +222,16 @@ class MySQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
+
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        return {
+            ER_ACCESS_DENIED: "the server refused the login: check the user name and password in the URL",
+            ER_BAD_DB: "the database does not exist: CREATE DATABASE it or fix the database name in the URL",
+            ER_DBACCESS_DENIED: "this user may not use that database: GRANT it access or fix the URL",
+            CR_CONN_HOST_ERROR: "no MySQL/MariaDB answered: is the server running at the URL's host and port?",
+            CR_UNKNOWN_HOST: "the URL's host name does not resolve: check it",
+        }.get(error_code(exc) or 0)
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         code = error_code(exc)

@@ -182,6 +182,13 @@ class OracleBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
 
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        return {1017: "Oracle refused the login: check the user name and password in the URL",
+                12541: "no Oracle listener answered: is the server running at the URL's host and port?",
+                12514: "the listener does not know that service: fix service_name in the URL",
+                }.get(ora_code(exc) or 0)
+
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         return {ORA_NO_TABLE: MISSING_TABLE, ORA_NO_PRIVILEGE: NO_PRIVILEGE}.get(ora_code(exc) or 0)
 

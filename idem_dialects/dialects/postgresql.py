@@ -181,6 +181,21 @@ class PostgreSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
 
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        orig: Any = exc.orig if isinstance(exc, DBAPIError) else exc
+        if not type(orig).__module__.startswith(("psycopg", "pg8000")):
+            return None
+        code = sqlstate(exc)
+        if code in ("28P01", "28000"):  # invalid_password, invalid_authorization_specification
+            return "PostgreSQL refused the login: check the user name and password in the URL"
+        if code == "3D000":  # invalid_catalog_name
+            return "the database does not exist: create it (createdb NAME) or fix the database name in the URL"
+        if code is None:  # libpq reports failed connections without a SQLSTATE: the server's text says which
+            return ("check that PostgreSQL runs at the URL's host and port and that its user, password and"
+                    " database exist")
+        return None
+
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         return {UNDEFINED_TABLE: MISSING_TABLE, INSUFFICIENT_PRIVILEGE: NO_PRIVILEGE}.get(sqlstate(exc) or "")
 

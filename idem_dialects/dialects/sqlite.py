@@ -31,6 +31,7 @@ from .base import Backend
 _SQLITE_ERROR = 1  # the generic code: a missing table has no code of its own
 _SQLITE_BUSY = 5
 _SQLITE_READONLY = 8
+_SQLITE_CANTOPEN = 14
 _SQLITE_LOCKED = 6
 # Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
 _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
@@ -49,9 +50,12 @@ class SQLiteBackend(Backend):
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        self.memory = is_memory(engine.url)
+        url: URL | None = getattr(engine, "url", None)  # None: a mock engine (DDL without a database)
+        self.memory = url is not None and is_memory(url)
         # A :memory: database is one connection (StaticPool); transactions on it must take turns.
         self._memory_lock = threading.RLock() if self.memory else None
+        if url is None:
+            return
         if not self.memory:
             event.listen(engine, "connect", _use_wal)
         elif not isinstance(engine.pool, StaticPool):
@@ -115,6 +119,13 @@ class SQLiteBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
+
+    @classmethod
+    def connect_hint(cls, exc: BaseException) -> str | None:
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if getattr(orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
+            return "SQLite cannot open the database file: check that its directory exists and is writable"
+        return None
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         code = getattr(exc.orig, "sqlite_errorcode", None)
