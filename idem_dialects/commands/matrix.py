@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"idem-dialects matrix: {exc.args[0]}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     names = list(dict.fromkeys(names + required))
+    # An engine the user gave a URL for (--url or IDEM_URL_<NAME>) is one they meant to run: unreachable fails.
+    required += [n for n in names if n not in required and (n in urls or os.environ.get(env_var(n)))]
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
                       output=args.output, quiet=args.quiet)
 
@@ -146,8 +148,8 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> Eng
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         status.reason = f"{server.how}: cannot connect to {server.url.render_as_string()}: {first}"
         spec = ENGINES.get(name)
-        status.hint = spec.how_to_enable() if spec else (
-            connect_hint(exc, server.url.get_backend_name()) or "check the URL, the server and its driver")
+        status.hint = connect_hint(exc, server.url.get_backend_name()) or (
+            spec.how_to_enable() if spec else "check the URL, the server and its driver")
         return status
     status.server = server
     return status
