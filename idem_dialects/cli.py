@@ -71,7 +71,8 @@ def explain(exc: BaseException) -> tuple[str, str | None] | None:
     if isinstance(exc, DBAPIError):
         orig = exc.orig if exc.orig is not None else exc
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-        return f"database error ({type(orig).__name__}): {first}", dialects.connect_hint(exc)
+        what = "cannot connect" if exc.statement is None else "database error"  # no statement: the connect failed
+        return f"{what} ({type(orig).__name__}): {first}", dialects.connect_hint(exc)
     if isinstance(exc, ArgumentError):
         return str(exc).strip().splitlines()[0], "check the URL and the options given"
     if isinstance(exc, OSError):

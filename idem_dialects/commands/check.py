@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..guard import resolve_url
-from .matrix import add_output_arguments, run_matrix
+from .matrix import add_output_arguments, probe, run_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,5 +17,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     url = resolve_url(args.url)  # as from_url does; a configuration error is reported by the CLI's handler
+    probe(url)  # connect once first: an unreachable database is two lines from the CLI's handler, no progress
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet)
