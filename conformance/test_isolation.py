@@ -22,6 +22,7 @@ def test_declared_isolation_levels_work(make_store: Callable[..., IdempotencySto
     assert levels, "a backend must declare at least one isolation level"
     for i, level in enumerate(levels):
         store = make_store(isolation_level=level)
+        store.create_tables()  # idempotent; an in-memory SQLite database belongs to one engine, so it starts empty
         with store.engine.connect() as conn:
             assert conn.get_isolation_level() == level
         first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn, level=level: level)

@@ -292,6 +292,9 @@ class EngineSpec:
 
 
 _MSSQL_URL = "mssql+pyodbc://sa:PASSWORD@HOST:1433/master?driver=FreeTDS&TDS_Version=7.4"
+# Microsoft's mssql-python driver bundles ODBC Driver 18 (no system ODBC); SQLAlchemy 2.1's mssql+mssqlpython dialect.
+_MSSQL_PYTHON_HINT = ("or the mssql-python driver: mssql+mssqlpython://sa:PASSWORD@HOST:1433/master"
+                      "?TrustServerCertificate=yes")
 _ORACLE_URL = "oracle+oracledb://system:PASSWORD@HOST:1521/?service_name=FREEPDB1"
 
 ENGINES: dict[str, EngineSpec] = {
@@ -313,9 +316,9 @@ ENGINES: dict[str, EngineSpec] = {
         EngineSpec("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                    url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         EngineSpec("mssql-2022", "mssql", "SQL Server 2022", [container("mcr.microsoft.com/mssql/server:2022-latest")],
-                   url_example=_MSSQL_URL),
+                   _MSSQL_PYTHON_HINT, url_example=_MSSQL_URL),
         EngineSpec("mssql-2025", "mssql", "SQL Server 2025", [container("mcr.microsoft.com/mssql/server:2025-latest")],
-                   url_example=_MSSQL_URL),
+                   _MSSQL_PYTHON_HINT, url_example=_MSSQL_URL),
         EngineSpec("oracle-23", "oracle", "Oracle Database 23ai Free", [container("gvenzl/oracle-free:23.6-slim")],
                    url_example=_ORACLE_URL),
         # The newest Free image: 23.26 and later are Oracle AI Database 26ai.

@@ -51,7 +51,9 @@ def _ours(statement: str | None, known: dict[str, Backend]) -> list[str]:
 
 
 def _handle_error(context: ExceptionContext) -> BaseException | None:
-    exc = context.sqlalchemy_exception
+    # An earlier listener (a backend's) may have replaced the error: act on the one that will be raised.
+    chained = getattr(context, "chained_exception", None)  # set by SQLAlchemy only once a listener replaced it
+    exc = chained if isinstance(chained, DBAPIError) else context.sqlalchemy_exception
     known = _guarded.get(context.engine) if context.engine is not None else None
     if not isinstance(exc, DBAPIError) or not known:
         return None

@@ -158,6 +158,32 @@ def native_error(exc: BaseException) -> int | None:
     return None
 
 
+# Microsoft's mssql-python driver (``mssql+mssqlpython://``, SQLAlchemy 2.1) raises exceptions that carry neither the
+# native error number nor the SQLSTATE: only `driver_error`, a fixed description per SQLSTATE from the driver's own
+# table (mssql_python.exceptions.sqlstate_to_exception), and the server's text. This module maps the description
+# back to its SQLSTATE and classifies by that; what a SQLSTATE cannot tell apart (a duplicate from a NOT NULL
+# violation: both 23000) is not classified. Claims do not depend on it: their batch catches 2627/2601 by
+# ERROR_NUMBER() inside SQL Server.
+_MSSQL_PYTHON_RETRYABLE = {"40001": RetryCause.DEADLOCK,  # SQL Server's deadlock victim (1205) is 40001
+                           "08S01": RetryCause.CONNECTION, "08003": RetryCause.CONNECTION}
+_mssql_python_states: dict[str, str] = {}
+
+
+def mssql_python_sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of an mssql-python error (wrapped by SQLAlchemy or not), else None."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if orig is None or not type(orig).__module__.startswith("mssql_python"):
+        return None
+    if not _mssql_python_states:
+        from mssql_python.exceptions import sqlstate_to_exception  # loaded: it raised `orig`
+
+        for state in ("08001", "08003", "08S01", "23000", "28000", "40001", "42000", "42S02", "HYT00"):
+            known = sqlstate_to_exception(state, "")
+            if known is not None:
+                _mssql_python_states.setdefault(known.driver_error, state)
+    return _mssql_python_states.get(getattr(orig, "driver_error", None) or "")
+
+
 def _nonclustered_primary_key(table: Table, *_: Any, **__: Any) -> None:
     """before_create: the identity primary key is NONCLUSTERED (1700-byte key limit instead of 900)."""
     table.primary_key.dialect_options["mssql"]["clustered"] = False
@@ -256,13 +282,17 @@ class MSSQLBackend(Backend):
 
     @classmethod
     def connect_hint(cls, exc: BaseException) -> str | None:
+        if mssql_python_sqlstate(exc) == "28000":
+            return "SQL Server refused the login: check the user name and password in the URL"
+        if mssql_python_sqlstate(exc) == "08001":
+            return "no SQL Server answered: is it running at the URL's host and port?"
         return {18456: "SQL Server refused the login: check the user name and password in the URL",
                 4060: "SQL Server cannot open that database: create it or fix the database name in the URL",
                 }.get(native_error(exc) or 0)
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         number = native_error(exc)
-        if number == ER_INVALID_OBJECT:
+        if number == ER_INVALID_OBJECT or mssql_python_sqlstate(exc) == "42S02":
             return MISSING_TABLE
         return NO_PRIVILEGE if number in (ER_PERMISSION_OBJECT, ER_PERMISSION_DATABASE) else None
 
@@ -271,4 +301,7 @@ class MSSQLBackend(Backend):
             number = native_error(exc)
             if number is not None and number in _RETRYABLE:
                 return _RETRYABLE[number]
+            state = mssql_python_sqlstate(exc)
+            if state in _MSSQL_PYTHON_RETRYABLE:
+                return _MSSQL_PYTHON_RETRYABLE[state]
         return super().retry_cause(exc)

@@ -27,11 +27,13 @@ from typing import Any
 
 from sqlalchemy import (
     DateTime,
+    Engine,
     Interval,
     LargeBinary,
     String,
     any_,
     delete,
+    event,
     func,
     literal,
     literal_column,
@@ -40,7 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection, ExceptionContext
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -89,9 +91,27 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
+    """pg8000 raises ProgrammingError for every server error but 23505 (and 28000), so a NOT NULL, CHECK or foreign
+    key violation would not be an IntegrityError as PEP 249 and every other driver have it: re-raise SQLSTATE class
+    23 (integrity_constraint_violation) as SQLAlchemy's IntegrityError, same driver error, same message."""
+    exc = context.sqlalchemy_exception
+    if (isinstance(exc, DBAPIError) and exc.orig is not None and not isinstance(exc, IntegrityError)
+            and (sqlstate(exc) or "").startswith("23")):
+        return IntegrityError(exc.statement, exc.params, exc.orig, hide_parameters=exc.hide_parameters,
+                              connection_invalidated=exc.connection_invalidated)
+    return None
+
+
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        if isinstance(engine, Engine) and engine.dialect.driver == "pg8000" and not event.contains(
+                engine, "handle_error", _pg8000_integrity_errors):
+            event.listen(engine, "handle_error", _pg8000_integrity_errors)
 
     @classmethod
     def resolve_url(cls, url: URL) -> URL:
