@@ -35,8 +35,9 @@ class Tables:
     messages: Table
 
 
-def build_tables(prefix: str, backend: Backend) -> Tables:
-    metadata = MetaData()
+def build_tables(prefix: str, backend: Backend, metadata: MetaData | None = None) -> Tables:
+    """The tables for `backend`, in `metadata` (a new MetaData unless given: e.g. a service's own, for migrations)."""
+    metadata = MetaData() if metadata is None else metadata
     key = backend.key_type
     # Keyword arguments a backend needs on every table (e.g. MySQL's ENGINE/CHARSET).
     records = Table(
