@@ -131,6 +131,14 @@ def test_role_without_create_is_told_to_ask_or_apply_the_ddl() -> None:
             with pytest.raises(InsufficientPrivilege) as err:
                 store.create_tables()
             assert "ask for the CREATE privilege" in str(err.value) and "idem-dialects ddl URL" in str(err.value)
+        # `check` as that role: every check fails the same way; the output stays bounded (first failure in full).
+        done = subprocess.run([sys.executable, "-m", "idem_dialects.cli", "check", "--quiet", "-k", "keys",
+                               server.url.set(username=role, password=None).render_as_string(hide_password=False)],
+                              capture_output=True, text=True, timeout=600)
+        failed = [line for line in done.stderr.splitlines() if line.startswith("=== FAILED")]
+        assert done.returncode == 1 and len(failed) > 5, done.stderr[-3000:]
+        assert all("InsufficientPrivilege" in line for line in failed[1:]), failed
+        assert len(done.stderr.splitlines()) < 400 + len(failed), len(done.stderr.splitlines())
     finally:
         with admin.connect() as conn:
             conn.execute(text(f"DROP ROLE IF EXISTS {role}"))

@@ -306,8 +306,9 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
                 status.server.stop()
     failures = [(c.id, e, v, o) for c in collector.checks.values() for e, vs in c.results.items()
                 for v, o in vs.items() if o.outcome == FAILED]
-    for ident, engine, variant, outcome in failures:
-        print(f"\n=== FAILED {ident}{f'[{variant}]' if variant else ''} on {engine}\n{outcome.detail or ''}",
+    for i, (ident, engine, variant, outcome) in enumerate(failures):  # bounded: the first in full, then one line
+        name = f"{ident}{f'[{variant}]' if variant else ''} on {engine}"
+        print(f"\n=== FAILED {name}\n{outcome.detail or ''}" if i == 0 else f"=== FAILED {name}: {outcome.reason}",
               file=sys.stderr)
     for error in collector.errors:
         print(f"\n=== {error}", file=sys.stderr)
