@@ -5,11 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-OBSERVATION = "idem_observation"
+# Observations are pytest user properties (record_property) named with this prefix, so a JUnit XML report carries
+# them too: <property name="idem_observation:server version" value="..."/>.
+OBSERVATION_PREFIX = "idem_observation:"
 # A plugin object with this attribute (e.g. the one `idem-dialects matrix` passes) maps engine names to the Server
 # it already provisioned or the Unavailable it got; this session then uses those instead of provisioning its own
 # (and leaves stopping them to their owner).
 PROVISIONED = "idem_dialects_provisioned"
+
+
+def observation_property(name: str) -> str:
+    """The user-property name under which the observation `name` is recorded."""
+    return OBSERVATION_PREFIX + name
+
+
+def observation_name(prop: str) -> str | None:
+    """The observation a user property records, or None for another plugin's property."""
+    return prop.removeprefix(OBSERVATION_PREFIX) if prop.startswith(OBSERVATION_PREFIX) else None
 
 
 def check_id(item: Any) -> tuple[str, str]:

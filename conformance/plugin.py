@@ -1,4 +1,8 @@
-"""pytest plugin (entry point ``pytest11``): engine selection, provisioning, per-test isolation, observations.
+"""pytest plugin: engine selection, provisioning, per-test isolation, observations.
+
+Opt-in, never auto-loaded: a project enables it with ``pytest_plugins = ["idem_dialects.conformance.plugin"]`` in
+its ``conftest.py`` (or ``-p idem_dialects.conformance.plugin``). Every fixture and marker it adds is prefixed
+``idem_``, so it cannot shadow a project's own ``store`` or ``requires``.
 
 Options: ``--idem-engine NAME`` (repeatable, or ``all``; default all; a family name such as ``mssql`` means every
 ``mssql-*`` engine), ``--idem-url NAME=URL`` (repeatable; a name not in the catalogue defines an ad-hoc engine,
@@ -6,7 +10,8 @@ e.g. a third-party backend), ``--idem-require NAME`` (repeatable, or ``all``): a
 provisioned fails its checks instead of skipping. A required engine is run even if ``--idem-engine`` omits it.
 
 Each check is a ``test_<id>`` function; `check_id` and `check_statement` give its stable id and the one-line
-guarantee it proves (the docstring's first sentence). Checks record measured facts with the `observe` fixture.
+guarantee it proves (the docstring's first sentence). Checks record measured facts with the `idem_observe`
+fixture (through pytest's ``record_property``, so ``--junitxml`` carries them too).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, dialects
 
-from .naming import OBSERVATION, PROVISIONED
+from .naming import PROVISIONED, observation_property
 from .support import Effects, stores
 
 _counter = itertools.count()
@@ -112,7 +117,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "requires(*capabilities): the backend capabilities a check needs")
+    config.addinivalue_line("markers", "idem_requires(*features): the backend features a check needs")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -141,7 +146,7 @@ def idem_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
 
 @pytest.fixture(autouse=True)
 def _idem_requires(request: pytest.FixtureRequest) -> None:
-    marker = request.node.get_closest_marker("requires")
+    marker = request.node.get_closest_marker("idem_requires")
     if marker is None or "idem_engine" not in request.fixturenames:
         return
     engine: EngineUnderTest = request.getfixturevalue("idem_engine")
@@ -156,31 +161,31 @@ def unique_prefix() -> str:
 
 
 @pytest.fixture
-def make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
+def idem_make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores on one set of fresh tables; extra keyword arguments go to create_engine (e.g. isolation_level)."""
     with stores(idem_engine.url, unique_prefix()) as make:
         yield make
 
 
 @pytest.fixture
-def store(make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
-    return make_store()
+def idem_store(idem_make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
+    return idem_make_store()
 
 
 @pytest.fixture
-def observe(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
-    """Record a measured fact for the matrix's behaviour table: observe("duplicate resolved by", "waiting")."""
+def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[str, object], None]:
+    """Record a measured fact for the matrix's behaviour table: idem_observe("duplicate resolved by", "waiting")."""
 
     def record(name: str, value: object) -> None:
-        request.node.user_properties.append((OBSERVATION, (name, value)))
+        record_property(observation_property(name), value)
 
     return record
 
 
 @pytest.fixture
-def effects(store: IdempotencyStore) -> Iterator[Effects]:
-    """The business table effects write to, on the same database and prefix as `store`."""
-    fx = Effects(store)
+def idem_effects(idem_store: IdempotencyStore) -> Iterator[Effects]:
+    """The business table effects write to, on the same database and prefix as `idem_store`."""
+    fx = Effects(idem_store)
     fx.create()
     yield fx
     fx.drop()

@@ -27,10 +27,10 @@ from .. import __version__
 # The shipped suite lives in packages mypy cannot map from their source directories (setuptools package-dir).
 from ..conformance import CHECK_MODULES  # type: ignore[import-not-found, unused-ignore]
 from ..conformance.naming import (  # type: ignore[import-not-found, unused-ignore]
-    OBSERVATION,
     PROVISIONED,
     check_id,
     check_statement,
+    observation_name,
 )
 from ..engines import (  # type: ignore[import-not-found, unused-ignore]
     ENGINES,
@@ -233,9 +233,9 @@ class Collector:
             return
         del self.current[report.nodeid]
         self.checks[ident].results.setdefault(engine, {})[variant] = result
-        for tag, value in report.user_properties:
-            if tag == OBSERVATION:
-                name, observed = value
+        for prop, observed in report.user_properties:
+            name = observation_name(prop)
+            if name is not None:
                 self.observations[engine][name] = observed
         if self.statuses[engine].available:
             self.done += 1
@@ -332,9 +332,7 @@ def _run_pytest(names: Sequence[str], urls: Mapping[str, URL], collector: Collec
         module.write_text("".join(f"from {name} import *  # noqa: F403\n" for name in CHECK_MODULES),
                           encoding="utf-8")
         args = [str(module), "-c", str(ini), "--rootdir", tmp, "-p", "no:cacheprovider", "-p", "no:terminal",
-                "-W", "ignore::pytest.PytestAssertRewriteWarning"]
-        if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # the suite's plugin is an entry point: load it by hand
-            args += ["-p", "idem_dialects.conformance.plugin"]
+                "-W", "ignore::pytest.PytestAssertRewriteWarning", "-p", "idem_dialects.conformance.plugin"]
         for name in names:
             args += ["--idem-engine", name]
             if name in urls:  # the plugin uses the server provisioned above; this only names the ad-hoc engine
