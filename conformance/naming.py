@@ -25,18 +25,16 @@ def observation_name(prop: str) -> str | None:
 
 
 def check_id(item: Any) -> tuple[str, str]:
-    """(stable id, variant) of a collected check: the function name without ``test_``, and its parameters other
-    than the engine joined by '-' ('' when not parametrized)."""
+    """(stable id, variant) of a collected check: the function name without ``test_``, and its parameter id without
+    the engine ('' when not parametrized). The plugin parametrizes the engine first, so it leads the id."""
     name = getattr(item, "originalname", None) or item.name.partition("[")[0]
     ident = name.removeprefix("test_")
+    variant = item.name[len(name):].removeprefix("[").removesuffix("]")
     callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return ident, ""
-    ids = list(getattr(callspec, "_idlist", None) or [callspec.id])
-    engine = callspec.params.get("idem_engine")
-    if engine in ids:
-        ids.remove(engine)
-    return ident, "-".join(ids)
+    engine = callspec.params.get("idem_engine") if callspec is not None else None
+    if isinstance(engine, str) and (variant == engine or variant.startswith(engine + "-")):
+        variant = variant[len(engine) + 1:]
+    return ident, variant
 
 
 def check_statement(item: Any) -> str:

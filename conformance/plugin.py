@@ -16,6 +16,7 @@ fixture (through pytest's ``record_property``, so ``--junitxml`` carries them to
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import secrets
@@ -27,9 +28,10 @@ from idem_dialects.engines import ENGINES, Server, Unavailable, expand, resolve
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
-from idem_dialects import IdempotencyStore, dialects
+from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
+from idem_dialects.features import Features
 
-from .naming import PROVISIONED, observation_property
+from .naming import PROVISIONED, check_id, observation_property
 from .support import Effects, stores
 
 _counter = itertools.count()
@@ -48,11 +50,34 @@ class EngineUnderTest:
     def backend(self) -> str:
         return self.url.get_backend_name()
 
-    @property
-    def capabilities(self) -> frozenset[str]:
-        features = dialects.load(self.backend).url_features(self.url)
-        flags = {name for name in features.flags() if features.has(name)}
-        return frozenset(flags | {f"isolation:{lvl}" for lvl in features.isolation_levels})
+    @functools.cached_property
+    def features(self) -> Features:
+        """The backend's features on this database, refined from the live server (one connection, once)."""
+        with IdempotencyStore.from_url(self.url) as store, store.engine.connect() as conn:
+            return store.backend.live_features(conn)
+
+
+def declared_isolation_levels(name: str, url: URL | None) -> tuple[str, ...]:
+    """The isolation levels the backend of engine `name` declares, known without provisioning it (the isolation
+    race is parametrized from them at collection; a level the live server turns out not to offer is skipped)."""
+    spec = ENGINES.get(name)
+    backend = url.get_backend_name() if url is not None else spec.backend if spec is not None else None
+    try:
+        cls = dialects.load(backend or "")
+    except UnsupportedEngine:  # reported when the engine is used; collection still names its checks
+        return Features().isolation_levels
+    return (cls.url_features(url) if url is not None else cls.base_features).isolation_levels
+
+
+def check_feature_names(metafunc: pytest.Metafunc) -> None:
+    """An unknown name in ``idem_requires`` is a collection error (a typo must not skip a check everywhere)."""
+    known = Features.flags()
+    for marker in metafunc.definition.iter_markers("idem_requires"):
+        unknown = [name for name in marker.args if name not in known]
+        if unknown:
+            pytest.fail(f"{metafunc.definition.nodeid}: @pytest.mark.idem_requires names unknown feature(s)"
+                        f" {', '.join(map(repr, unknown))}; known features: {', '.join(sorted(known))}",
+                        pytrace=False)
 
 
 class Sessions:
@@ -126,9 +151,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.stash[_SESSIONS].close()
 
 
+@pytest.hookimpl(tryfirst=True)  # the engine is the first part of every check's parameter id (see naming.check_id)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "idem_engine" in metafunc.fixturenames:
-        names = metafunc.config.stash[_SESSIONS].names
+    check_feature_names(metafunc)
+    if "idem_engine" not in metafunc.fixturenames:
+        return
+    sessions = metafunc.config.stash[_SESSIONS]
+    names = sessions.names
+    if "idem_isolation_level" in metafunc.fixturenames:  # one variant per level each engine's backend declares
+        pairs = [(name, level) for name in names for level in declared_isolation_levels(name, sessions.urls.get(name))]
+        metafunc.parametrize(("idem_engine", "idem_isolation_level"), pairs, indirect=["idem_engine"],
+                             ids=[f"{name}-{level}" for name, level in pairs], scope="session")
+    else:
         metafunc.parametrize("idem_engine", names, indirect=True, ids=names, scope="session")
 
 
@@ -146,11 +180,17 @@ def idem_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
 
 @pytest.fixture(autouse=True)
 def _idem_requires(request: pytest.FixtureRequest) -> None:
-    marker = request.node.get_closest_marker("idem_requires")
-    if marker is None or "idem_engine" not in request.fixturenames:
+    """Skip a check whose features the engine lacks (with the reason); mark one the backend expects to fail."""
+    if "idem_engine" not in request.fixturenames:
         return
     engine: EngineUnderTest = request.getfixturevalue("idem_engine")
-    missing = [cap for cap in marker.args if cap not in engine.capabilities]
+    expected = engine.features.expected_failure(check_id(request.node)[0])
+    if expected:
+        request.applymarker(pytest.mark.xfail(reason=expected, strict=True))
+    marker = request.node.get_closest_marker("idem_requires")
+    if marker is None:
+        return
+    missing = [name for name in marker.args if not engine.features.has(name)]
     if missing:
         pytest.skip(f"{engine.backend} backend at {engine.url.render_as_string()} lacks {', '.join(missing)}")
 

@@ -18,10 +18,10 @@ from sqlalchemy import insert, select
 
 from idem_dialects import IdempotencyStore, Replayed, RequestInFlight, Result
 
+from .plugin import EngineUnderTest
 from .support import Effects
 
 REQ = {"amount": 100}
-ISOLATION_LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
 
 
 def race(n: int, call: Callable[[int], Any]) -> list[Any]:
@@ -77,14 +77,14 @@ def test_same_key_thread_race(idem_store: IdempotencyStore, idem_effects: Effect
 
 
 @pytest.mark.idem_requires("concurrent_connections")
-@pytest.mark.parametrize("level", ISOLATION_LEVELS)
-def test_same_key_race_under_isolation(idem_make_store: Callable[..., IdempotencyStore], level: str,
-                                       idem_observe: Callable[[str, object], None],
-                                       request: pytest.FixtureRequest) -> None:
-    """The 16-thread race gives exactly one effect under each isolation level the engine offers (x3 rounds)."""
-    engine = request.getfixturevalue("idem_engine")
-    if f"isolation:{level}" not in engine.capabilities:
-        pytest.skip(f"{engine.backend} does not offer {level}")
+def test_same_key_race_under_isolation(idem_make_store: Callable[..., IdempotencyStore], idem_isolation_level: str,
+                                       idem_engine: EngineUnderTest,
+                                       idem_observe: Callable[[str, object], None]) -> None:
+    """The 16-thread race gives exactly one effect under each isolation level the backend declares (x3 rounds)."""
+    level = idem_isolation_level  # one variant per declared level (the plugin parametrizes them per engine)
+    if level not in idem_engine.features.isolation_levels:
+        pytest.skip(f"{idem_engine.backend} declares {level}, but this server does not offer it"
+                    f" (offers {', '.join(idem_engine.features.isolation_levels)})")
     store = idem_make_store(isolation_level=level)
     effects = Effects(store)
     effects.create()

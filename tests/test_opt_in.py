@@ -8,6 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from idem_dialects.features import Features
+
 OPT_IN = 'pytest_plugins = ["idem_dialects.conformance.plugin"]\n'
 
 
@@ -43,3 +45,17 @@ def test_one_line_opt_in_runs_the_suite(tmp_path: Path) -> None:
     # The suite's fixtures are namespaced: the project's own `store` is still its own business.
     mine = pytest_in(tmp_path, "test_mine.py")
     assert mine.returncode == 1 and "fixture 'store' not found" in mine.stdout
+
+
+def test_unknown_feature_is_a_collection_error(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(OPT_IN, encoding="utf-8")
+    (tmp_path / "test_typo.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.idem_requires('no_such_feature')\n"
+        "def test_typo(idem_store):\n"
+        "    pass\n", encoding="utf-8")
+    done = pytest_in(tmp_path, "--idem-engine", "sqlite")
+    assert done.returncode == 2, done.stdout + done.stderr  # interrupted: errors during collection
+    assert "ERROR collecting test_typo.py" in done.stdout
+    known = ", ".join(sorted(Features.flags()))  # concurrent_connections, exclusive_claim, processes, ...
+    assert f"unknown feature(s) 'no_such_feature'; known features: {known}" in done.stdout
