@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from idem_dialects.engines import ENGINES, Server, Unavailable, expand, resolve
-from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
 from idem_dialects.features import Features
 
 from .naming import PROVISIONED, check_id, observation_property
@@ -84,12 +83,10 @@ class Sessions:
     """The servers of one pytest session, started on first use and stopped at its end."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.urls: dict[str, URL] = {}
-        for item in config.getoption("idem_url") or []:
-            name, sep, url = item.partition("=")
-            if not sep or not name or not url:
-                raise pytest.UsageError(f"--idem-url wants NAME=URL, got {item!r}")
-            self.urls[name] = make_url(url)
+        try:
+            self.urls: dict[str, URL] = parse_named_urls(config.getoption("idem_url") or [], "--idem-url")
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
         adhoc = [n for n in self.urls if n not in ENGINES]
         try:
             chosen = expand(config.getoption("idem_engine") or ["all"], adhoc)

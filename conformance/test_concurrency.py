@@ -13,10 +13,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance import support
 from sqlalchemy import insert, select
 
 from idem_dialects import IdempotencyStore, Replayed, RequestInFlight, Result
+from idem_dialects.conformance import support
 
 from .plugin import EngineUnderTest
 from .support import Effects
@@ -147,7 +147,7 @@ def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effect
              for seed in range(4)]
     for proc in procs:
         proc.start()
-    reports = []
+    reports: list[tuple[dict[str, str], dict[str, int]]] = []
     deadline = time.monotonic() + 300
     while len(reports) < len(procs):
         try:

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, create_engine, event
 from idem_dialects import IdempotencyStore, UnsupportedIsolation
 
 from .plugin import EngineUnderTest
+from .support import returning
 
 REQ = {"amount": 100}
 # Every level SQLAlchemy spells for some engine, plus AUTOCOMMIT (which no backend may declare).
@@ -29,7 +30,7 @@ def test_declared_isolation_levels_work(idem_make_store: Callable[..., Idempoten
         store = idem_make_store(isolation_level=level)
         with store.engine.connect() as conn:
             assert conn.get_isolation_level() == level
-        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn, level=level: level)
+        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=returning(level))
         again = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn: "no")
         assert (first.replayed, again.replayed, again.response) == (False, True, level)
     idem_observe("isolation levels declared", ", ".join(levels))

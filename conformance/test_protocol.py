@@ -22,7 +22,7 @@ from idem_dialects import (
     RequestMismatch,
 )
 
-from .support import Effects
+from .support import Effects, returning
 
 REQ = {"amount": 100, "currency": "EUR"}
 
@@ -265,7 +265,7 @@ def test_message_rolled_back_with_effect(idem_store: IdempotencyStore, idem_effe
 def test_purge_removes_old_keeps_live(idem_store: IdempotencyStore) -> None:
     """purge deletes completed records and messages older than the window, in batches; live claims survive."""
     for i in range(7):
-        idem_store.run(scope="s", operation="op", key=f"done-{i}", request=REQ, effect=lambda conn, i=i: i)
+        idem_store.run(scope="s", operation="op", key=f"done-{i}", request=REQ, effect=returning(i))
     with idem_store.transaction() as conn:
         idem_store.claim(conn, scope="s", operation="op", key="live", request=REQ, lease=timedelta(hours=1))
         idem_store.accept_message(conn, subscriber="sub", message_id="m")
