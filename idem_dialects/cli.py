@@ -1,8 +1,8 @@
-"""The idem-dialects command. Each subcommand lives in idem_dialects.commands.<name>, imported only when used.
+"""The idem-dialects command. Each subcommand lives in idem_dialects.commands.<name>, imported only when it runs
+(`idem-dialects demo` never loads pytest, the engine catalogue or the benchmark).
 
-Every expected error ends in at most two lines on stderr (what failed; how to fix it) and a documented exit status,
-never a traceback: 0 success, 1 a conformance check failed, 2 the command could not do its work as asked
-(configuration, driver, connection, bad argument, unwritable --output; a required engine unavailable).
+Every expected error ends in at most two lines on stderr (what failed; how to fix it) and a documented exit status
+(idem_dialects.commands), never a traceback: `main` handles the library's errors, driver and connection errors.
 """
 
 from __future__ import annotations
@@ -10,39 +10,120 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from importlib import import_module
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, Protocol
 
 from . import __version__
+from .commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
-# name -> one-line help; the module idem_dialects.commands.<name> provides add_arguments(parser) and run(args).
-COMMANDS = {
-    "demo": "run seed 000's reference example on an embedded SQLite database, step by step",
-    "engines": "list every engine: available here or not, how, and what would enable it",
-    "matrix": "run the conformance suite across engines and compare their behaviour",
-    "check": "run the conformance suite against one database URL",
-    "bench": "measure what idempotency costs on one database, beside the bare effect",
-    "init": "create the idempotency tables in the database at URL (idempotent)",
-    "ddl": "print the CREATE statements for the database at URL (no connection: give them to a DBA)",
-    "purge": "delete records completed longer ago than --older-than, in batches, with progress",
+class Command(Protocol):
+    """What a module of idem_dialects.commands provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _demo() -> Command:
+    from .commands import demo
+
+    return demo
+
+
+def _engines() -> Command:
+    from .commands import engines
+
+    return engines
+
+
+def _matrix() -> Command:
+    from .commands import matrix
+
+    return matrix
+
+
+def _check() -> Command:
+    from .commands import check
+
+    return check
+
+
+def _bench() -> Command:
+    from .commands import bench
+
+    return bench
+
+
+def _init() -> Command:
+    from .commands import init
+
+    return init
+
+
+def _ddl() -> Command:
+    from .commands import ddl
+
+    return ddl
+
+
+def _purge() -> Command:
+    from .commands import purge
+
+    return purge
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    help: str
+    load: Callable[[], Command]
+
+
+# The registry of subcommands: a one-line help (enough for `idem-dialects --help`) and how to load the module.
+COMMANDS: dict[str, Subcommand] = {
+    "demo": Subcommand("run seed 000's reference example on an embedded SQLite database, step by step", _demo),
+    "engines": Subcommand("list every engine: available here or not, how, and what would enable it", _engines),
+    "matrix": Subcommand("run the conformance suite across engines and compare their behaviour", _matrix),
+    "check": Subcommand("run the conformance suite against one database URL", _check),
+    "bench": Subcommand("measure what idempotency costs on one database, beside the bare effect", _bench),
+    "init": Subcommand("create the idempotency tables in the database at URL (idempotent)", _init),
+    "ddl": Subcommand("print the CREATE statements for a database URL or backend, without connecting", _ddl),
+    "purge": Subcommand("delete records completed longer ago than --older-than, in batches, with progress", _purge),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: the first argument that is not an option (the top-level parser
+    has only --help and --version, which take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (to add its arguments), the others are listed by name."""
+    parser = Parser(
         prog="idem-dialects",
         description="Idempotency keys in SQL: one protocol, a backend per engine, one conformance suite.",
-        epilog="exit status: 0 success; 1 a conformance check failed; 2 configuration, driver, connection or"
-               " argument error (the message says how to fix it), or a required engine unavailable",
+        epilog=f"exit status: 0 success; 1 a conformance check failed; {EXIT_UNAVAILABLE} a database did not answer"
+               f" or a required engine is unavailable; {EXIT_USAGE} a wrong command line or argument value;"
+               f" {EXIT_CONFIG} a configuration error (URL, driver, tables, privileges). The message says how to fix"
+               " it.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, help_text in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        import_module(f"idem_dialects.commands.{name}").add_arguments(command)
+    for name, spec in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=spec.help, description=spec.help)
+        if name == command:
+            spec.load().add_arguments(sub_parser)
     return parser
 
 
@@ -59,37 +140,41 @@ def unwritable(path: str) -> str | None:
     return None
 
 
-def explain(exc: BaseException) -> tuple[str, str | None] | None:
-    """(what failed, how to fix it) for an expected error; None for a bug, which keeps its traceback."""
+def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
+    """(what failed, how to fix it, exit status) for an expected error; None for a bug, which keeps its traceback."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
     from . import dialects
-    from .errors import IdemError
+    from .errors import ConfigurationError, IdemError
 
-    if isinstance(exc, IdemError):
-        return str(exc).strip().splitlines()[0], None  # the library's messages say how to fix it themselves
+    if isinstance(exc, ConfigurationError):  # the library's messages say how to fix it themselves
+        return str(exc).strip().splitlines()[0], None, EXIT_CONFIG
+    if isinstance(exc, IdemError):  # e.g. an argument value out of bounds (InvalidPayload)
+        return str(exc).strip().splitlines()[0], None, EXIT_USAGE
     if isinstance(exc, DBAPIError):
         orig = exc.orig if exc.orig is not None else exc
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
         what = "cannot connect" if exc.statement is None else "database error"  # no statement: the connect failed
-        return f"{what} ({type(orig).__name__}): {first}", dialects.connect_hint(exc)
+        return f"{what} ({type(orig).__name__}): {first}", dialects.connect_hint(exc), EXIT_UNAVAILABLE
     if isinstance(exc, ArgumentError):
-        return str(exc).strip().splitlines()[0], "check the URL and the options given"
+        return str(exc).strip().splitlines()[0], "check the URL and the options given", EXIT_CONFIG
     if isinstance(exc, OSError):
-        return str(exc), None
+        return str(exc), None, EXIT_UNAVAILABLE
     return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = chosen_command(argv)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     prog = f"idem-dialects {args.command}"
     output = getattr(args, "output", None)
     if output and (why := unwritable(output)):
         print(f"{prog}: cannot write the report to {output}: {why}", file=sys.stderr)
         print("  fix: give --output a file in an existing, writable directory", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     try:
-        code: int = import_module(f"idem_dialects.commands.{args.command}").run(args)
+        return COMMANDS[args.command].load().run(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -97,12 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         explained = explain(exc)
         if explained is None:
             raise
-        what, fix = explained
+        what, fix, status = explained
         print(f"{prog}: {what}", file=sys.stderr)
         if fix:
             print(f"  fix: {fix}", file=sys.stderr)
-        return EXIT_ERROR
-    return code
+        return status
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The CLI as a user meets it: every expected error is at most two lines on stderr (what failed, how to fix it),
-exit status 2, never a traceback; `ddl` prints every backend's DDL offline; `init` and `purge` work on every
+"""The CLI as a user meets it: every expected error is at most two lines on stderr (what failed, how to fix it)
+with its documented exit status (2 a database did not answer, 64 usage, 78 configuration), never a traceback;
+`ddl` prints every backend's DDL offline; `init` and `purge` work on every
 live engine."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from sqlalchemy import func, inspect, select
 
 from idem_dialects import IdempotencyStore
+from idem_dialects.commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
 
 engines: Any = import_module("idem_dialects.engines")
 LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
@@ -26,9 +28,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
-def assert_short_error(done: subprocess.CompletedProcess[str], *expected: str) -> None:
+def assert_short_error(done: subprocess.CompletedProcess[str], status: int, *expected: str) -> None:
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == status, done.stderr
     assert 1 <= len(lines) <= 2 and "Traceback" not in done.stderr, done.stderr
     for text in expected:
         assert text in done.stderr, done.stderr
@@ -49,21 +51,23 @@ def server(request: pytest.FixtureRequest) -> Iterator[Any]:
     provided.stop()
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["check", "postgres://postgres@127.0.0.1:5432/test"], ["did you mean postgresql://?"]),
-    (["check", "mysql+mysqldb://root@127.0.0.1:3306/test"], ["pip install 'mysqlclient'"]),
-    (["check", "postgresql+psycopg://postgres@127.0.0.1:1/test"], ["Connection refused", "host and port"]),
-    (["init", "mariadb+pymysql://root@127.0.0.1:1/test"], ["Connection refused", "host and port"]),
-    (["demo", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/test"], ["Connection refused"]),
+@pytest.mark.parametrize(("args", "status", "expected"), [
+    (["check", "postgres://postgres@127.0.0.1:5432/test"], EXIT_CONFIG, ["did you mean postgresql://?"]),
+    (["check", "mysql+mysqldb://root@127.0.0.1:3306/test"], EXIT_CONFIG, ["pip install 'mysqlclient'"]),
+    (["check", "postgresql+psycopg://postgres@127.0.0.1:1/test"], EXIT_UNAVAILABLE,
+     ["Connection refused", "host and port"]),
+    (["init", "mariadb+pymysql://root@127.0.0.1:1/test"], EXIT_UNAVAILABLE, ["Connection refused", "host and port"]),
+    (["demo", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/test"], EXIT_UNAVAILABLE, ["Connection refused"]),
     (["bench", "postgresql+psycopg://postgres@127.0.0.1:1/test", "--requests", "5", "--repetitions", "1"],
-     ["Connection refused"]),
-    (["purge", "sqlite:////nonexistent-dir/x.db", "--older-than", "24h"], ["directory exists"]),
-    (["ddl", "nosuch://"], ["known backends"]),
-    (["purge", "sqlite://", "--older-than", "1d", "--batch-size", str(2**63)], ["batch_size", "1,000,000"]),
-    (["check", "not a url"], ["not a database URL"]),
+     EXIT_UNAVAILABLE, ["Connection refused"]),
+    (["purge", "sqlite:////nonexistent-dir/x.db", "--older-than", "24h"], EXIT_UNAVAILABLE, ["directory exists"]),
+    (["ddl", "nosuch://"], EXIT_CONFIG, ["known backends"]),
+    (["purge", "sqlite://", "--older-than", "1d", "--batch-size", str(2**63)], EXIT_USAGE,
+     ["batch_size", "1,000,000"]),
+    (["check", "not a url"], EXIT_CONFIG, ["not a database URL"]),
 ])
-def test_expected_errors_are_two_lines_and_exit_2(args: list[str], expected: list[str]) -> None:
-    assert_short_error(cli(*args), *expected)
+def test_expected_errors_are_two_lines_with_their_status(args: list[str], status: int, expected: list[str]) -> None:
+    assert_short_error(cli(*args), status, *expected)
 
 
 def test_wrong_password() -> None:
@@ -71,7 +75,7 @@ def test_wrong_password() -> None:
     try:
         url = server.url.set(password="certainly-wrong")
         done = cli("check", url.render_as_string(hide_password=False), "--quiet")
-        assert_short_error(done, "1045", "check the user name and password")
+        assert_short_error(done, EXIT_UNAVAILABLE, "1045", "check the user name and password")
         assert "certainly-wrong" not in done.stderr + done.stdout
     finally:
         server.stop()
@@ -81,21 +85,21 @@ def test_missing_database() -> None:
     server = provide("postgresql-18")
     try:
         url = server.url.set(database="idem_no_such_db")
-        assert_short_error(cli("check", url.render_as_string(hide_password=False), "--quiet"),
+        assert_short_error(cli("check", url.render_as_string(hide_password=False), "--quiet"), EXIT_UNAVAILABLE,
                            'database "idem_no_such_db" does not exist')
-        assert_short_error(cli("init", url.render_as_string(hide_password=False)), "idem_no_such_db")
+        assert_short_error(cli("init", url.render_as_string(hide_password=False)), EXIT_UNAVAILABLE, "idem_no_such_db")
     finally:
         server.stop()
 
 
 def test_missing_tables_in_purge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
-    assert_short_error(cli("purge", url, "--older-than", "1d"), "idem-dialects init URL")
+    assert_short_error(cli("purge", url, "--older-than", "1d"), EXIT_CONFIG, "idem-dialects init URL")
 
 
 def test_output_is_checked_before_any_work(tmp_path: Path) -> None:
     done = cli("check", f"sqlite:///{tmp_path / 'x.db'}", "--output", str(tmp_path / "missing" / "report.json"))
-    assert_short_error(done, "cannot write the report", "does not exist")
+    assert_short_error(done, EXIT_USAGE, "cannot write the report", "does not exist")
     assert not (tmp_path / "x.db").exists()  # nothing was provisioned or run
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..engines import probe
 from ..guard import resolve_url
-from .matrix import add_output_arguments, probe, run_matrix
+from .matrix import add_output_arguments, run_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
