@@ -1,7 +1,6 @@
 """The CLI as a user meets it: every expected error is at most two lines on stderr (what failed, how to fix it)
 with its documented exit status (2 a database did not answer, 64 usage, 78 configuration), never a traceback;
-`ddl` prints every backend's DDL offline; `init` and `purge` work on every
-live engine."""
+`ddl` prints every backend's DDL offline; `init` and `purge` work on every live engine."""
 
 from __future__ import annotations
 

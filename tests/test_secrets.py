@@ -111,3 +111,47 @@ def test_the_effects_own_errors_keep_their_parameters(tmp_path: Any) -> None:
         store.run(scope="s", operation="op", key="k", request={}, effect=effect)
     assert not err.value.hide_parameters and "[parameters: (None,)]" in str(err.value)
     engine.dispose()
+
+
+def test_library_errors_never_carry_stored_values(tmp_path: Any) -> None:
+    """Every error of the library's own a caller can provoke with a secret in the request, response, payload or claim:
+    none repeats it (paths and type names only; fingerprints are hashes; the token stays an attribute)."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from idem_dialects import InvalidPayload, LeaseLost, RequestMismatch
+
+    errors: list[BaseException] = []
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 's.db'}") as store:
+        store.create_tables()
+        request = {"card": SECRET}
+        store.run(scope="s", operation="op", key="k", request=request, effect=lambda conn: {"token": SECRET})
+        with pytest.raises(RequestMismatch) as mismatch:
+            store.run(scope="s", operation="op", key="k", request={"card": SECRET + "2"}, effect=lambda conn: 1)
+        errors.append(mismatch.value)
+        for bad in ({"token": SECRET, "amount": Decimal("1.10")}, {"token": SECRET, "n": float("nan")},
+                    {"token": SECRET, "deep": [[[[SECRET]]]], "big": 10**5000}, {"token": SECRET, "s": {SECRET}}):
+            with pytest.raises(InvalidPayload) as invalid:
+                store.run(scope="s", operation="op", key="k2", request=bad, effect=lambda conn: 1)
+            errors.append(invalid.value)
+            with pytest.raises(InvalidPayload) as invalid:
+                store.run(scope="s", operation="op", key="k3", request={}, effect=lambda conn, bad=bad: bad)
+            errors.append(invalid.value)
+        with store.transaction() as conn:
+            store.accept_message(conn, subscriber="sub", message_id="m", payload={"card": SECRET})
+        with pytest.raises(RequestMismatch) as redelivery, store.transaction() as conn:
+            store.accept_message(conn, subscriber="sub", message_id="m", payload={"card": SECRET + "x"})
+        errors.append(redelivery.value)
+        with store.transaction() as conn:
+            claimed = store.claim(conn, scope="s", operation="op", key="leased", request=request,
+                                  lease=timedelta(seconds=60))
+        assert isinstance(claimed, Claimed)
+        with store.transaction() as conn:  # someone else completes it first, then our complete is fenced off
+            store.complete(conn, claimed, {"token": SECRET})
+        with pytest.raises(LeaseLost) as lost, store.transaction() as conn:
+            store.complete(conn, claimed, {"token": SECRET})
+        errors.append(lost.value)
+    for error in errors:
+        text = every_text(error)
+        for value in forbidden(claimed.token):
+            assert value not in text, f"{value!r} in {type(error).__name__}: {text[-2000:]}"
