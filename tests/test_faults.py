@@ -1,0 +1,242 @@
+"""Faults the library must tell apart: the effect's own error against cleanup errors after it, connections that
+cannot open (retried as "connect") against configurations no retry fixes (fail at once with the fix), and
+cancellations of the protocol's own waits (retried) against the effect's (never retried)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+from idem_dialects.conformance.support import Effects, stores
+from idem_dialects.engines import Server, Unavailable, get
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+
+from idem_dialects import (
+    CannotConnect,
+    ConnectionConfigError,
+    IdempotencyStore,
+    RetriesExhausted,
+    RetryCause,
+    RetryPolicy,
+)
+from idem_dialects.dialects.mysql import MariaDBBackend
+from idem_dialects.retry import EffectFailed, call_with_retry
+
+REQ = {"amount": 100}
+
+
+def _dropped() -> OperationalError:
+    return OperationalError("ROLLBACK", {}, ConnectionError("terminating connection"), connection_invalidated=True)
+
+
+def _classify(exc: BaseException) -> RetryCause | None:
+    if isinstance(exc, OperationalError):
+        return RetryCause.CONNECTION
+    return RetryCause.CANCELLED if isinstance(exc, TimeoutError) else None
+
+
+# --- the effect's error wins -------------------------------------------------------------------------------------
+
+
+def test_effect_error_is_not_replaced_by_a_failing_cleanup() -> None:
+    """The effect raised, then the rollback raised a retryable error: the caller gets the effect's exception, with
+    the rollback error as a note, after one call."""
+    calls: list[int] = []
+    effect_error = ValueError("payment provider said no")
+
+    def attempt() -> None:
+        calls.append(1)
+        try:
+            raise EffectFailed(effect_error)
+        finally:
+            raise _dropped()  # what a failing ROLLBACK in the transaction's __exit__ looks like
+
+    with pytest.raises(ValueError) as err:
+        call_with_retry(RetryPolicy(total=5), _classify, attempt)
+    assert err.value is effect_error and calls == [1]
+    assert any("not retried" in note and "OperationalError" in note for note in err.value.__notes__)
+
+
+def test_effect_errors_retried_only_for_their_transaction() -> None:
+    """An effect whose own statement lost its connection runs again (nothing of it committed); an effect whose
+    statement was cancelled (statement timeout) does not: the cancellation reaches the caller unchanged."""
+    calls: list[int] = []
+
+    def lost_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise EffectFailed(_dropped())
+        return "ok"
+
+    assert call_with_retry(RetryPolicy(total=5), _classify, lost_once) == "ok" and len(calls) == 2
+    cancelled = TimeoutError("canceling statement due to statement timeout")
+    calls.clear()
+
+    def cancelled_effect() -> None:
+        calls.append(1)
+        raise EffectFailed(cancelled)
+
+    with pytest.raises(TimeoutError) as err:
+        call_with_retry(RetryPolicy(total=5), _classify, cancelled_effect)
+    assert err.value is cancelled and calls == [1]
+
+
+def test_exhausted_effect_error_is_reported_unwrapped() -> None:
+    def always() -> None:
+        raise EffectFailed(_dropped())
+
+    with pytest.raises(RetriesExhausted) as err:
+        call_with_retry(RetryPolicy(total=0.05, initial=0.01, max_wait=0.02), _classify, always)
+    assert isinstance(err.value.last_error, OperationalError) and err.value.__cause__ is err.value.last_error
+
+
+def test_retries_exhausted_names_only_retries_that_happened() -> None:
+    """One attempt and no retry: no "retried:"; three attempts: two retries, named with their causes."""
+    def deadlock() -> None:
+        raise _dropped()
+
+    with pytest.raises(RetriesExhausted) as err:
+        call_with_retry(RetryPolicy(max_attempts=1), _classify, deadlock)
+    assert err.value.attempts == 1 and err.value.retried == {} and "retried" not in str(err.value)
+    assert err.value.causes == {RetryCause.CONNECTION: 1}
+    with pytest.raises(RetriesExhausted) as err:
+        call_with_retry(RetryPolicy(max_attempts=3, initial=0.001, max_wait=0.002), _classify, deadlock)
+    assert err.value.attempts == 3 and err.value.retried == {RetryCause.CONNECTION: 2}
+    assert "retried: lost connection x2" in str(err.value) and err.value.causes == {RetryCause.CONNECTION: 3}
+
+
+# --- connections that cannot open ---------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens once the socket is closed
+
+
+@pytest.mark.parametrize("scheme", ["postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+                                    "mariadb+pymysql://root@127.0.0.1:{port}/test"])
+def test_closed_port_is_retried_as_connect_within_budget(scheme: str) -> None:
+    """A server that does not answer is retried within RetryPolicy.total as "connect", then RetriesExhausted."""
+    with IdempotencyStore.from_url(scheme.format(port=_closed_port()), retry=RetryPolicy(total=2)) as store:
+        with pytest.raises(RetriesExhausted) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+    exhausted = err.value
+    assert exhausted.attempts >= 2 and exhausted.causes == {RetryCause.CONNECT: exhausted.attempts}
+    assert isinstance(exhausted.last_error, CannotConnect) and exhausted.last_error.cause == RetryCause.CONNECT
+    assert dict(store.retries) == {RetryCause.CONNECT: exhausted.attempts - 1}
+
+
+def test_missing_odbc_driver_fails_at_once_naming_it() -> None:
+    """An mssql+pyodbc URL naming an ODBC driver that is not installed: ConnectionConfigError naming the driver
+    (and the installed ones) on the first attempt, no retry."""
+    pytest.importorskip("pyodbc")
+    url = "mssql+pyodbc://sa:secret@127.0.0.1:1433/master?driver=ODBC+Driver+99+for+SQL+Server"
+    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=30)) as store:
+        with pytest.raises(ConnectionConfigError) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+    assert "ODBC Driver 99 for SQL Server" in str(err.value) and "install" in str(err.value)
+    assert "secret" not in str(err.value) and sum(store.retries.values()) == 0
+
+
+def test_sqlite_file_that_cannot_open_is_a_configuration_error(tmp_path: Path) -> None:
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'missing' / 'x.db'}") as store:
+        with pytest.raises(ConnectionConfigError, match="directory exists"):
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+        assert sum(store.retries.values()) == 0
+
+
+@pytest.mark.parametrize(("code", "kind"), [
+    (2003, CannotConnect), (2013, CannotConnect), (1040, CannotConnect), (1047, CannotConnect),
+    (1045, ConnectionConfigError), (1698, ConnectionConfigError), (1049, ConnectionConfigError),
+])
+def test_mysql_connect_errors_classified_by_code(code: int, kind: type[Exception]) -> None:
+    backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
+    exc = OperationalError(None, None, pymysql.err.OperationalError(code, "text that is never read"))
+    assert isinstance(backend.connect_error(exc), kind)
+
+
+def test_mysql_statement_codes() -> None:
+    """1047 (Galera node not ready) is retried as connect; 1969/3024/1317 (statement cancelled) as cancelled."""
+    backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
+    for code, cause in [(1047, RetryCause.CONNECT), (1969, RetryCause.CANCELLED), (3024, RetryCause.CANCELLED),
+                        (1317, RetryCause.CANCELLED), (1927, RetryCause.CONNECTION)]:
+        exc = OperationalError("SELECT 1", {}, pymysql.err.OperationalError(code, "x"))
+        assert backend.retry_cause(exc) == cause, code
+
+
+# --- cancellation of the protocol's own wait on a key ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["postgresql-18", "postgresql"])
+def pg(request: pytest.FixtureRequest) -> Iterator[Server]:
+    name: str = request.param
+    try:
+        server = get(name).provide()
+    except Unavailable as exc:
+        pytest.skip(f"{name} unavailable: {exc}")
+    yield server
+    server.stop()
+
+
+def test_statement_timeout_waiters_replay(pg: Server) -> None:
+    """statement_timeout=150ms, a winner holding the key 600 ms, 4 duplicates waiting on it: the duplicates' claim
+    statements are cancelled (57014) and retried as "cancelled" until the winner commits; all 4 replay, 1 effect."""
+    options = {"connect_args": {"options": "-c statement_timeout=150"}}
+    with stores(pg.url, f"stmt{threading.get_ident() % 10000}_") as make:
+        store = make(**options)
+        effects = Effects(store)
+        effects.create()
+        claimed = threading.Event()
+        release = threading.Event()
+
+        def winner_effect(conn: Connection) -> Any:
+            claimed.set()
+            release.wait(0.6)  # the winner's transaction holds the key 600 ms (no statement runs that long)
+            return {"effect": effects.apply(conn, "k")}
+
+        results: dict[str, Any] = {}
+        errors: list[BaseException] = []
+
+        def call(name: str, effect: Any) -> None:
+            try:
+                results[name] = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+            except BaseException as exc:
+                errors.append(exc)
+
+        winner = threading.Thread(target=call, args=("winner", winner_effect))
+        winner.start()
+        assert claimed.wait(30)
+        waiters = [threading.Thread(target=call, args=(f"w{i}", effects.effect("k"))) for i in range(4)]
+        for thread in waiters:
+            thread.start()
+        for thread in [winner, *waiters]:
+            thread.join(60)
+        effects_count = effects.count("k")
+        effects.drop()
+    assert errors == []
+    assert effects_count == 1 and not results["winner"].replayed
+    assert all(results[f"w{i}"].replayed for i in range(4))
+    assert store.retries[RetryCause.CANCELLED] >= 1, dict(store.retries)
+
+
+def test_effect_statement_cancelled_is_not_retried(pg: Server) -> None:
+    """The effect's own statement cancelled by statement_timeout reaches the caller unchanged after one call."""
+    with stores(pg.url, f"stmc{threading.get_ident() % 10000}_") as make:
+        store = make(connect_args={"options": "-c statement_timeout=100"})
+        calls: list[int] = []
+
+        def effect(conn: Connection) -> Any:
+            calls.append(1)
+            conn.exec_driver_sql("SELECT pg_sleep(1)")
+
+        with pytest.raises(OperationalError) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert getattr(err.value.orig, "sqlstate", None) == "57014" and calls == [1]
