@@ -5,6 +5,8 @@ step, then every key re-sent, leave exactly one effect per key and no key blocke
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -14,8 +16,10 @@ import pytest
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from idem_dialects import IdempotencyStore, RetryPolicy
+from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy
 
+from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement
+from .plugin import EngineUnderTest
 from .support import Effects
 
 REQ = {"amount": 100}
@@ -36,7 +40,7 @@ def _end_session(store: IdempotencyStore, conn: Connection) -> str:
     if kill is None:
         conn.connection.driver_connection.close()  # type: ignore[union-attr]
         return "its DBAPI connection closed under it"
-    session_id = conn.exec_driver_sql(kill[0]).scalar()
+    session_id = conn.exec_driver_sql(kill[0]).scalar_one()
     with store.engine.connect() as other:
         other.exec_driver_sql(kill[1].format(id=int(session_id)))
         other.commit()
@@ -99,3 +103,94 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(store: IdempotencySto
     again = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
                       lease=timedelta(seconds=30))
     assert again.replayed and again.response == result.response and effects.count("k") == 1
+
+
+# --- faults injected on the wire ------------------------------------------------------------------------------------
+
+_LEASE = timedelta(seconds=2)
+# The protocol's steps, as the statements that carry them; (step, pattern, nth) for each mode.
+_STEPS = {
+    "atomic": [("claim", "INSERT INTO {records}", 1), ("effect", "INSERT INTO {fx}", 1),
+               ("complete", "UPDATE {records}", 1), ("commit", "COMMIT", 1)],
+    "leased": [("claim", "INSERT INTO {records}", 1), ("claim commit", "COMMIT", 1), ("effect", "INSERT INTO {fx}", 1),
+               ("complete", "UPDATE {records}", 1), ("effect commit", "COMMIT", 2)],
+}
+_FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
+
+
+@pytest.fixture
+def proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
+    backend = idem_engine.backend
+    if backend not in PROTOCOLS:
+        reason = ("it is embedded: there is no connection to cut" if backend == "sqlite" else
+                  f"the fault proxy speaks the PostgreSQL and MySQL wire protocols, not {backend}'s")
+        pytest.skip(f"no wire faults on {idem_engine.name}: {reason}")
+    with FaultProxy(idem_engine.url) as started:
+        yield started
+
+
+def _table_pattern(pattern: str, store: IdempotencyStore) -> str:
+    names = {"records": store.tables.records.name, "fx": f"{store.table_prefix}fx"}
+    return pattern.format(**{k: f"[`\"]?{re.escape(v)}[`\"]?\\b" for k, v in names.items()})
+
+
+def _resend(store: IdempotencyStore, key: str, effects: Effects, lease: timedelta | None) -> Result:
+    """Re-send a key as a client must after a fault: the same key, waiting out a live lease (never longer)."""
+    deadline = time.monotonic() + (lease or timedelta(0)).total_seconds() + 5
+    while True:
+        try:
+            return store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key), lease=lease)
+        except RequestInFlight as exc:
+            assert time.monotonic() < deadline, f"key {key!r} still in flight past its lease"
+            time.sleep(min(exc.retry_after, 0.5) + 0.01)
+
+
+@pytest.mark.parametrize("mode", ["atomic", "leased"])
+def test_wire_faults_at_every_step(make_store: Callable[..., IdempotencyStore], proxy: FaultProxy, mode: str,
+                                   observe: Observe) -> None:
+    """Connections cut before or after each protocol statement, and COMMIT replies lost, through a fault proxy:
+    `run` absorbs each fault or reports it as an IdemError (never a raw driver error), and once every key is
+    re-sent there is exactly one effect per key and no key is blocked past its lease."""
+    direct = make_store()
+    effects = Effects(direct)
+    effects.create()
+    proxied = make_store(proxy.proxied_url())
+    lease = _LEASE if mode == "leased" else None
+    keys = []
+    try:
+        for step, pattern, nth in _STEPS[mode]:
+            for action in _FAULTS:
+                key = f"{mode}-{step}-{action}"
+                keys.append(key)
+                fault = proxy.arm(Fault(action, statement(_table_pattern(pattern, direct)), nth))
+                try:
+                    result = proxied.run(scope="s", operation="op", key=key, request=REQ,
+                                         effect=effects.effect(key), lease=lease, retry=RetryPolicy(total=10))
+                    seen = "replayed its own effect" if result.replayed else "result"
+                except IdemError as exc:
+                    seen = type(exc).__name__
+                assert fault.fired is not None, f"{key}: the fault never fired ({proxy.statements[-8:]})"
+                observe(f"{mode}: {action} at {step}", f"caller saw {seen}")
+        for key in keys:
+            _resend(direct, key, effects, lease)
+        assert effects.per_key() == dict.fromkeys(keys, 1)
+    finally:
+        effects.drop()
+
+
+def test_leased_claim_commit_reply_lost_on_the_wire(make_store: Callable[..., IdempotencyStore],
+                                                    proxy: FaultProxy) -> None:
+    """The server commits a leased claim and its reply is lost on the wire: `run` completes as the owner (not
+    RequestInFlight for the whole lease) and the effect ran once."""
+    direct = make_store()
+    effects = Effects(direct)
+    effects.create()
+    try:
+        proxied = make_store(proxy.proxied_url())
+        fault = proxy.arm(Fault("lose_reply", statement("COMMIT")))
+        result = proxied.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+                             lease=timedelta(seconds=60), retry=RetryPolicy(total=10))
+        assert fault.fired is not None and not result.replayed
+        assert effects.count("k") == 1 and proxied.retries[RetryCause.CONNECTION] >= 1
+    finally:
+        effects.drop()
