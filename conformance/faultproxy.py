@@ -72,7 +72,7 @@ class _PostgreSQL:
                 continue
             if len(buf) < 5:
                 return out
-            kind = buf[:1]
+            kind = bytes(buf[:1])
             (length,) = struct.unpack("!i", buf[1:5])
             if len(buf) < 1 + length:
                 return out
