@@ -175,8 +175,17 @@ def test_mysql_statement_codes() -> None:
 # --- cancellation of the protocol's own wait on a key ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["postgresql-18", "postgresql"])
-def pg(request: pytest.FixtureRequest) -> Iterator[Server]:
+# A 150 ms statement timeout per engine: PostgreSQL statement_timeout (57014), MariaDB max_statement_time (1969).
+_TIMEOUT_150MS = {
+    "postgresql": {"connect_args": {"options": "-c statement_timeout=150"}},
+    "mariadb": {"connect_args": {"init_command": "SET SESSION max_statement_time=0.15"}},
+}
+_SLEEP_1S = {"postgresql": "SELECT pg_sleep(1)", "mariadb": "SELECT SLEEP(1)"}
+
+
+@pytest.fixture(scope="module", params=["postgresql-18", "postgresql", "mariadb"])
+def timed(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A server whose sessions get a 150 ms statement timeout (see _TIMEOUT_150MS)."""
     name: str = request.param
     try:
         server = get(name).provide()
@@ -186,11 +195,12 @@ def pg(request: pytest.FixtureRequest) -> Iterator[Server]:
     server.stop()
 
 
-def test_statement_timeout_waiters_replay(pg: Server) -> None:
-    """statement_timeout=150ms, a winner holding the key 600 ms, 4 duplicates waiting on it: the duplicates' claim
-    statements are cancelled (57014) and retried as "cancelled" until the winner commits; all 4 replay, 1 effect."""
-    options = {"connect_args": {"options": "-c statement_timeout=150"}}
-    with stores(pg.url, f"stmt{threading.get_ident() % 10000}_") as make:
+def test_statement_timeout_waiters_replay(timed: Server) -> None:
+    """A 150 ms statement timeout, a winner holding the key 600 ms, 4 duplicates waiting on it: the duplicates'
+    claim statements are cancelled (PostgreSQL 57014, MariaDB 1969) and retried as "cancelled" until the winner
+    commits; all 4 replay, 1 effect."""
+    options = _TIMEOUT_150MS[timed.url.get_backend_name()]
+    with stores(timed.url, f"stmt{threading.get_ident() % 10000}_") as make:
         store = make(**options)
         effects = Effects(store)
         effects.create()
@@ -227,19 +237,20 @@ def test_statement_timeout_waiters_replay(pg: Server) -> None:
     assert store.retries[RetryCause.CANCELLED] >= 1, dict(store.retries)
 
 
-def test_effect_statement_cancelled_is_not_retried(pg: Server) -> None:
-    """The effect's own statement cancelled by statement_timeout reaches the caller unchanged after one call."""
-    with stores(pg.url, f"stmc{threading.get_ident() % 10000}_") as make:
-        store = make(connect_args={"options": "-c statement_timeout=100"})
+def test_effect_statement_cancelled_is_not_retried(timed: Server) -> None:
+    """The effect's own statement cancelled by the statement timeout reaches the caller unchanged after one call."""
+    backend = timed.url.get_backend_name()
+    with stores(timed.url, f"stmc{threading.get_ident() % 10000}_") as make:
+        store = make(**_TIMEOUT_150MS[backend])
         calls: list[int] = []
 
         def effect(conn: Connection) -> Any:
             calls.append(1)
-            conn.exec_driver_sql("SELECT pg_sleep(1)")
+            conn.exec_driver_sql(_SLEEP_1S[backend])
 
         with pytest.raises(OperationalError) as err:
             store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
-    assert getattr(err.value.orig, "sqlstate", None) == "57014" and calls == [1]
+    assert store.retry_cause(err.value) == RetryCause.CANCELLED and calls == [1]
 
 
 # --- a private MariaDB restarted under load ------------------------------------------------------------------------
@@ -263,3 +274,32 @@ def test_private_mariadb_restart_under_load() -> None:
     assert [f"{type(e).__name__}: {e}" for e in report.errors] == []
     assert report.lost == [] and report.doubled == {}
     assert report.retries, "the restart was absorbed without a single retry: it did not happen under load"
+
+
+@pytest.mark.parametrize(("state", "kind"), [
+    ("IM002", ConnectionConfigError), ("01000", ConnectionConfigError), ("28000", ConnectionConfigError),
+    ("08001", CannotConnect), ("08S01", CannotConnect), ("HYT00", CannotConnect),
+])
+def test_mssql_connect_errors_classified_by_sqlstate(state: str, kind: type[Exception]) -> None:
+    """pyodbc's connect errors by ODBC SQLSTATE: a missing driver or DSN and a failed login are configuration;
+    an unreachable server or a login timeout is retried as connect."""
+    pyodbc = pytest.importorskip("pyodbc")
+    from sqlalchemy.exc import DBAPIError
+
+    from idem_dialects.dialects.mssql import MSSQLBackend
+
+    backend = MSSQLBackend(create_engine("mssql+pyodbc://sa:pw@dbhost:1433/master?driver=FreeTDS"))
+    orig = pyodbc.Error(state, f"[{state}] [unixODBC]text that is never read (0) (SQLDriverConnect)")
+    assert isinstance(backend.connect_error(DBAPIError.instance(None, None, orig, pyodbc.Error)), kind)
+
+
+def test_mssql_unreachable_server_is_retried_as_connect() -> None:
+    """FreeTDS to a closed port (08S01): retried as connect within the budget, then RetriesExhausted."""
+    pyodbc = pytest.importorskip("pyodbc")
+    if "FreeTDS" not in pyodbc.drivers():
+        pytest.skip("the FreeTDS ODBC driver is not installed (apt-get install tdsodbc)")
+    url = f"mssql+pyodbc://sa:pw@127.0.0.1:{_closed_port()}/master?driver=FreeTDS&TDS_Version=7.4"
+    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=1)) as store:
+        with pytest.raises(RetriesExhausted) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+    assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}

@@ -150,14 +150,17 @@ def odbc_sqlstate(exc: BaseException) -> str | None:
     return None
 
 
-def missing_driver(backend: str, named: object) -> ConnectionConfigError:
-    """The ODBC driver the URL names is not installed: say which one, and which are."""
+def missing_driver(backend: str, named: object, host: object) -> ConnectionConfigError:
+    """The ODBC driver the URL names is not installed (or, without driver=, its host is no known DSN)."""
     try:
         import pyodbc
 
         installed = ", ".join(pyodbc.drivers()) or "none"
     except ImportError:
         installed = "unknown (pyodbc is not importable)"
+    if named is None:
+        return ConnectionConfigError(backend, f"the URL names no ODBC driver and {host!r} is no configured DSN",
+                                     f"add ?driver=<name> to the URL (installed drivers: {installed})")
     return ConnectionConfigError(
         backend, f"the ODBC driver {named!r} named in the URL is not installed (installed: {installed})",
         "install it (Microsoft's msodbcsql18, or apt-get install tdsodbc for FreeTDS) or set ?driver= to an"
@@ -280,7 +283,7 @@ class MSSQLBackend(Backend):
     def connect_error(self, exc: DBAPIError) -> IdemError | None:
         state = odbc_sqlstate(exc)
         if state in ("IM002", "01000"):  # driver manager: no such driver/DSN; the driver's library cannot load
-            return missing_driver(self.name, self.engine.url.query.get("driver"))
+            return missing_driver(self.name, self.engine.url.query.get("driver"), self.engine.url.host)
         if state == "28000":
             return ConnectionConfigError(self.name, "login failed (SQLSTATE 28000)", "check the user and password")
         if state in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
