@@ -303,3 +303,32 @@ def test_mssql_unreachable_server_is_retried_as_connect() -> None:
         with pytest.raises(RetriesExhausted) as err:
             store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
     assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
+
+
+@pytest.mark.parametrize(("code", "kind"), [
+    (1017, ConnectionConfigError), (12514, ConnectionConfigError), (28000, ConnectionConfigError),
+    (12541, CannotConnect), (1033, CannotConnect), (12528, CannotConnect),
+])
+def test_oracle_connect_errors_classified_by_number(code: int, kind: type[Exception]) -> None:
+    """python-oracledb's connect errors by ORA number (the real driver exception objects)."""
+    pytest.importorskip("oracledb")
+    import importlib
+
+    from sqlalchemy.exc import DBAPIError
+
+    from idem_dialects.dialects.oracle import OracleBackend
+
+    errors = importlib.import_module("oracledb.errors")
+    err = errors._Error(f"ORA-{code:05d}: text that is never read", code=code, offset=0)
+    backend = OracleBackend(create_engine("oracle+oracledb://u:p@dbhost:1521/?service_name=FREEPDB1"))
+    assert isinstance(backend.connect_error(DBAPIError.instance(None, None, err.exc_type(err), Exception)), kind)
+
+
+def test_oracle_thin_cannot_connect_is_retried_as_connect() -> None:
+    """python-oracledb thin to a closed port (DPY-6005): retried as connect within the budget."""
+    pytest.importorskip("oracledb")
+    url = f"oracle+oracledb://u:p@127.0.0.1:{_closed_port()}/?service_name=FREEPDB1"
+    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=1)) as store:
+        with pytest.raises(RetriesExhausted) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+    assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
