@@ -52,10 +52,11 @@ def _end_session(store: IdempotencyStore, conn: Connection) -> str:
 
 
 @pytest.mark.parametrize("lease", [None, timedelta(seconds=30)], ids=["atomic", "leased"])
-def test_effect_error_wins_over_failed_rollback(store: IdempotencyStore, effects: Effects, observe: Observe,
-                                                 lease: timedelta | None) -> None:
+def test_effect_error_wins_over_failed_rollback(idem_store: IdempotencyStore, idem_effects: Effects,
+                                                 idem_observe: Observe, lease: timedelta | None) -> None:
     """When the effect's session is ended and the effect then raises, the caller gets the effect's own exception
     (the failed rollback at most a note on it), the effect ran once, and nothing of it was stored."""
+    store, effects, observe = idem_store, idem_effects, idem_observe
     calls: list[str] = []
 
     def effect(conn: Connection) -> Any:
@@ -84,10 +85,11 @@ def _lost_reply() -> OperationalError:
                             connection_invalidated=True)
 
 
-def test_leased_claim_commit_reply_lost_continues_as_owner(store: IdempotencyStore, effects: Effects,
+def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: IdempotencyStore, idem_effects: Effects,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim token on
     the in-flight record and carries on as the owner: the run completes and the effect ran once."""
+    store, effects = idem_store, idem_effects
     real = store.transaction
     lost: list[bool] = []
 
@@ -123,7 +125,8 @@ _FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
 
 
 @pytest.fixture
-def proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
+def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
     backend = idem_engine.backend
     if backend not in PROTOCOLS:
         reason = ("it is embedded: there is no connection to cut" if backend == "sqlite" else
@@ -150,15 +153,16 @@ def _resend(store: IdempotencyStore, key: str, effects: Effects, lease: timedelt
 
 
 @pytest.mark.parametrize("mode", ["atomic", "leased"])
-def test_wire_faults_at_every_step(make_store: Callable[..., IdempotencyStore], proxy: FaultProxy, mode: str,
-                                   observe: Observe) -> None:
+def test_wire_faults_at_every_step(idem_make_store: Callable[..., IdempotencyStore], idem_fault_proxy: FaultProxy,
+                                   mode: str, idem_observe: Observe) -> None:
     """Connections cut before or after each protocol statement, and COMMIT replies lost, through a fault proxy:
     `run` absorbs each fault or reports it as an IdemError (never a raw driver error), and once every key is
     re-sent there is exactly one effect per key and no key is blocked past its lease."""
-    direct = make_store()
+    proxy, observe = idem_fault_proxy, idem_observe
+    direct = idem_make_store()
     effects = Effects(direct)
     effects.create()
-    proxied = make_store(proxy.proxied_url())
+    proxied = idem_make_store(proxy.proxied_url())
     lease = _LEASE if mode == "leased" else None
     keys = []
     try:
@@ -182,16 +186,16 @@ def test_wire_faults_at_every_step(make_store: Callable[..., IdempotencyStore], 
         effects.drop()
 
 
-def test_leased_claim_commit_reply_lost_on_the_wire(make_store: Callable[..., IdempotencyStore],
-                                                    proxy: FaultProxy) -> None:
+def test_leased_claim_commit_reply_lost_on_the_wire(idem_make_store: Callable[..., IdempotencyStore],
+                                                    idem_fault_proxy: FaultProxy) -> None:
     """The server commits a leased claim and its reply is lost on the wire: `run` completes as the owner (not
     RequestInFlight for the whole lease) and the effect ran once."""
-    direct = make_store()
+    direct = idem_make_store()
     effects = Effects(direct)
     effects.create()
     try:
-        proxied = make_store(proxy.proxied_url())
-        fault = proxy.arm(Fault("lose_reply", statement("COMMIT")))
+        proxied = idem_make_store(idem_fault_proxy.proxied_url())
+        fault = idem_fault_proxy.arm(Fault("lose_reply", statement("COMMIT")))
         result = proxied.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
                              lease=timedelta(seconds=60), retry=RetryPolicy(total=10))
         assert fault.fired is not None and not result.replayed
@@ -269,7 +273,7 @@ def restart_under_load(url: URL, restart: Callable[[], None], threads: int = 8, 
     return report
 
 
-def test_server_restart_under_load(idem_engine: EngineUnderTest, observe: Observe) -> None:
+def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """A server the suite started is restarted under 8-thread load, with a retry budget longer than the restart:
     no error reaches a caller, no acknowledged effect is lost, none is doubled."""
     restart = idem_engine.server.restart
@@ -281,4 +285,4 @@ def test_server_restart_under_load(idem_engine: EngineUnderTest, observe: Observ
     assert report.lost == [] and report.doubled == {}
     assert report.retries, "the restart was absorbed without a single retry: it did not happen under load"
     tally = ", ".join(f"{c} x{n}" for c, n in sorted(report.retries.items()))
-    observe("restart under 8-thread load", f"{report.calls} calls: 0 errors, 0 lost, 0 doubled ({tally})")
+    idem_observe("restart under 8-thread load", f"{report.calls} calls: 0 errors, 0 lost, 0 doubled ({tally})")

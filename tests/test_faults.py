@@ -12,8 +12,6 @@ from typing import Any
 
 import pymysql
 import pytest
-from idem_dialects.conformance.support import Effects, stores
-from idem_dialects.engines import Server, Unavailable, get
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
@@ -26,7 +24,9 @@ from idem_dialects import (
     RetryCause,
     RetryPolicy,
 )
+from idem_dialects.conformance.support import Effects, stores
 from idem_dialects.dialects.mysql import MariaDBBackend
+from idem_dialects.engines import Server, Unavailable, get
 from idem_dialects.retry import EffectFailed, call_with_retry
 
 REQ = {"amount": 100}
@@ -209,7 +209,13 @@ def test_statement_timeout_waiters_replay(timed: Server) -> None:
 
         def winner_effect(conn: Connection) -> Any:
             claimed.set()
-            release.wait(0.6)  # the winner's transaction holds the key 600 ms (no statement runs that long)
+            # The winner's transaction holds the key at least 600 ms (no statement of its runs that long), and
+            # until a waiter's claim was cancelled (MariaDB notices max_statement_time in a lock wait late).
+            release.wait(0.6)
+            for _ in range(1000):
+                if store.retries[RetryCause.CANCELLED]:
+                    break
+                release.wait(0.01)
             return {"effect": effects.apply(conn, "k")}
 
         results: dict[str, Any] = {}
