@@ -1,8 +1,8 @@
 """A private MariaDB server started from the local ``mariadbd`` binary in a temp dir on a free loopback port.
 
 Only for checks that must stop and start a server (restart under load): the machine's own service is never
-touched. Not a catalogue engine of its own (the shared suite runs on the machine's MariaDB); `private_mariadb`
-gives a `Server` with `restart` and `stop`.
+touched. Not a catalogue engine of its own (the shared suite runs on the machine's MariaDB); `private_server`
+gives a `Server` with `restart` and `stop` for a backend (PostgreSQL: the embedded 18; MariaDB: this module).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy.engine import URL
@@ -102,3 +103,25 @@ def private_mariadb(name: str = "mariadb-private") -> Server:
         raise
     url = URL.create("mariadb+pymysql", "root", None, "127.0.0.1", port, "test", query={"charset": "utf8mb4"})
     return Server(name, url, f"private mariadbd ({mariadbd}) in {directory}, port {port}", stop, restart)
+
+
+def _private_postgres(name: str) -> Server:
+    from .catalogue import ENGINES, embedded_postgres
+
+    return embedded_postgres(ENGINES["postgresql-18"])
+
+
+# A server of a backend that this process starts (and so may restart), for checks whose engine under test is a
+# server that is not ours: keyed by backend name.
+PRIVATE_SERVERS: dict[str, Callable[[str], Server]] = {
+    "postgresql": _private_postgres,
+    "mariadb": private_mariadb,
+}
+
+
+def private_server(backend: str) -> Server:
+    """Start a private server for `backend` (Unavailable if there is no way to here)."""
+    start = PRIVATE_SERVERS.get(backend)
+    if start is None:
+        raise Unavailable(f"no way to start a private {backend} server here")
+    return start(f"{backend}-private")

@@ -259,29 +259,6 @@ def test_effect_statement_cancelled_is_not_retried(timed: Server) -> None:
     assert store.retry_cause(err.value) == RetryCause.CANCELLED and calls == [1]
 
 
-# --- a private MariaDB restarted under load ------------------------------------------------------------------------
-
-
-def test_private_mariadb_restart_under_load() -> None:
-    """A MariaDB this test starts from the local mariadbd, restarted (SIGTERM, start) under 8-thread load with a
-    retry budget longer than the restart: 0 errors reach callers, 0 acknowledged effects lost, 0 doubled."""
-    from idem_dialects.conformance.test_faults import restart_under_load
-    from idem_dialects.engines.private import private_mariadb
-
-    try:
-        server = private_mariadb()
-    except Unavailable as exc:
-        pytest.skip(f"private MariaDB unavailable: {exc}")
-    try:
-        assert server.restart is not None
-        report = restart_under_load(server.url, server.restart)
-    finally:
-        server.stop()
-    assert [f"{type(e).__name__}: {e}" for e in report.errors] == []
-    assert report.lost == [] and report.doubled == {}
-    assert report.retries, "the restart was absorbed without a single retry: it did not happen under load"
-
-
 @pytest.mark.parametrize(("state", "kind"), [
     ("IM002", ConnectionConfigError), ("01000", ConnectionConfigError), ("28000", ConnectionConfigError),
     ("08001", CannotConnect), ("08S01", CannotConnect), ("HYT00", CannotConnect),
