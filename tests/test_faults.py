@@ -12,7 +12,7 @@ from typing import Any
 
 import pymysql
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
@@ -315,3 +315,63 @@ def test_oracle_thin_cannot_connect_is_retried_as_connect() -> None:
         with pytest.raises(RetriesExhausted) as err:
             store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
     assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
+
+
+@pytest.mark.parametrize(("query", "options"), [
+    ("?target_session_attrs=standby", {}),  # libpq refuses a session that is not what was asked for (no SQLSTATE)
+    ("", {"connect_args": {"options": "-c default_transaction_read_only=on"}}),  # 25006 on the claim's INSERT
+], ids=["session-attrs", "read-only-25006"])
+def test_postgresql_wrong_session_kind_is_retried_as_connect(query: str, options: dict[str, Any]) -> None:
+    """A session that cannot write (the server a failover left read-only, or not the kind target_session_attrs asks
+    for) is retried as connect within the budget: a new connection may reach the new primary."""
+    try:
+        server = get("postgresql").provide()
+    except Unavailable as exc:
+        pytest.skip(f"postgresql unavailable: {exc}")
+    with stores(server.url, f"ro{threading.get_ident() % 10000}_") as make:
+        make()  # creates the tables, on a session that can write
+        store = make(make_url(server.url.render_as_string(hide_password=False) + query), **options)
+        with pytest.raises(RetriesExhausted) as err:
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never",
+                      retry=RetryPolicy(total=0.3))
+    assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
+
+
+# --- the fault proxy's protocol readers ------------------------------------------------------------------------------
+
+
+def _pg(kind: bytes, body: bytes) -> bytes:
+    return kind + (len(body) + 4).to_bytes(4, "big") + body
+
+
+def test_fault_proxy_reads_postgresql_statements() -> None:
+    """SSLRequest and startup pass through; 'Q' and 'E' (with the text its portal's 'P' parsed) are statements;
+    a round trip ends at 'Q' or 'S'; a message split across reads is reassembled."""
+    from idem_dialects.conformance.faultproxy import _PostgreSQL
+
+    reader = _PostgreSQL()
+    ssl = (8).to_bytes(4, "big") + (80877103).to_bytes(4, "big")
+    startup = (16).to_bytes(4, "big") + (196608).to_bytes(4, "big") + b"user\0pg\0"
+    stream = bytearray(ssl + startup + _pg(b"Q", b"BEGIN\0") + _pg(b"P", b"\0INSERT INTO t VALUES ($1)\0\0\0")
+                       + _pg(b"B", b"\0\0\0\0\0\0\0\0") + _pg(b"E", b"\0\0\0\0\0") + _pg(b"S", b""))
+    tail = stream[-7:]
+    del stream[-7:]
+    seen = reader.split(stream)
+    stream += tail
+    seen += reader.split(stream)
+    assert [(sql, end) for sql, _, end in seen] == [
+        (None, False), (None, False), ("BEGIN", True), (None, False), (None, False),
+        ("INSERT INTO t VALUES ($1)", False), (None, True)]
+    assert not stream
+
+
+def test_fault_proxy_reads_mysql_statements() -> None:
+    """COM_QUERY at the start of a command sequence is a statement; auth packets (sequence > 0) are not."""
+    from idem_dialects.conformance.faultproxy import _MySQL
+
+    def packet(seq: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "little") + bytes([seq]) + payload
+
+    stream = bytearray(packet(1, b"\x03not a query: handshake response") + packet(0, b"\x03COMMIT")
+                       + packet(0, b"\x0e"))
+    assert [sql for sql, _, _ in _MySQL().split(stream)] == [None, "COMMIT", None]
