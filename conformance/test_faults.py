@@ -9,6 +9,7 @@ import itertools
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -167,6 +168,7 @@ def test_wire_faults_at_every_step(idem_make_store: Callable[..., IdempotencySto
     proxied = idem_make_store(proxy.proxied_url())
     lease = _LEASE if mode == "leased" else None
     keys = []
+    outcomes: dict[str, str] = {}  # "<fault> at <step>" -> what the caller saw
     try:
         for step, pattern, nth in _STEPS[mode]:
             for action in _FAULTS:
@@ -176,14 +178,17 @@ def test_wire_faults_at_every_step(idem_make_store: Callable[..., IdempotencySto
                 try:
                     result = proxied.run(scope="s", operation="op", key=key, request=REQ,
                                          effect=effects.effect(key), lease=lease, retry=RetryPolicy(total=10))
-                    seen = "replayed its own effect" if result.replayed else "result"
+                    outcomes[f"{action} at {step}"] = "replayed its own effect" if result.replayed else "result"
                 except IdemError as exc:
-                    seen = type(exc).__name__
+                    outcomes[f"{action} at {step}"] = type(exc).__name__
                 assert fault.fired is not None, f"{key}: the fault never fired ({proxy.statements[-8:]})"
-                observe(f"{mode}: {action} at {step}", f"caller saw {seen}")
         for key in keys:
             _resend(direct, key, effects, lease)
         assert effects.per_key() == dict.fromkeys(keys, 1)
+        tally = ", ".join(f"{what} x{n}" for what, n in sorted(Counter(outcomes.values()).items()))
+        unusual = "; ".join(f"{where}: {what}" for where, what in outcomes.items() if what != "result")
+        observe(f"{mode} run under {len(keys)} wire faults (cut before/after each statement, COMMIT reply lost)",
+                f"caller saw {tally} ({unusual or 'no exception'}); re-sent: 1 effect per key")
     finally:
         effects.drop()
 
