@@ -178,7 +178,9 @@ def test_wire_faults_at_every_step(idem_make_store: Callable[..., IdempotencySto
                 try:
                     result = proxied.run(scope="s", operation="op", key=key, request=REQ,
                                          effect=effects.effect(key), lease=lease, retry=RetryPolicy(total=10))
-                    outcomes[f"{action} at {step}"] = "replayed its own effect" if result.replayed else "result"
+                    # Nobody else sends this key: even after a lost COMMIT reply the result is the caller's own.
+                    assert not result.replayed, f"{key}: its own first result came back as a replay"
+                    outcomes[f"{action} at {step}"] = "result"
                 except IdemError as exc:
                     outcomes[f"{action} at {step}"] = type(exc).__name__
                 assert fault.fired is not None, f"{key}: the fault never fired ({proxy.statements[-8:]})"

@@ -207,10 +207,10 @@ class IdempotencyStore:
             if row.fingerprint != req.fingerprint:
                 return Mismatch(row.fingerprint, req.fingerprint)
             if row.completed_at is not None:
-                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at)
+                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at,
+                                own=row.claim_token == token)
             if leased and row.claim_token == token:
-                log.info("resuming our own claim on key %r in %r/%r (its commit went through, the reply was lost)",
-                         req.key, req.scope, req.operation)
+                log.info("resuming our own claim on key %r (its commit went through, the reply was lost)", req.key)
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
             if row.locked_until > row.db_now:
                 return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
@@ -358,7 +358,7 @@ class IdempotencyStore:
     @staticmethod
     def _finished(outcome: Outcome, req: _Request) -> Result:
         if isinstance(outcome, Replayed):
-            return Result(outcome.response, outcome.status, replayed=True)
+            return Result(outcome.response, outcome.status, replayed=not outcome.own)
         ident = (req.scope, req.operation, req.key)
         if isinstance(outcome, Mismatch):
             raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
