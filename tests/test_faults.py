@@ -121,11 +121,24 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])  # nothing listens once the socket is closed
 
 
-@pytest.mark.parametrize("scheme", ["postgresql+psycopg://postgres@127.0.0.1:{port}/test",
-                                    "mariadb+pymysql://root@127.0.0.1:{port}/test"])
-def test_closed_port_is_retried_as_connect_within_budget(scheme: str) -> None:
+# A server that does not listen, per backend: psycopg, PyMySQL, pyodbc with FreeTDS (08S01), oracledb thin (DPY-6005).
+_CLOSED_PORT_URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+    "mariadb": "mariadb+pymysql://root@127.0.0.1:{port}/test",
+    "mssql": "mssql+pyodbc://sa:pw@127.0.0.1:{port}/master?driver=FreeTDS&TDS_Version=7.4",
+    "oracle": "oracle+oracledb://u:p@127.0.0.1:{port}/?service_name=FREEPDB1",
+}
+
+
+@pytest.mark.parametrize("backend", list(_CLOSED_PORT_URLS))
+def test_closed_port_is_retried_as_connect_within_budget(backend: str) -> None:
     """A server that does not answer is retried within RetryPolicy.total as "connect", then RetriesExhausted."""
-    with IdempotencyStore.from_url(scheme.format(port=_closed_port()), retry=RetryPolicy(total=2)) as store:
+    if backend == "mssql" and "FreeTDS" not in pytest.importorskip("pyodbc").drivers():
+        pytest.skip("the FreeTDS ODBC driver is not installed (apt-get install tdsodbc)")
+    if backend == "oracle":
+        pytest.importorskip("oracledb")
+    url = _CLOSED_PORT_URLS[backend].format(port=_closed_port())
+    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=2)) as store:
         with pytest.raises(RetriesExhausted) as err:
             store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
     exhausted = err.value
@@ -276,18 +289,6 @@ def test_mssql_connect_errors_classified_by_sqlstate(state: str, kind: type[Exce
     assert isinstance(backend.connect_error(DBAPIError.instance(None, None, orig, pyodbc.Error)), kind)
 
 
-def test_mssql_unreachable_server_is_retried_as_connect() -> None:
-    """FreeTDS to a closed port (08S01): retried as connect within the budget, then RetriesExhausted."""
-    pyodbc = pytest.importorskip("pyodbc")
-    if "FreeTDS" not in pyodbc.drivers():
-        pytest.skip("the FreeTDS ODBC driver is not installed (apt-get install tdsodbc)")
-    url = f"mssql+pyodbc://sa:pw@127.0.0.1:{_closed_port()}/master?driver=FreeTDS&TDS_Version=7.4"
-    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=1)) as store:
-        with pytest.raises(RetriesExhausted) as err:
-            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
-    assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
-
-
 @pytest.mark.parametrize(("code", "kind"), [
     (1017, ConnectionConfigError), (12514, ConnectionConfigError), (28000, ConnectionConfigError),
     (12541, CannotConnect), (1033, CannotConnect), (12528, CannotConnect),
@@ -305,16 +306,6 @@ def test_oracle_connect_errors_classified_by_number(code: int, kind: type[Except
     err = errors._Error(f"ORA-{code:05d}: text that is never read", code=code, offset=0)
     backend = OracleBackend(create_engine("oracle+oracledb://u:p@dbhost:1521/?service_name=FREEPDB1"))
     assert isinstance(backend.connect_error(DBAPIError.instance(None, None, err.exc_type(err), Exception)), kind)
-
-
-def test_oracle_thin_cannot_connect_is_retried_as_connect() -> None:
-    """python-oracledb thin to a closed port (DPY-6005): retried as connect within the budget."""
-    pytest.importorskip("oracledb")
-    url = f"oracle+oracledb://u:p@127.0.0.1:{_closed_port()}/?service_name=FREEPDB1"
-    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=1)) as store:
-        with pytest.raises(RetriesExhausted) as err:
-            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
-    assert err.value.causes == {RetryCause.CONNECT: err.value.attempts}
 
 
 @pytest.mark.parametrize(("query", "options"), [
