@@ -159,6 +159,18 @@ def test_missing_odbc_driver_fails_at_once_naming_it() -> None:
     assert "secret" not in str(err.value) and sum(store.retries.values()) == 0
 
 
+def test_unknown_database_fails_at_once_with_the_fix() -> None:
+    """MariaDB answers an unknown database with 1049: ConnectionConfigError on the first attempt, no retry."""
+    try:
+        server = get("mariadb").provide()
+    except Unavailable as exc:
+        pytest.skip(f"mariadb unavailable: {exc}")
+    with IdempotencyStore.from_url(server.url.set(database="idem_no_such_db"), retry=RetryPolicy(total=30)) as store:
+        with pytest.raises(ConnectionConfigError, match=r"database does not exist.*database name"):
+            store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
+        assert sum(store.retries.values()) == 0
+
+
 def test_sqlite_file_that_cannot_open_is_a_configuration_error(tmp_path: Path) -> None:
     with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'missing' / 'x.db'}") as store:
         with pytest.raises(ConnectionConfigError, match="directory exists"):
