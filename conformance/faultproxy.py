@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 Action = Literal["cut_before", "cut_after", "lose_reply"]
@@ -138,7 +139,8 @@ def upstream_of(url: URL) -> tuple[str, int] | str:
 class FaultProxy:
     """Forwards 127.0.0.1:`port` to the server of `url`, injecting the armed fault (one at a time, once)."""
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: str | URL) -> None:
+        url = make_url(url)
         backend = url.get_backend_name()
         if backend not in PROTOCOLS:
             raise NotImplementedError(f"the fault proxy speaks the PostgreSQL and MySQL protocols, not {backend}'s")
