@@ -185,6 +185,14 @@ def claim_values(backend: MSSQLBackend, key: str = "k ") -> dict[str, Any]:
     return dict(scope="acct:1", operation="debit:v1", idem_key=key, fingerprint="f" * 64, claim_token="a" * 32)
 
 
+def test_private_compiler_stack_still_exists(dialect: Dialect) -> None:
+    """The claim batch compiles its INSERT as a nested statement by pushing onto SQLCompiler.stack, which has no
+    public equivalent. If SQLAlchemy renames or reshapes it, this fails (instead of the batch running as an INSERT
+    whose result row is discarded)."""
+    compiler = dialect.statement_compiler(dialect, None)
+    assert isinstance(compiler.stack, list) and compiler.stack == []
+
+
 def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables: Tables, dialect: Dialect) -> None:
     """The claim: XACT_ABORT off around a plain INSERT (the PK resolves the race), 2627/2601 caught by number while
     the transaction is committable, everything else re-thrown, settings restored, one row saying if it inserted.

@@ -69,6 +69,15 @@ def store(make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
     return make_store()
 
 
+@pytest.fixture
+def effects(store: IdempotencyStore) -> Iterator[Effects]:
+    """The business table effects write to, beside `store`'s tables."""
+    fx = Effects(store)
+    fx.create()
+    yield fx
+    fx.drop()
+
+
 def backend_pid(conn: Connection) -> int:
     """The server process of `conn`, read in a transaction of its own (so no snapshot is left behind)."""
     pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
