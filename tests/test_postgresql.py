@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.schema import CreateTable
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RequestMismatch, RetryPolicy
-from idem_dialects.conformance.support import Effects, stores
+from idem_dialects.conformance.support import Effects, effects_table, stores
 from idem_dialects.dialects.postgresql import PostgreSQLBackend, sqlstate
 from idem_dialects.engines import Server, Unavailable, get
 from idem_dialects.errors import RetryCause
@@ -72,10 +72,8 @@ def store(make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
 @pytest.fixture
 def effects(store: IdempotencyStore) -> Iterator[Effects]:
     """The business table effects write to, beside `store`'s tables."""
-    fx = Effects(store)
-    fx.create()
-    yield fx
-    fx.drop()
+    with effects_table(store) as fx:
+        yield fx
 
 
 def backend_pid(conn: Connection) -> int:
