@@ -125,19 +125,21 @@ def test_retry_classification(backend: type[MySQLBackend]) -> None:
 
 
 def _wait_for_lock_waits(store: IdempotencyStore, count: int, timeout: float = 30.0) -> None:
-    """Block until `count` transactions wait for a row lock of this store's records table (a fixed sleep is not
-    enough on a loaded machine; other tests' transactions are told apart by the table their query names)."""
+    """Block until `count` INSERTs into this store's records table have been running for a second or more: with the
+    first inserter's transaction open, they can only be waiting for its row lock (a fixed sleep is not enough on a
+    loaded machine). The process list, not INNODB_TRX: MariaDB serves INNODB_TRX from a cache that may not list
+    a waiting transaction yet (seen here: both INSERTs blocked for 4 s, neither in INNODB_TRX)."""
     deadline = time.monotonic() + timeout
-    query = ("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
-             " AND trx_query LIKE %s")
+    query = ("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND TIME >= 1"
+             " AND INFO LIKE %s")
     with store.engine.connect() as probe:
         while time.monotonic() < deadline:
-            waiting = probe.exec_driver_sql(query, (f"%{store.tables.records.name}%",)).scalar()
+            waiting = probe.exec_driver_sql(query, (f"INSERT INTO {store.tables.records.name} %",)).scalar()
             probe.rollback()
             if int(waiting or 0) >= count:
                 return
-            time.sleep(0.02)
-    raise AssertionError(f"{count} lock waits never appeared within {timeout}s")
+            time.sleep(0.05)
+    raise AssertionError(f"{count} waiting inserts never appeared within {timeout}s")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
