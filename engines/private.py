@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL
 
-from .catalogue import Server, Unavailable, _need
+from .containers import _need
+from .servers import Server, Unavailable
 
 _START_TIMEOUT = 60.0
 
@@ -106,7 +107,8 @@ def private_mariadb(name: str = "mariadb-private") -> Server:
 
 
 def _private_postgres(name: str) -> Server:
-    from .catalogue import ENGINES, embedded_postgres
+    from .catalogue import ENGINES
+    from .servers import embedded_postgres
 
     return embedded_postgres(ENGINES["postgresql-18"])
 
