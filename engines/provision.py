@@ -9,9 +9,8 @@ from typing import Any
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import URL
 
-from idem_dialects import dialects
-
-from .catalogue import ENGINES, EngineUnavailable, Server, Unavailable, env_var
+from .catalogue import ENGINES, EngineUnavailable
+from .servers import Server, Unavailable, env_var
 
 
 @dataclass
@@ -77,9 +76,7 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> Eng
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         status.reason = f"{server.how}: cannot connect to {server.url.render_as_string()}: {first}"
         spec = ENGINES.get(name)
-        # How to fix this connection (wrong password, missing database: by driver error code) before how to enable.
-        status.hint = dialects.connect_hint(exc, server.url.get_backend_name()) or (
-            spec.how_to_enable() if spec else "check the URL, the server and its driver")
+        status.hint = spec.how_to_enable() if spec else "check the URL, the server and its driver"
         return status
     status.server = server
     return status

@@ -6,8 +6,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .encoding import default_encoder
 from .errors import (
+    CannotConnect,
     ClaimRaced,
     ConfigurationError,
+    ConnectionConfigError,
     IdemError,
     IdemWarning,
     InvalidKey,
@@ -34,9 +36,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "CannotConnect",
     "ClaimRaced",
     "Claimed",
     "ConfigurationError",
+    "ConnectionConfigError",
     "Features",
     "IdemError",
     "IdemWarning",

@@ -144,18 +144,27 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
     """(what failed, how to fix it, exit status) for an expected error; None for a bug, which keeps its traceback."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from . import dialects
-    from .errors import ConfigurationError, IdemError
+    from .errors import CannotConnect, ConfigurationError, ConnectionConfigError, IdemError, RetriesExhausted
 
+    unreachable = "check that the server runs and listens at the URL's host and port"
+    if isinstance(exc, RetriesExhausted) and isinstance(exc.last_error, CannotConnect):
+        exc = exc.last_error  # a database that never answered within the retry budget
+    if isinstance(exc, ConnectionConfigError):  # wrong password, unknown database: the message has the fix
+        return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
+    if isinstance(exc, CannotConnect):
+        return str(exc).strip().splitlines()[0], unreachable, EXIT_UNAVAILABLE
     if isinstance(exc, ConfigurationError):  # the library's messages say how to fix it themselves
         return str(exc).strip().splitlines()[0], None, EXIT_CONFIG
+    if isinstance(exc, RetriesExhausted):
+        return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
     if isinstance(exc, IdemError):  # e.g. an argument value out of bounds (InvalidPayload)
         return str(exc).strip().splitlines()[0], None, EXIT_USAGE
     if isinstance(exc, DBAPIError):
         orig = exc.orig if exc.orig is not None else exc
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-        what = "cannot connect" if exc.statement is None else "database error"  # no statement: the connect failed
-        return f"{what} ({type(orig).__name__}): {first}", dialects.connect_hint(exc), EXIT_UNAVAILABLE
+        if exc.statement is None:  # no statement: opening the connection failed
+            return f"cannot connect ({type(orig).__name__}): {first}", unreachable, EXIT_UNAVAILABLE
+        return f"database error ({type(orig).__name__}): {first}", None, EXIT_UNAVAILABLE
     if isinstance(exc, ArgumentError):
         return str(exc).strip().splitlines()[0], "check the URL and the options given", EXIT_CONFIG
     if isinstance(exc, OSError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..engines import probe
 from ..guard import resolve_url
+from ..store import IdempotencyStore
 from .matrix import add_output_arguments, run_matrix
 
 
@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     url = resolve_url(args.url)  # as from_url does; a configuration error is reported by the CLI's handler
-    probe(url)  # connect once first: an unreachable database is two lines from the CLI's handler, no progress
+    # Connect once first, as the store does: a wrong password or an unreachable server is two lines from the CLI's
+    # handler (ConnectionConfigError / CannotConnect), before any progress output.
+    with IdempotencyStore.from_url(url) as store, store.backend.connect(store.engine):
+        pass
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet)

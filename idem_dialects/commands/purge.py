@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {table}: {done[table]} deleted", file=sys.stderr, flush=True)
 
     with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
+        with store.backend.connect(store.engine):  # fail at once on a database that does not answer (no retries)
+            pass
         total = store.purge(older_than=args.older_than, batch_size=args.batch_size, progress=progress)
     print(f"purged {total} rows older than {args.older_than} ({', '.join(f'{t}: {n}' for t, n in done.items())})")
     return 0

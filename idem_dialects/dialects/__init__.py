@@ -83,13 +83,3 @@ def install_hint(backend: str, driver: str) -> str:
         package = f"idem-dialects[{EXTRAS[backend]}]"
     return f"pip install '{package}'" if package else f"install the Python driver for {backend}+{driver}"
 
-
-def loaded() -> list[type[Backend]]:
-    """The backend classes imported so far (those a command has used)."""
-    return [target for target in _registry.values() if isinstance(target, type)]
-
-
-def connect_hint(exc: BaseException, backend: str | None = None) -> str | None:
-    """How to fix a failed connection, from the named backend (or every backend imported so far)."""
-    candidates = [load(backend)] if backend in _registry else loaded()
-    return next((hint for cls in candidates if (hint := cls.connect_hint(exc))), None)

@@ -42,13 +42,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection, ExceptionContext
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import RetryCause
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
@@ -67,6 +67,10 @@ _RETRYABLE = {
     "57P01": RetryCause.CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
     "57P02": RetryCause.CONNECTION,  # crash_shutdown
     "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
+    "57014": RetryCause.CANCELLED,  # query_canceled: statement_timeout (never retried for the effect's statements)
+    # read_only_sql_transaction: the server reached is a read-only standby (after a failover); nothing was written,
+    # and a new connection (target_session_attrs=read-write) finds the new primary.
+    "25006": RetryCause.CONNECT,
 }
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 # A btree index row holds at most 2704 bytes (8 kB pages): an 8-byte tuple header plus, per key column, a 4-byte
@@ -201,20 +205,6 @@ class PostgreSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
 
-    @classmethod
-    def connect_hint(cls, exc: BaseException) -> str | None:
-        orig: Any = exc.orig if isinstance(exc, DBAPIError) else exc
-        if not type(orig).__module__.startswith(("psycopg", "pg8000")):
-            return None
-        code = sqlstate(exc)
-        if code in ("28P01", "28000"):  # invalid_password, invalid_authorization_specification
-            return "PostgreSQL refused the login: check the user name and password in the URL"
-        if code == "3D000":  # invalid_catalog_name
-            return "the database does not exist: create it (createdb NAME) or fix the database name in the URL"
-        if code is None:  # libpq reports failed connections without a SQLSTATE: the server's text says which
-            return ("check that PostgreSQL runs at the URL's host and port and that its user, password and"
-                    " database exist")
-        return None
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         return {UNDEFINED_TABLE: MISSING_TABLE, INSUFFICIENT_PRIVILEGE: NO_PRIVILEGE}.get(sqlstate(exc) or "")
@@ -228,6 +218,26 @@ class PostgreSQLBackend(Backend):
                 error.args = (_FAILING_ROW.sub("\nDETAIL:  (row redacted by idem-dialects)", args[0]), *args[1:])
             elif args and isinstance(args[0], dict) and str(args[0].get("D", "")).startswith("Failing row"):
                 error.args = ({k: v for k, v in args[0].items() if k != "D"}, *args[1:])
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        # libpq reports a failed connection without a SQLSTATE (refused, reset, "the database system is starting
+        # up", a read-only session under target_session_attrs=read-write, and also an unknown role or database):
+        # all are OperationalError, retried within the budget; the one code-level fact libpq gives is that the
+        # server asked for a password none was given for. Never classified by message text.
+        pgconn = getattr(exc.orig, "pgconn", None)
+        if getattr(pgconn, "needs_password", False) and not getattr(pgconn, "used_password", True):
+            return ConnectionConfigError(self.name, "the server asks for a password and none was given",
+                                         "put the password in the URL (postgresql+psycopg://USER:PASSWORD@HOST/DB)"
+                                         " or in ~/.pgpass")
+        code = sqlstate(exc)
+        if code is not None and code.startswith("28"):  # invalid_authorization_specification, invalid_password
+            return ConnectionConfigError(self.name, f"authentication failed (SQLSTATE {code})",
+                                         "check the user and password in the URL")
+        if code == "3D000":  # invalid_catalog_name
+            return ConnectionConfigError(self.name, "the database does not exist", "check the URL's database name")
+        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
+            return CannotConnect(self.name, exc)
+        return None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)

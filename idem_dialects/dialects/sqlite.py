@@ -22,7 +22,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
-from ..errors import IdemWarning, RetryCause
+from ..errors import ConnectionConfigError, IdemError, IdemWarning, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import Backend
@@ -33,6 +33,7 @@ _SQLITE_BUSY = 5
 _SQLITE_READONLY = 8
 _SQLITE_CANTOPEN = 14
 _SQLITE_LOCKED = 6
+_SQLITE_CANTOPEN = 14
 # Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
 _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
 _SQLITE_CONSTRAINT_UNIQUE = 2067
@@ -120,12 +121,6 @@ class SQLiteBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
 
-    @classmethod
-    def connect_hint(cls, exc: BaseException) -> str | None:
-        orig = exc.orig if isinstance(exc, DBAPIError) else exc
-        if getattr(orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
-            return "SQLite cannot open the database file: check that its directory exists and is writable"
-        return None
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         code = getattr(exc.orig, "sqlite_errorcode", None)
@@ -147,6 +142,13 @@ class SQLiteBackend(Backend):
         finally:
             cursor.close()
         return MISSING_TABLE if found < len(set(tables)) else None
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        # A file that cannot be opened (missing directory, no permission) stays so: no retry helps.
+        if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
+            return ConnectionConfigError(self.name, f"cannot open the database file {self.engine.url.database!r}",
+                                         "check that its directory exists and is writable")
+        return super().connect_error(exc)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):
