@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from idem_dialects import IdempotencyStore, RetryCause
 from idem_dialects.dialects.mssql import InsertIfAbsent, MSSQLBackend, mssql_python_sqlstate
+from idem_dialects.errors import CannotConnect, ConnectionConfigError
 from idem_dialects.guard import MISSING_TABLE
 from idem_dialects.schema import build_tables
 
@@ -61,9 +62,10 @@ def test_retry_causes_by_sqlstate(state: str, text: str, cause: RetryCause | Non
     assert not backend.is_duplicate(exc)  # 23000 cannot tell a duplicate from NOT NULL: claims never ask
 
 
-def test_missing_table_and_login_hints() -> None:
+def test_missing_table_and_connect_errors() -> None:
     backend = MSSQLBackend(create_mock_engine(make_url(URL), lambda *a, **k: None))  # type: ignore[arg-type]
     missing = driver_error("42S02", "Invalid object name 'idem_records'.")
     assert backend.config_problem(missing, None, ["idem_records"]) == MISSING_TABLE  # type: ignore[arg-type]
     login = driver_error("28000", "Login failed for user 'sa'.")
-    assert "user name and password" in (MSSQLBackend.connect_hint(login) or "")
+    assert isinstance(backend.connect_error(login), ConnectionConfigError)
+    assert isinstance(backend.connect_error(driver_error("08001", "TCP Provider: Error code 0x2749")), CannotConnect)

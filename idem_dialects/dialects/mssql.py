@@ -152,7 +152,7 @@ def odbc_sqlstate(exc: BaseException) -> str | None:
     args: tuple[Any, ...] = getattr(orig, "args", ())
     if len(args) >= 2 and isinstance(args[0], str) and len(args[0]) == 5:
         return args[0]
-    return None
+    return mssql_python_sqlstate(exc)  # mssql-python: the SQLSTATE its error's description stands for
 
 
 def missing_driver(backend: str, named: object, host: object) -> ConnectionConfigError:
