@@ -144,7 +144,14 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
     """(what failed, how to fix it, exit status) for an expected error; None for a bug, which keeps its traceback."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from .errors import CannotConnect, ConfigurationError, ConnectionConfigError, IdemError, RetriesExhausted
+    from .errors import (
+        CannotConnect,
+        ConfigurationError,
+        ConnectionConfigError,
+        IdemError,
+        InvalidURL,
+        RetriesExhausted,
+    )
 
     unreachable = "check that the server runs and listens at the URL's host and port"
     if isinstance(exc, RetriesExhausted) and isinstance(exc.last_error, CannotConnect):
@@ -153,6 +160,8 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
         return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
     if isinstance(exc, CannotConnect):
         return str(exc).strip().splitlines()[0], unreachable, EXIT_UNAVAILABLE
+    if isinstance(exc, InvalidURL):  # a wrong command line
+        return str(exc), None, EXIT_USAGE
     if isinstance(exc, ConfigurationError):  # the library's messages say how to fix it themselves
         return str(exc).strip().splitlines()[0], None, EXIT_CONFIG
     if isinstance(exc, RetriesExhausted):

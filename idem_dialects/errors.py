@@ -218,6 +218,14 @@ class InsufficientPrivilege(ConfigurationError):
         super().__init__(fix)
 
 
+class InvalidURL(ConfigurationError):
+    """The text given as a database URL is not one (never repeated in the message: it may hold a password)."""
+
+    def __init__(self) -> None:
+        super().__init__("not a database URL; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
+                         " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
+
+
 class MissingDriver(ConfigurationError):
     """The URL names a driver that is not installed (or cannot load); the message says what to install."""
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from . import dialects
-from .errors import ConfigurationError, InsufficientPrivilege, MissingDriver, MissingTables
+from .errors import ConfigurationError, InsufficientPrivilege, InvalidURL, MissingDriver, MissingTables
 
 if TYPE_CHECKING:
     from .dialects.base import Backend
@@ -80,8 +80,7 @@ def parse_url(url: str | URL) -> URL:
     try:
         return make_url(url)
     except ArgumentError:
-        raise ConfigurationError("not a database URL; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB,"
-                                 " e.g. postgresql+psycopg://app@db/app or sqlite:///path/to.db") from None
+        raise InvalidURL() from None
 
 
 def build_engine(url: URL, options: dict[str, Any]) -> Engine:

@@ -63,7 +63,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[Any]:
     (["ddl", "nosuch://"], EXIT_CONFIG, ["known backends"]),
     (["purge", "sqlite://", "--older-than", "1d", "--batch-size", str(2**63)], EXIT_USAGE,
      ["batch_size", "1,000,000"]),
-    (["check", "not a url"], EXIT_CONFIG, ["not a database URL"]),
+    (["check", "not a url"], EXIT_USAGE, ["not a database URL"]),
 ])
 def test_expected_errors_are_two_lines_with_their_status(args: list[str], status: int, expected: list[str]) -> None:
     assert_short_error(cli(*args), status, *expected)
@@ -74,7 +74,7 @@ def test_wrong_password() -> None:
     try:
         url = server.url.set(password="certainly-wrong")
         done = cli("check", url.render_as_string(hide_password=False), "--quiet")
-        assert_short_error(done, EXIT_UNAVAILABLE, "1045", "check the user name and password")
+        assert_short_error(done, EXIT_UNAVAILABLE, "1045", "check the user and password")
         assert "certainly-wrong" not in done.stderr + done.stdout
     finally:
         server.stop()
