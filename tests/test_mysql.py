@@ -24,7 +24,7 @@ from sqlalchemy import Column, MetaData, Table, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DataError, IntegrityError
 
-from idem_dialects import IdempotencyStore
+from idem_dialects import IdempotencyStore, InvalidKey
 from idem_dialects.conformance.support import Effects
 from idem_dialects.dialects.mysql import error_code
 
@@ -95,14 +95,17 @@ def test_keys_are_byte_exact(make_database: Callable[[str], str], make_store: Ca
         result = store.run(scope=scope, operation=operation, key="key", request=REQ, effect=lambda conn: "x")
         assert not result.replayed, f"{scope!r}/{operation!r} collided"
     wide = "\U0001f600" * 255
-    assert not store.run(scope=wide, operation=wide, key=wide, request=REQ, effect=lambda conn: "wide").replayed
+    fill = "\U0001f600" * 169 + "abc"  # 1020 + 1 + 679 = 1700 bytes: the widest identity every engine takes
+    assert not store.run(scope=wide, operation="o", key=fill, request=REQ, effect=lambda conn: "wide").replayed
+    with pytest.raises(InvalidKey, match="1700"):  # 3 x 1020 bytes would fit InnoDB, but not every engine
+        store.run(scope=wide, operation=wide, key=wide, request=REQ, effect=lambda conn: "never")
     for key in KEYS:
         again = store.run(scope="s", operation="op", key=key, request=REQ, effect=lambda conn: "never")
         assert again.replayed and again.response == key
     stored = [(r.scope, r.operation, r.idem_key) for r in _records(store)]
     assert len(stored) == len(KEYS) + 7
     assert {k for s, o, k in stored if (s, o) == ("s", "op")} == set(KEYS)
-    assert (wide, wide, wide) in stored
+    assert (wide, "o", fill) in stored
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
