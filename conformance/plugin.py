@@ -23,7 +23,9 @@ from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, dialects
+from idem_dialects.aio import installed_async_drivers
 
+from .bridge import async_url
 from .naming import OBSERVATION, PROVISIONED
 from .support import Effects, stores
 
@@ -32,12 +34,13 @@ _counter = itertools.count()
 
 @dataclass
 class EngineUnderTest:
-    name: str
+    name: str  # the matrix column: the engine, plus "-<driver>" for the async store (e.g. postgresql-18-asyncpg)
     server: Server
+    driver: str | None = None  # the async driver the checks run AsyncIdempotencyStore on; None: the sync store
 
     @property
     def url(self) -> URL:
-        return self.server.url
+        return self.server.url if self.driver is None else async_url(self.server.url, self.driver)
 
     @property
     def backend(self) -> str:
@@ -69,6 +72,15 @@ class Sessions:
             hint = "an engine outside the catalogue needs --idem-url NAME=URL"
             raise pytest.UsageError(f"{exc.args[0]}; {hint}") from None
         self.names = list(dict.fromkeys(chosen + required))
+        # Matrix columns: engine -> (engine, None) for the sync store, engine-driver -> (engine, driver) for the async.
+        api = config.getoption("idem_api") or "sync"
+        self.columns: dict[str, tuple[str, str | None]] = {}
+        for name in self.names:
+            if api in ("sync", "both"):
+                self.columns[name] = (name, None)
+            if api in ("async", "both"):
+                backend = ENGINES[name].backend if name in ENGINES else self.urls[name].get_backend_name()
+                self.columns.update({f"{name}-{driver}": (name, driver) for driver in installed_async_drivers(backend)})
         self.required = set(self.names) if "all" in required_names else set(required)
         self._servers: dict[str, Server | Unavailable] = {}
         self._owned: set[str] = set()  # servers this session started, and so stops
@@ -109,10 +121,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--idem-url", action="append", metavar="NAME=URL", help="database URL for an engine (repeatable)")
     group.addoption("--idem-require", action="append", metavar="NAME",
                     help="fail instead of skipping if this engine cannot be provisioned (repeatable; 'all')")
+    group.addoption("--idem-api", choices=("sync", "async", "both"), default=None,
+                    help="run the checks on IdempotencyStore (sync, the default), on AsyncIdempotencyStore with each"
+                         " installed async driver of the engine (async), or both")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(*capabilities): the backend capabilities a check needs")
+    config.addinivalue_line("markers", "idem_api(name): a check of one API only ('async': async columns only)")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -123,16 +139,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "idem_engine" in metafunc.fixturenames:
-        names = metafunc.config.stash[_SESSIONS].names
+        columns = metafunc.config.stash[_SESSIONS].columns
+        marker = metafunc.definition.get_closest_marker("idem_api")
+        if marker is not None and marker.args[0] == "async":
+            names = [c for c, (_, driver) in columns.items() if driver is not None]
+        else:
+            names = list(columns)
         metafunc.parametrize("idem_engine", names, indirect=True, ids=names, scope="session")
 
 
 @pytest.fixture(scope="session")
 def idem_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
     sessions = request.config.stash[_SESSIONS]
-    name: str = request.param
+    column: str = request.param
+    name, driver = sessions.columns[column]
     try:
-        return EngineUnderTest(name, sessions.server(name))
+        return EngineUnderTest(column, sessions.server(name), driver)
     except Unavailable as exc:
         if name in sessions.required:
             pytest.fail(f"required engine {name} is unavailable: {exc}", pytrace=False)
@@ -158,7 +180,8 @@ def unique_prefix() -> str:
 @pytest.fixture
 def make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores on one set of fresh tables; extra keyword arguments go to create_engine (e.g. isolation_level)."""
-    with stores(idem_engine.url, unique_prefix()) as make:
+    sync_url = None if idem_engine.driver is None else idem_engine.server.url
+    with stores(idem_engine.url, unique_prefix(), sync_url) as make:
         yield make
 
 

@@ -24,7 +24,9 @@ def test_declared_isolation_levels_work(make_store: Callable[..., IdempotencySto
         store = make_store(isolation_level=level)
         with store.engine.connect() as conn:
             assert conn.get_isolation_level() == level
-        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn, level=level: level)
+        # The level the effect's own connection runs at (the async store's driver connection, under --idem-api async).
+        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ,
+                          effect=lambda conn: conn.get_isolation_level())
         again = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn: "no")
         assert (first.replayed, again.replayed, again.response) == (False, True, level)
     observe("isolation levels declared", ", ".join(levels))

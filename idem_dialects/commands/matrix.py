@@ -9,6 +9,7 @@ JSON (schema version 1, documented in the conformance README).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="database URL for an engine (repeatable); a NAME outside the catalogue adds an engine")
     parser.add_argument("--require", action="append", metavar="NAME", default=[],
                         help="exit 2 if this engine cannot be provisioned (repeatable; 'all'; families expand)")
+    parser.add_argument("--api", choices=("sync", "async", "both"), default="sync",
+                        help="the store the checks run on: IdempotencyStore (sync, the default), AsyncIdempotencyStore"
+                             " on each installed async driver (one column per engine x driver), or both")
     add_output_arguments(parser)
 
 
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNAVAILABLE
     names = list(dict.fromkeys(names + required))
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
-                      output=args.output, quiet=args.quiet)
+                      output=args.output, quiet=args.quiet, api=args.api)
 
 
 def parse_urls(items: Sequence[str]) -> dict[str, URL]:
@@ -103,14 +107,17 @@ class EngineStatus:
     reason: str | None = None
     hint: str | None = None
     server_version: str | None = None
+    driver: str | None = None  # the async driver of an AsyncIdempotencyStore column (name: engine-driver)
 
     @property
     def available(self) -> bool:
         return self.server is not None
 
     def as_json(self) -> dict[str, Any]:
-        spec = ENGINES.get(self.name)
+        spec = ENGINES.get(self.name.removesuffix(f"-{self.driver}") if self.driver else self.name)
         return {
+            "api": "async" if self.driver else "sync",
+            "driver": self.driver,
             "available": self.available,
             "required": self.required,
             "title": spec.title if spec else "ad-hoc engine (URL given)",
@@ -271,7 +278,7 @@ def _crash_message(report: Any) -> str:
 
 
 def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Sequence[str], fmt: str = "table",
-               select: str | None = None, output: str | None = None, quiet: bool = False) -> int:
+               select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync") -> int:
     """Provision `names`, run the suite on those available, print the report; the exit status as documented."""
     stream = None if quiet else sys.stderr
     statuses: dict[str, EngineStatus] = {}
@@ -293,9 +300,10 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
                     print(f"  to provide it: {status.hint}", file=sys.stderr)
             return EXIT_UNAVAILABLE
         started = time.perf_counter()
-        collector = Collector(statuses, stream)
-        pytest_status = _run_pytest(list(statuses), urls, collector, select)
-        report = build_report(statuses, collector, time.perf_counter() - started)
+        columns = api_columns(statuses, api)
+        collector = Collector(columns, stream)
+        pytest_status = _run_pytest(list(statuses), urls, collector, select, api)
+        report = build_report(columns, collector, time.perf_counter() - started)
     finally:
         for status in statuses.values():
             if status.server is not None:
@@ -320,7 +328,24 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
     return code
 
 
-def _run_pytest(names: Sequence[str], urls: Mapping[str, URL], collector: Collector, select: str | None) -> int:
+def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, EngineStatus]:
+    """The matrix's columns: each engine for the sync store, each engine x installed async driver for the async."""
+    from ..aio import installed_async_drivers
+
+    columns: dict[str, EngineStatus] = {}
+    for name, status in statuses.items():
+        if api in ("sync", "both"):
+            columns[name] = status
+        spec = ENGINES.get(name)
+        backend = status.server.url.get_backend_name() if status.server else spec.backend if spec else None
+        if api in ("async", "both") and backend is not None:
+            for driver in installed_async_drivers(backend):
+                columns[f"{name}-{driver}"] = dataclasses.replace(status, name=f"{name}-{driver}", driver=driver)
+    return columns
+
+
+def _run_pytest(names: Sequence[str], urls: Mapping[str, URL], collector: Collector, select: str | None,
+                api: str = "sync") -> int:
     import pytest  # the suite's runner, imported only when the suite runs
 
     with tempfile.TemporaryDirectory(prefix="idem-matrix-") as tmp:
@@ -339,6 +364,7 @@ def _run_pytest(names: Sequence[str], urls: Mapping[str, URL], collector: Collec
             args += ["--idem-engine", name]
             if name in urls:  # the plugin uses the server provisioned above; this only names the ad-hoc engine
                 args += ["--idem-url", f"{name}={urls[name].render_as_string(hide_password=False)}"]
+        args += ["--idem-api", api]
         if select:
             args += ["-k", select]
         # PYTEST_ADDOPTS belongs to whatever pytest run launched us (e.g. CI's --idem-require), not to this one.
