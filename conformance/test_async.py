@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from idem_dialects import AsyncIdempotencyStore, Replayed, RequestInFlight, RetryPolicy
@@ -220,3 +221,29 @@ def test_async_claim_after_earlier_read_sees_winner(idem_engine: EngineUnderTest
 
 async def _applied(effects: AsyncEffects, conn: AsyncConnection) -> Any:
     return {"effect": await effects.apply(conn, "k")}
+
+
+@async_only
+def test_async_driver_errors_classified_by_code(idem_engine: EngineUnderTest, observe: Observe) -> None:
+    """The async driver's duplicate-key error is classified as a duplicate by the backend (by error code), its
+    NOT NULL violation is not, and neither is retryable - the same classification code as the sync driver's."""
+
+    async def main() -> None:
+        async with async_store(idem_engine) as (store, effects):
+            table = effects.table
+            async with store.engine.begin() as conn:
+                await conn.execute(insert(table).values(id="a" * 32, k="k", amount=1))
+            seen: dict[str, Any] = {}
+            for what, row in [("duplicate", dict(id="a" * 32, k="k", amount=1)),
+                              ("not null", dict(id="b" * 32, k="k", amount=None))]:
+                with pytest.raises(IntegrityError) as err:
+                    async with store.engine.begin() as conn:
+                        await conn.execute(insert(table).values(**row))
+                seen[what] = err.value
+                observe(f"async driver: {what} surfaces as", f"{type(err.value.orig).__module__.split('.')[0]}"
+                                                             f" {type(err.value.orig).__name__}")
+            assert store.backend.is_duplicate(seen["duplicate"])
+            assert not store.backend.is_duplicate(seen["not null"])
+            assert store.retry_cause(seen["duplicate"]) is None and store.retry_cause(seen["not null"]) is None
+
+    asyncio.run(main())
