@@ -44,6 +44,11 @@ def stores(url: URL, prefix: str, sync_url: URL | None = None) -> Iterator[Calla
             store.close()
 
 
+def returning(value: Any) -> Callable[[Connection], Any]:
+    """An effect that writes nothing and returns `value` (bound now, unlike a lambda in a loop)."""
+    return lambda conn: value
+
+
 class Effects:
     """`<prefix>fx`: one row per effect that really ran, so checks count effects in the database."""
 

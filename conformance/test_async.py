@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from idem_dialects import AsyncIdempotencyStore, Replayed, RequestInFlight, RetryPolicy
+from idem_dialects import AsyncIdempotencyStore, Replayed, RequestInFlight, RetryPolicy, UnsupportedIsolation
 
 from .plugin import EngineUnderTest, unique_prefix
+from .test_isolation import KNOWN_LEVELS
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
@@ -66,8 +67,8 @@ async def async_store(idem_engine: EngineUnderTest, **options: Any) -> AsyncIter
 
 
 @async_only
-@pytest.mark.requires("concurrent_connections")
-def test_async_same_key_gather_race(idem_engine: EngineUnderTest, observe: Observe) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_async_same_key_gather_race(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """50 concurrent runs of one key under asyncio.gather (each on its own pooled connection): exactly one effect
     runs, and every other caller replays its response."""
 
@@ -84,7 +85,7 @@ def test_async_same_key_gather_race(idem_engine: EngineUnderTest, observe: Obser
             assert sum(not r.replayed for r in results) == 1
             assert len({r.response["effect"] for r in results}) == 1, "a caller got another response"
             retries = ", ".join(f"{c} x{n}" for c, n in sorted(store.retries.items())) or "no retries"
-            observe("50 same-key async runs", f"1 effect, 49 replays ({retries})")
+            idem_observe("50 same-key async runs", f"1 effect, 49 replays ({retries})")
 
     asyncio.run(main())
 
@@ -96,7 +97,7 @@ STEPS = ["after-claim", "in-effect", "during-complete", "during-commit", "timeou
 @pytest.mark.parametrize("mode", ["atomic", "leased"])
 @pytest.mark.parametrize("step", STEPS)
 def test_cancelled_run_leaves_key_free(idem_engine: EngineUnderTest, step: str, mode: str,
-                                       observe: Observe) -> None:
+                                       idem_observe: Observe) -> None:
     """A run whose task is cancelled (or times out under asyncio.timeout) after its claim, inside its effect,
     during complete or during the commit leaves no claim blocking the key beyond its lease: re-sent, each key
     runs its effect exactly once (or replays the committed one), and no pooled connection is left checked out."""
@@ -124,7 +125,9 @@ def test_cancelled_run_leaves_key_free(idem_engine: EngineUnderTest, step: str, 
                     task.cancel()
 
             sync_engine = store.engine.sync_engine
-            event.listen(sync_engine, "after_cursor_execute", trigger)
+            # after the claim's INSERT ran; before the complete's UPDATE ran (so that statement's await is cancelled)
+            event.listen(sync_engine, "before_cursor_execute" if step == "during-complete" else "after_cursor_execute",
+                         trigger)
             event.listen(sync_engine, "commit", on_commit)
             started = asyncio.Event()
             effect_ran: set[str] = set()  # tasks whose effect ran: their next commit is the effect's
@@ -161,7 +164,8 @@ def test_cancelled_run_leaves_key_free(idem_engine: EngineUnderTest, step: str, 
             for o in outcomes:
                 if isinstance(o, BaseException) and not isinstance(o, asyncio.CancelledError | TimeoutError):
                     raise o
-            event.remove(sync_engine, "after_cursor_execute", trigger)
+            event.remove(sync_engine, "before_cursor_execute" if step == "during-complete" else "after_cursor_execute",
+                         trigger)
             event.remove(sync_engine, "commit", on_commit)
 
             replays = 0
@@ -169,11 +173,17 @@ def test_cancelled_run_leaves_key_free(idem_engine: EngineUnderTest, step: str, 
                 result = await resend(store, key, effects)
                 replays += result.replayed
             assert await effects.per_key() == dict.fromkeys(keys, 1)
-            assert store.engine.sync_engine.pool.checkedout() == 0, "a cancelled run kept a connection checked out"
-            observe(f"cancelled {step} ({mode})", f"{len(interrupted)} interrupted; re-sent: {replays} replayed,"
+            assert checked_out(store) == 0, "a cancelled run kept a connection checked out"
+            idem_observe(f"cancelled {step} ({mode})", f"{len(interrupted)} interrupted; re-sent: {replays} replayed,"
                                                   f" {len(keys) - replays} ran")
 
     asyncio.run(main())
+
+
+def checked_out(store: AsyncIdempotencyStore) -> int:
+    """Connections the store's pool has handed out and not had back."""
+    pool: Any = store.engine.sync_engine.pool  # a QueuePool (StaticPool for :memory:, which has no count)
+    return int(pool.checkedout()) if hasattr(pool, "checkedout") else 0
 
 
 async def resend(store: AsyncIdempotencyStore, key: str, effects: AsyncEffects) -> Any:
@@ -194,7 +204,7 @@ async def resend(store: AsyncIdempotencyStore, key: str, effects: AsyncEffects) 
 
 
 @async_only
-@pytest.mark.requires("concurrent_connections")
+@pytest.mark.idem_requires("concurrent_connections")
 def test_async_claim_after_earlier_read_sees_winner(idem_engine: EngineUnderTest) -> None:
     """On the async driver, a transaction that read before the winner committed still sees the winner when it
     claims: it replays or gets a retryable error that run absorbs - never a second effect."""
@@ -224,7 +234,7 @@ async def _applied(effects: AsyncEffects, conn: AsyncConnection) -> Any:
 
 
 @async_only
-def test_async_driver_errors_classified_by_code(idem_engine: EngineUnderTest, observe: Observe) -> None:
+def test_async_driver_errors_classified_by_code(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """The async driver's duplicate-key error is classified as a duplicate by the backend (by error code), its
     NOT NULL violation is not, and neither is retryable - the same classification code as the sync driver's."""
 
@@ -234,16 +244,53 @@ def test_async_driver_errors_classified_by_code(idem_engine: EngineUnderTest, ob
             async with store.engine.begin() as conn:
                 await conn.execute(insert(table).values(id="a" * 32, k="k", amount=1))
             seen: dict[str, Any] = {}
-            for what, row in [("duplicate", dict(id="a" * 32, k="k", amount=1)),
-                              ("not null", dict(id="b" * 32, k="k", amount=None))]:
+            rows: list[tuple[str, dict[str, Any]]] = [("duplicate", {"id": "a" * 32, "k": "k", "amount": 1}),
+                                                      ("not null", {"id": "b" * 32, "k": "k", "amount": None})]
+            for what, row in rows:
                 with pytest.raises(IntegrityError) as err:
                     async with store.engine.begin() as conn:
                         await conn.execute(insert(table).values(**row))
                 seen[what] = err.value
-                observe(f"async driver: {what} surfaces as", f"{type(err.value.orig).__module__.split('.')[0]}"
+                idem_observe(f"async driver: {what} surfaces as", f"{type(err.value.orig).__module__.split('.')[0]}"
                                                              f" {type(err.value.orig).__name__}")
             assert store.backend.is_duplicate(seen["duplicate"])
             assert not store.backend.is_duplicate(seen["not null"])
             assert store.retry_cause(seen["duplicate"]) is None and store.retry_cause(seen["not null"]) is None
+
+    asyncio.run(main())
+
+
+@async_only
+def test_async_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest,
+                                                       idem_observe: Observe) -> None:
+    """AsyncIdempotencyStore refuses an AsyncEngine configured with AUTOCOMMIT or an isolation level the backend
+    does not declare, and a claim on a connection switched to one, with UnsupportedIsolation - before any SQL."""
+    declared = idem_engine.features.isolation_levels
+    refused = [level for level in KNOWN_LEVELS if level not in declared]
+    assert "AUTOCOMMIT" in refused
+
+    async def main() -> None:
+        for level in refused:
+            engine = create_async_engine(idem_engine.url, isolation_level=level)
+            connects: list[object] = []
+            event.listen(engine.sync_engine, "connect",
+                         lambda dbapi_conn, record, seen=connects: seen.append(dbapi_conn))
+            try:
+                with pytest.raises(UnsupportedIsolation) as err:
+                    AsyncIdempotencyStore(engine)
+            finally:
+                await engine.dispose()
+            assert (err.value.level, err.value.supported) == (level, tuple(declared)) and connects == []
+            with pytest.raises(UnsupportedIsolation):
+                AsyncIdempotencyStore.from_url(idem_engine.url, isolation_level=level)
+        async with async_store(idem_engine) as (store, _):
+            statements: list[str] = []
+            event.listen(store.engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+            async with store.engine.connect() as conn:
+                auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                with pytest.raises(UnsupportedIsolation):
+                    await store.claim(auto, scope="s", operation="op", key="k", request=REQ)
+            assert statements == [], "the claim ran SQL before refusing AUTOCOMMIT"
+        idem_observe("async: isolation levels refused", ", ".join(refused))
 
     asyncio.run(main())

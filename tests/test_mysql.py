@@ -19,12 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance.support import Effects
 from sqlalchemy import Column, MetaData, Table, create_engine, select, text, update
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Replayed
+from idem_dialects.conformance.support import Effects
 from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend, error_code
 from idem_dialects.errors import RetryCause
 
@@ -394,6 +394,22 @@ def test_retry_classification(backend: type[MySQLBackend]) -> None:
     assert b.retry_cause(invalidated) == RetryCause.CONNECTION  # SQLAlchemy's own disconnect detection
 
 
+def _wait_for_lock_waits(store: IdempotencyStore, count: int, timeout: float = 30.0) -> None:
+    """Block until `count` transactions wait for a row lock of this store's records table (a fixed sleep is not
+    enough on a loaded machine; other tests' transactions are told apart by the table their query names)."""
+    deadline = time.monotonic() + timeout
+    query = ("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+             " AND trx_query LIKE %s")
+    with store.engine.connect() as probe:
+        while time.monotonic() < deadline:
+            waiting = probe.exec_driver_sql(query, (f"%{store.tables.records.name}%",)).scalar()
+            probe.rollback()
+            if int(waiting or 0) >= count:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"{count} lock waits never appeared within {timeout}s")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rolled_back_first_inserter_deadlock_is_classified(make_store: Callable[..., IdempotencyStore],
                                                            backend: str) -> None:
@@ -418,7 +434,7 @@ def test_rolled_back_first_inserter_deadlock_is_classified(make_store: Callable[
         threads = [threading.Thread(target=waiter) for _ in range(2)]
         for th in threads:
             th.start()
-        time.sleep(0.5)  # both wait on the first inserter's lock
+        _wait_for_lock_waits(store, 2)  # both wait on the first inserter's lock
         tx.rollback()
         for th in threads:
             th.join()
