@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
@@ -27,7 +28,7 @@ from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import Backend
-from .errors import AsyncMisuse, LeaseLost, RetryCause
+from .errors import AsyncMisuse, ConfigurationError, LeaseLost, RetryCause
 from .features import Features
 from .outcomes import Claimed, Outcome, Result
 from .protocol import Request, check_status, finished, refuse_sync_effect, reply
@@ -89,7 +90,12 @@ class AsyncIdempotencyStore:
         if not _is_async_driver(parsed):
             raise AsyncMisuse(f"{parsed.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
                               f" or an async driver here ({async_drivers_hint(backend)})")
-        engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
+        try:
+            engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
+        except ImportError as exc:
+            raise ConfigurationError(f"the {parsed.drivername} driver is not installed ({exc.name} is missing); pip"
+                                     " install 'idem-dialects[async]' (PostgreSQL, SQLite, MySQL/MariaDB), '[oracle]'"
+                                     " or '[mssql]'") from exc
         try:
             store = cls(engine, table_prefix=table_prefix, retry=retry)
         except BaseException:
@@ -121,7 +127,7 @@ class AsyncIdempotencyStore:
         return self._core.retry
 
     @property
-    def retries(self) -> Any:
+    def retries(self) -> Counter[str]:
         """Retries `run` absorbed, by cause (a Counter), since this store was made."""
         return self._core.retries
 
