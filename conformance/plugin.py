@@ -35,7 +35,7 @@ from idem_dialects.features import Features
 
 from .bridge import async_url
 from .naming import PROVISIONED, check_id, observation_property
-from .support import Effects, stores
+from .support import Effects, effects_table, stores
 
 _counter = itertools.count()
 
@@ -246,7 +246,5 @@ def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[st
 @pytest.fixture
 def idem_effects(idem_store: IdempotencyStore) -> Iterator[Effects]:
     """The business table effects write to, on the same database and prefix as `idem_store`."""
-    fx = Effects(idem_store)
-    fx.create()
-    yield fx
-    fx.drop()
+    with effects_table(idem_store) as fx:
+        yield fx
