@@ -234,6 +234,11 @@ class MissingDriver(ConfigurationError):
         super().__init__(f"the driver for {drivername} URLs cannot be loaded ({cause}): {hint}")
 
 
+class AsyncMisuse(ConfigurationError, TypeError):
+    """Sync and async were mixed: an async URL, engine or `async def` effect given to the sync store, or a sync one
+    to the async store. Raised before any SQL; the message names the class or form to use instead."""
+
+
 class UnsupportedIsolation(ConfigurationError):
     """The engine is configured with an isolation level the backend does not guarantee the protocol under."""
 

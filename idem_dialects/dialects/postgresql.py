@@ -110,6 +110,7 @@ def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
+    async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
