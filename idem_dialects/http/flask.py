@@ -42,7 +42,8 @@ def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Calla
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> flask.Response:
             req = flask.request
-            if not policy.applies(req.method, req.path) or (not policy.require_key and policy.header not in req.headers):
+            keyless = not policy.require_key and policy.header not in req.headers
+            if not policy.applies(req.method, req.path) or keyless:
                 return flask.make_response(view(*args, **kwargs))
 
             def handler(conn: object) -> HttpResponse:

@@ -1,0 +1,171 @@
+"""Running a handler under the policy on the async store (ASGI, FastAPI): the twin of `driver`, awaited.
+
+Atomic mode: `store.run` claims, awaits the handler with the record's AsyncConnection (also `current_connection()`
+and `request.state.idem_connection`) and stores the response in the same transaction. External-call mode
+(`policy.lease`): the claim commits alone, the handler runs outside any transaction, then the response is stored in
+a short transaction of its own, or the claim is released if the handler failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from typing import Any, Protocol
+
+from ..errors import IdemError, RetriesExhausted
+from ..outcomes import Claimed, Outcome, Result
+from ..retry import RetryPolicy
+from ..store import Reply
+from .core import (
+    Call,
+    HttpRequest,
+    IdempotencyPolicy,
+    NotStored,
+    ResponseTooLarge,
+    _connection,
+    encode_stored,
+    outcome_response,
+    prepare,
+    replay_response,
+    too_large,
+)
+from .problems import HttpResponse, error_problem
+
+AsyncHandler = Callable[[Any], Awaitable[HttpResponse]]
+
+
+class AsyncStore(Protocol):
+    """What the ASGI side needs of `idem_dialects.AsyncIdempotencyStore`."""
+
+    retry: RetryPolicy
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+    def retry_cause(self, exc: BaseException) -> str | None: ...
+    async def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
+                    lease: timedelta | None = None) -> Outcome: ...
+    async def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None: ...
+    async def release(self, conn: Any, claimed: Claimed) -> bool: ...
+    async def run(self, *, scope: str, operation: str, key: str, request: Any,
+                  effect: Callable[[Any], Awaitable[Any]], status: int = 200,
+                  lease: timedelta | None = None) -> Result: ...
+
+
+class AsyncIdempotency:
+    """One async store and one policy; `await handle(request, handler)` is what every async adapter calls."""
+
+    def __init__(self, store: AsyncStore, policy: IdempotencyPolicy) -> None:
+        self.store = store
+        self.policy = policy
+
+    async def handle(self, req: HttpRequest, handler: AsyncHandler) -> HttpResponse:
+        prepared = prepare(self.policy, req)
+        if prepared is None:
+            return await handler(None)
+        if isinstance(prepared, HttpResponse):
+            return prepared
+        raised: list[BaseException] = []  # the handler's own errors: re-raised unchanged, never made problems
+
+        async def tracked(conn: Any) -> HttpResponse:
+            try:
+                return await handler(conn)
+            except ResponseTooLarge:
+                raise
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        try:
+            if self.policy.lease is None:
+                return await self._atomic(prepared, tracked)
+            return await self._external(prepared, tracked)
+        except ResponseTooLarge:
+            return too_large(self.policy)
+        except IdemError as exc:
+            if any(exc is e for e in raised):
+                raise
+            return error_problem(exc, base=self.policy.problem_base)
+
+    async def _atomic(self, call: Call, handler: AsyncHandler) -> HttpResponse:
+        first: list[HttpResponse] = []
+
+        async def effect(conn: Any) -> Reply:
+            token = _connection.set(conn)
+            try:
+                resp = await handler(conn)
+            finally:
+                _connection.reset(token)
+            if not self.policy.store_status(resp.status):
+                raise NotStored(resp)  # rolls the handler's writes back with the claim
+            first[:] = [resp]
+            return Reply(encode_stored(self.policy, resp), resp.status)
+
+        try:
+            result = await self.store.run(scope=call.scope, operation=call.operation, key=call.key,
+                                          request=call.request, effect=effect)
+        except NotStored as ns:
+            return ns.response
+        if result.replayed:
+            return replay_response(self.policy, call, result.response, result.status)
+        return first[0]
+
+    async def _external(self, call: Call, handler: AsyncHandler) -> HttpResponse:
+        store, policy = self.store, self.policy
+
+        async def claim(conn: Any) -> Outcome:
+            return await store.claim(conn, scope=call.scope, operation=call.operation, key=call.key,
+                                     request=call.request, lease=policy.lease)
+
+        outcome = await self._retrying(claim)
+        answer = outcome_response(policy, call, outcome)
+        if answer is not None:
+            return answer
+        assert isinstance(outcome, Claimed)
+        try:
+            resp = await handler(None)
+        except BaseException:
+            await self._release(outcome)
+            raise  # the handler's own error, unchanged
+        if not policy.store_status(resp.status):
+            await self._release(outcome)
+            return resp
+        body = encode_stored(policy, resp)
+
+        async def complete(conn: Any) -> None:
+            await store.complete(conn, outcome, body, resp.status)
+
+        await self._retrying(complete)
+        return resp
+
+    async def _release(self, claimed: Claimed) -> None:
+        async def release(conn: Any) -> bool:
+            return await self.store.release(conn, claimed)
+
+        try:
+            await self._retrying(release)
+        except Exception:  # the lease ends on its own; the handler's outcome matters more
+            pass
+
+    async def _retrying(self, step: Callable[[Any], Awaitable[Any]]) -> Any:
+        """One short transaction, re-run on the store's retryable errors within its retry budget."""
+        policy, started, attempts = self.store.retry, time.monotonic(), 0
+        causes: dict[str, int] = {}
+        wait = policy.initial
+        while True:
+            attempts += 1
+            try:
+                async with self.store.transaction() as conn:
+                    return await step(conn)
+            except Exception as exc:
+                cause = self.store.retry_cause(exc)
+                if cause is None:
+                    raise
+                causes[str(cause)] = causes.get(str(cause), 0) + 1
+                elapsed = time.monotonic() - started
+                if elapsed >= policy.total or (policy.max_attempts is not None and attempts >= policy.max_attempts):
+                    raise RetriesExhausted(attempts, elapsed, causes, exc) from exc
+                await asyncio.sleep(random.uniform(0, wait))
+                wait = min(wait * 2, policy.max_wait)
