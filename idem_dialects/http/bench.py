@@ -1,0 +1,216 @@
+"""HTTP benchmark: requests per second through the ASGI middleware beside the bare endpoint, exactly-once checked.
+
+    python -m idem_dialects.http.bench [--engine sqlite|postgresql|URL ...] [--requests 400] [--concurrency 8]
+
+Each engine gets a real uvicorn server (in a thread of this process) and an httpx client. Two workloads:
+
+- **throughput**: a debit endpoint (`UPDATE accounts SET balance = balance - amount`), bare (its own transaction) and
+  through the middleware in atomic mode (the debit in the record's transaction); one request in four is a client
+  retry of an earlier key (a replay). After the run, the balance must have moved by exactly one debit per distinct
+  key and there must be one record per key, or the run fails.
+- **latency hiding**: 20 concurrent requests with distinct keys to a handler that waits 200 ms (an external call), in
+  external-call mode (leased claim, no transaction held during the call) and bare; the wall time of the 20 is
+  compared with the handler's 200 ms.
+
+Needs the [http] extra and an async driver for the engine (aiosqlite, asyncpg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .asgi import STATE_KEY, IdempotencyMiddleware
+from .core import IdempotencyPolicy
+
+HANDLER_SECONDS = 0.2
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+
+
+@dataclass
+class Row:
+    engine: str
+    workload: str
+    path: str
+    requests: int
+    seconds: float
+
+    def line(self) -> str:
+        rate = self.requests / self.seconds if self.seconds else 0.0
+        extra = f"{self.seconds / HANDLER_SECONDS:.2f}x handler" if self.workload == "latency" else ""
+        return (f"| {self.engine} | {self.workload} | {self.path} | {self.requests} | {self.seconds:.3f} |"
+                f" {rate:.0f} | {extra} |")
+
+
+class Server:
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            self.thread.join(0.01)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+def build_app(store: Any, accounts: str) -> Any:
+    debit = text(f"UPDATE {accounts} SET balance = balance - :amount WHERE id = 1")
+
+    async def bare(request: Request) -> JSONResponse:
+        amount = (await request.json())["amount"]
+        async with store.engine.begin() as conn:
+            await conn.execute(debit, {"amount": amount})
+        return JSONResponse({"debited": amount}, status_code=201)
+
+    async def atomic(request: Request) -> JSONResponse:
+        amount = (await request.json())["amount"]
+        await getattr(request.state, STATE_KEY).execute(debit, {"amount": amount})
+        return JSONResponse({"debited": amount}, status_code=201)
+
+    async def slow(request: Request) -> JSONResponse:
+        await asyncio.sleep(HANDLER_SECONDS)  # the external call
+        return JSONResponse({"called": True}, status_code=201)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await store.engine.dispose()  # its connections belong to the server's event loop
+
+    routes = [Route("/bare/debit", bare, methods=["POST"]), Route("/idem/debit", atomic, methods=["POST"]),
+              Route("/bare/slow", slow, methods=["POST"]), Route("/ext/slow", slow, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
+        scope=lambda r: "bench", paths={"/ext/slow"}, lease=timedelta(seconds=30)))
+    app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
+        scope=lambda r: "bench", paths={"/idem/debit"}))
+    return app
+
+
+async def drive(client: httpx.AsyncClient, path: str, keys: list[str], concurrency: int) -> float:
+    queue = list(enumerate(keys))
+    failures: list[str] = []
+
+    async def worker() -> None:
+        while queue:
+            _, key = queue.pop()
+            resp = await client.post(path, json={"amount": 1}, headers={"idempotency-key": f'"{key}"'})
+            if resp.status_code != 201:
+                failures.append(f"{resp.status_code} {resp.text[:200]}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise SystemExit(f"{path}: {len(failures)} requests failed, e.g. {failures[0]}")
+    return elapsed
+
+
+async def bench_engine(name: str, url: str, requests: int, concurrency: int) -> list[Row]:
+    from .. import AsyncIdempotencyStore  # type: ignore[attr-defined]  # the async store (issue 14)
+
+    prefix = f"hb{secrets.token_hex(3)}_"
+    # A pool as large as the 20 concurrent requests, so the latency workload measures the layer, not pool waits.
+    options = {} if name == "sqlite" else {"pool_size": 25}
+    store = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_", **options)
+    accounts = f"{prefix}accounts"
+    await store.create_tables()
+    async with store.engine.begin() as conn:
+        await conn.execute(text(f"CREATE TABLE {accounts} (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)"))
+        await conn.execute(text(f"INSERT INTO {accounts} (id, balance) VALUES (1, 0)"))
+    await store.engine.dispose()  # the server's event loop opens its own connections
+    rows: list[Row] = []
+    try:
+        distinct = [f"k{i}" for i in range(requests * 3 // 4)]
+        with_retries = distinct + random.Random(7).sample(distinct, requests - len(distinct))
+        random.Random(8).shuffle(with_retries)
+        with Server(build_app(store, accounts)) as base:
+            limits = httpx.Limits(max_connections=max(concurrency, 20))
+            async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
+                for path in ("/bare/debit", "/idem/debit", "/bare/slow", "/ext/slow"):  # warm pools and caches
+                    await drive(client, path, [f"warm{path}{i}" for i in range(20)], 20)
+                rows.append(Row(name, "throughput", "bare", requests,
+                                await drive(client, "/bare/debit", [f"b{i}" for i in range(requests)], concurrency)))
+                rows.append(Row(name, "throughput", "middleware (atomic)", requests,
+                                await drive(client, "/idem/debit", with_retries, concurrency)))
+                rows.append(Row(name, "latency", "bare", 20,
+                                await drive(client, "/bare/slow", [f"s{i}" for i in range(20)], 20)))
+                rows.append(Row(name, "latency", "middleware (external call)", 20,
+                                await drive(client, "/ext/slow", [f"e{i}" for i in range(20)], 20)))
+        async with store.engine.connect() as conn:
+            balance = (await conn.execute(text(f"SELECT balance FROM {accounts} WHERE id = 1"))).scalar_one()
+            records = (await conn.execute(text(f"SELECT count(*) FROM {prefix}idem_records"))).scalar_one()
+        # Debits: 20 + 20 warm-up, the bare ones, one per distinct key; records: warm-up 2 x 20, distinct, 20 slow.
+        expected, expected_records = -(40 + requests + len(distinct)), 40 + len(distinct) + 20
+        if balance != expected or records != expected_records:
+            raise SystemExit(f"{name}: exactly-once violated: balance {balance} (expected {expected}),"
+                             f" {records} records (expected {expected_records})")
+    finally:
+        await store.drop_tables()
+        async with store.engine.begin() as conn:
+            await conn.execute(text(f"DROP TABLE {accounts}"))
+        await store.engine.dispose()
+    return rows
+
+
+def resolve(engine: str, workdir: Path) -> tuple[str, str]:
+    if engine == "sqlite":
+        return engine, f"{ASYNC_DRIVERS['sqlite']}:///{workdir / 'bench.db'}"
+    if engine in ("postgresql", "postgresql-18"):
+        from ..engines import get  # type: ignore[import-not-found, unused-ignore]
+
+        url = make_url(get(engine).provide().url)
+        return engine, url.set(drivername=ASYNC_DRIVERS["postgresql"]).render_as_string(hide_password=False)
+    return make_url(engine).get_backend_name(), engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m idem_dialects.http.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", action="append", help="sqlite, postgresql, postgresql-18 or an async URL")
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args(argv)
+    print("| engine | workload | path | requests | seconds | requests/s | 20 x 200 ms |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in args.engine or ["sqlite", "postgresql"]:
+            name, url = resolve(engine, Path(tmp))
+            for row in asyncio.run(bench_engine(name, url, args.requests, args.concurrency)):
+                print(row.line(), flush=True)
+    print("exactly-once: balance and record count checked after each engine's run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
