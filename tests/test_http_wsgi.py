@@ -29,6 +29,7 @@ from idem_dialects.http.flask import idempotent_view  # noqa: E402
 from idem_dialects.http.wsgi import IdempotencyMiddleware  # noqa: E402
 
 PROBLEM = "urn:idem-dialects:problem:"
+LIMIT = 64 * 1024
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -63,7 +64,8 @@ class Service:
 
 def build_app(store: IdempotencyStore, form: str, calls: Counter[str], started: threading.Event,
               gate: threading.Event) -> Any:
-    atomic = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: p != "/external")
+    atomic = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: p != "/external",
+                               max_request_bytes=LIMIT, max_response_bytes=LIMIT)
     external = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths={"/external"},
                                  lease=timedelta(seconds=30))
     app = flask.Flask("wsgi-test")
@@ -88,6 +90,12 @@ def build_app(store: IdempotencyStore, form: str, calls: Counter[str], started: 
     def explode() -> Any:
         write(1)
         raise RuntimeError("after the write")
+
+    @app.post("/big")
+    @deco(atomic)
+    def big() -> Any:
+        write(2)
+        return "x" * (LIMIT + 1), 201
 
     @app.post("/flaky")
     @deco(atomic)
@@ -223,3 +231,11 @@ def test_flask_example_runs_once_per_key(tmp_path: Path) -> None:
     assert first.status_code == again.status_code == 201
     assert json.loads(again.content) == json.loads(first.content) and again.content == first.content
     assert again.headers["idempotent-replayed"] == "true" and again.headers["location"] == "/payments/1"
+
+
+def test_bodies_over_the_limits_are_refused_and_leave_nothing(service: Service) -> None:
+    problem_of(service.post("/payments", '"huge-request"', b'{"amount": 1, "pad": "' + b"x" * LIMIT + b'"}'),
+               "request-too-large", 413)
+    problem_of(service.post("/big", '"huge-response"'), "response-too-large", 500)
+    assert service.calls["payments"] == 0
+    assert service.count("payments") == 0 and service.count("idem_records") == 0
