@@ -22,6 +22,7 @@ from ..retry import RetryPolicy
 from ..store import Reply
 from .core import (
     Call,
+    HandlerErrors,
     HttpRequest,
     IdempotencyPolicy,
     NotStored,
@@ -31,9 +32,9 @@ from .core import (
     outcome_response,
     prepare,
     replay_response,
-    too_large,
+    stored_reply,
 )
-from .problems import HttpResponse, error_problem
+from .problems import HttpResponse
 
 AsyncHandler = Callable[[Any], Awaitable[HttpResponse]]
 
@@ -67,27 +68,21 @@ class AsyncIdempotency:
             return await handler(None)
         if isinstance(prepared, HttpResponse):
             return prepared
-        raised: list[BaseException] = []  # the handler's own errors: re-raised unchanged, never made problems
+        errors = HandlerErrors()
 
         async def tracked(conn: Any) -> HttpResponse:
             try:
                 return await handler(conn)
-            except ResponseTooLarge:
-                raise
             except BaseException as exc:
-                raised.append(exc)
+                errors.note(exc)
                 raise
 
         try:
             if self.policy.lease is None:
                 return await self._atomic(prepared, tracked)
             return await self._external(prepared, tracked)
-        except ResponseTooLarge:
-            return too_large(self.policy)
-        except IdemError as exc:
-            if any(exc is e for e in raised):
-                raise
-            return error_problem(exc, base=self.policy.problem_base)
+        except (ResponseTooLarge, IdemError) as exc:
+            return errors.answer(self.policy, exc)
 
     async def _atomic(self, call: Call, handler: AsyncHandler) -> HttpResponse:
         first: list[HttpResponse] = []
@@ -98,10 +93,7 @@ class AsyncIdempotency:
                 resp = await handler(conn)
             finally:
                 _connection.reset(token)
-            if not self.policy.store_status(resp.status):
-                raise NotStored(resp)  # rolls the handler's writes back with the claim
-            first[:] = [resp]
-            return Reply(encode_stored(self.policy, resp), resp.status)
+            return stored_reply(self.policy, resp, first)
 
         try:
             result = await self.store.run(scope=call.scope, operation=call.operation, key=call.key,

@@ -37,10 +37,11 @@ from typing import Any
 
 import rfc8785
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
+from ..store import Reply
 from .keyheader import KeyHeaderError, parse_key_header
-from .problems import HttpResponse, problem
+from .problems import HttpResponse, error_problem, problem
 
 DEFAULT_REPLAY_HEADERS = ("content-type", "content-language", "content-location", "location", "etag",
                           "last-modified", "link")
@@ -243,6 +244,33 @@ class NotStored(Exception):
 
 class ResponseTooLarge(Exception):
     """An adapter met more response bytes than the policy stores."""
+
+
+class HandlerErrors:
+    """The handler's own exceptions: re-raised unchanged, never turned into problems (even an IdemError of its own)."""
+
+    def __init__(self) -> None:
+        self.raised: list[BaseException] = []
+
+    def note(self, exc: BaseException) -> None:
+        if not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
+            self.raised.append(exc)
+
+    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
+        """The problem for an error of the layer or the store; re-raises the handler's own."""
+        if any(exc is e for e in self.raised):
+            raise exc
+        if isinstance(exc, ResponseTooLarge):
+            return too_large(policy)
+        return error_problem(exc, base=policy.problem_base)
+
+
+def stored_reply(policy: IdempotencyPolicy, resp: HttpResponse, first: list[HttpResponse]) -> Reply:
+    """What the atomic effect returns to `run` for the handler's response (NotStored rolls a 5xx back)."""
+    if not policy.store_status(resp.status):
+        raise NotStored(resp)
+    first[:] = [resp]
+    return Reply(encode_stored(policy, resp), resp.status)
 
 
 # The connection of the transaction the atomic-mode handler runs in (a sqlalchemy Connection or AsyncConnection).

@@ -20,6 +20,7 @@ from ..retry import call_with_retry
 from ..store import IdempotencyStore, Reply
 from .core import (
     Call,
+    HandlerErrors,
     HttpRequest,
     IdempotencyPolicy,
     NotStored,
@@ -29,9 +30,9 @@ from .core import (
     outcome_response,
     prepare,
     replay_response,
-    too_large,
+    stored_reply,
 )
-from .problems import HttpResponse, error_problem
+from .problems import HttpResponse
 
 Handler = Callable[[Connection | None], HttpResponse]
 
@@ -49,27 +50,21 @@ class Idempotency:
             return handler(None)
         if isinstance(prepared, HttpResponse):
             return prepared
-        raised: list[BaseException] = []  # the handler's own errors: re-raised unchanged, never made problems
+        errors = HandlerErrors()
 
         def tracked(conn: Connection | None) -> HttpResponse:
             try:
                 return handler(conn)
-            except ResponseTooLarge:
-                raise
             except BaseException as exc:
-                raised.append(exc)
+                errors.note(exc)
                 raise
 
         try:
             if self.policy.lease is None:
                 return self._atomic(prepared, tracked)
             return self._external(prepared, tracked)
-        except ResponseTooLarge:
-            return too_large(self.policy)
-        except IdemError as exc:
-            if any(exc is e for e in raised):
-                raise
-            return error_problem(exc, base=self.policy.problem_base)
+        except (ResponseTooLarge, IdemError) as exc:
+            return errors.answer(self.policy, exc)
 
     def _atomic(self, call: Call, handler: Handler) -> HttpResponse:
         first: list[HttpResponse] = []
@@ -80,10 +75,7 @@ class Idempotency:
                 resp = handler(conn)
             finally:
                 _connection.reset(token)
-            if not self.policy.store_status(resp.status):
-                raise NotStored(resp)  # rolls the handler's writes back with the claim
-            first[:] = [resp]
-            return Reply(encode_stored(self.policy, resp), resp.status)
+            return stored_reply(self.policy, resp, first)
 
         try:
             result = self.store.run(scope=call.scope, operation=call.operation, key=call.key,
