@@ -26,8 +26,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -64,25 +64,24 @@ class Row:
                 f" {rate:.0f} | {extra} |")
 
 
-class Server:
-    def __init__(self, app: Any) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
+@contextmanager
+def uvicorn_server(app: Any) -> Iterator[str]:
+    """A real uvicorn server on a free loopback port, in a thread of this process; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
-            self.thread.join(0.01)
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
+            thread.join(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
 
 
 def build_app(store: Any, accounts: str) -> Any:
@@ -155,7 +154,7 @@ async def bench_engine(name: str, url: str, requests: int, concurrency: int) -> 
         distinct = [f"k{i}" for i in range(requests * 3 // 4)]
         with_retries = distinct + random.Random(7).sample(distinct, requests - len(distinct))
         random.Random(8).shuffle(with_retries)
-        with Server(build_app(store, accounts)) as base:
+        with uvicorn_server(build_app(store, accounts)) as base:
             limits = httpx.Limits(max_connections=max(concurrency, 20))
             async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
                 for path in ("/bare/debit", "/idem/debit", "/bare/slow", "/ext/slow"):  # warm pools and caches

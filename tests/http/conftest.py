@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import secrets
-import socket
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -268,25 +267,12 @@ def werkzeug_server(app: Any) -> Iterator[str]:
         thread.join(30)
 
 
-@contextmanager
-def uvicorn_server(app: Any) -> Iterator[str]:
+def uvicorn_server(app: Any) -> AbstractContextManager[str]:
     """A real uvicorn server on a free loopback port, in a thread of this process (so tests can gate handlers)."""
-    uvicorn = pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            thread.join(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
+    from idem_dialects.http.bench import uvicorn_server as serve_uvicorn
+
+    return serve_uvicorn(app)
 
 
 def serve(stack: str, app: Any) -> AbstractContextManager[str]:
