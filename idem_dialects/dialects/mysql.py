@@ -99,6 +99,7 @@ class MySQLFeatures(Features):
 
 class MySQLBackend(Backend):
     name = "mysql"
+    async_drivers: ClassVar[tuple[str, ...]] = ("asyncmy", "aiomysql")
     base_features: ClassVar[Features] = MySQLFeatures()
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,

@@ -41,6 +41,7 @@ def is_memory(url: URL) -> bool:
 
 class SQLiteBackend(Backend):
     name = "sqlite"
+    async_drivers = ("aiosqlite",)
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",))
 
@@ -77,7 +78,8 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
-        dbapi = conn.connection.driver_connection
+        # The DB-API connection: sqlite3 itself, or SQLAlchemy's adapter of aiosqlite, which forwards isolation_level.
+        dbapi = conn.connection.dbapi_connection
         lock = self._memory_lock if self._memory_lock is not None else nullcontext()
         with lock:
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
