@@ -8,17 +8,15 @@ a short transaction of its own, or the claim is released if the handler failed.
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from ..errors import IdemError, RetriesExhausted
-from ..outcomes import Claimed, Outcome, Result
-from ..retry import RetryPolicy
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..aio import AsyncIdempotencyStore
+from ..errors import IdemError
+from ..outcomes import Claimed, Outcome
+from ..retry import acall_with_retry
 from ..store import Reply
 from .core import (
     Call,
@@ -39,26 +37,10 @@ from .problems import HttpResponse
 AsyncHandler = Callable[[Any], Awaitable[HttpResponse]]
 
 
-class AsyncStore(Protocol):
-    """What the ASGI side needs of `idem_dialects.AsyncIdempotencyStore`."""
-
-    retry: RetryPolicy
-
-    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
-    def retry_cause(self, exc: BaseException) -> str | None: ...
-    async def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
-                    lease: timedelta | None = None) -> Outcome: ...
-    async def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None: ...
-    async def release(self, conn: Any, claimed: Claimed) -> bool: ...
-    async def run(self, *, scope: str, operation: str, key: str, request: Any,
-                  effect: Callable[[Any], Awaitable[Any]], status: int = 200,
-                  lease: timedelta | None = None) -> Result: ...
-
-
 class AsyncIdempotency:
     """One async store and one policy; `await handle(request, handler)` is what every async adapter calls."""
 
-    def __init__(self, store: AsyncStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
 
@@ -141,23 +123,9 @@ class AsyncIdempotency:
         except Exception:  # the lease ends on its own; the handler's outcome matters more
             pass
 
-    async def _retrying(self, step: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def _retrying(self, step: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
         """One short transaction, re-run on the store's retryable errors within its retry budget."""
-        policy, started, attempts = self.store.retry, time.monotonic(), 0
-        causes: dict[str, int] = {}
-        wait = policy.initial
-        while True:
-            attempts += 1
-            try:
-                async with self.store.transaction() as conn:
-                    return await step(conn)
-            except Exception as exc:
-                cause = self.store.retry_cause(exc)
-                if cause is None:
-                    raise
-                causes[str(cause)] = causes.get(str(cause), 0) + 1
-                elapsed = time.monotonic() - started
-                if elapsed >= policy.total or (policy.max_attempts is not None and attempts >= policy.max_attempts):
-                    raise RetriesExhausted(attempts, elapsed, causes, exc) from exc
-                await asyncio.sleep(random.uniform(0, wait))
-                wait = min(wait * 2, policy.max_wait)
+        async def once() -> Any:
+            async with self.store.transaction() as conn:
+                return await step(conn)
+        return await acall_with_retry(self.store.retry, self.store.retry_cause, once)

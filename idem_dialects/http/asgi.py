@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .adriver import AsyncIdempotency, AsyncStore
+from ..aio import AsyncIdempotencyStore
+from .adriver import AsyncIdempotency
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
 from .problems import HttpResponse
 
@@ -91,7 +92,7 @@ async def send_response(resp: HttpResponse, send: Send) -> None:
 class IdempotencyMiddleware:
     """Wrap an ASGI app: requests the policy selects are claimed, run once, stored and replayed."""
 
-    def __init__(self, app: ASGIApp, store: AsyncStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, app: ASGIApp, store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.app = app
         self.policy = policy
         self.idempotency = AsyncIdempotency(store, policy)

@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from ..aio import AsyncIdempotencyStore
 from .asgi import STATE_KEY, IdempotencyMiddleware
 from .core import IdempotencyPolicy
 
@@ -137,11 +138,9 @@ async def drive(client: httpx.AsyncClient, path: str, keys: list[str], concurren
 
 
 async def bench_engine(name: str, url: str, requests: int, concurrency: int) -> list[Row]:
-    from .. import AsyncIdempotencyStore  # type: ignore[attr-defined]  # the async store (issue 14)
-
     prefix = f"hb{secrets.token_hex(3)}_"
     # A pool as large as the 20 concurrent requests, so the latency workload measures the layer, not pool waits.
-    options = {} if name == "sqlite" else {"pool_size": 25}
+    options: dict[str, Any] = {} if name == "sqlite" else {"pool_size": 25}
     store = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_", **options)
     accounts = f"{prefix}accounts"
     await store.create_tables()

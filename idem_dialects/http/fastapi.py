@@ -16,7 +16,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 
-from .adriver import AsyncIdempotency, AsyncStore
+from ..aio import AsyncIdempotencyStore
+from .adriver import AsyncIdempotency
 from .asgi import STATE_KEY, decode_headers
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, current_connection
 from .problems import HttpResponse
@@ -48,7 +49,7 @@ async def _buffer(resp: Response, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def idempotent_route(store: AsyncStore, policy: IdempotencyPolicy) -> type[APIRoute]:
+def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> type[APIRoute]:
     """A route class whose endpoints run under `policy` (methods outside `policy.methods` pass through)."""
     idempotency = AsyncIdempotency(store, policy)
 
