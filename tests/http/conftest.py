@@ -174,6 +174,15 @@ def flask_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], 
         pid = write(5)
         return ({"error": "upstream down"}, 503) if hooks.calls["flaky"] == 1 else ({"id": pid}, 201)
 
+    @app.post("/gated")
+    @deco(atomic)
+    def gated() -> Any:
+        hooks.calls["gated"] += 1
+        pid = write(3)
+        hooks.started.set()
+        assert hooks.gate.wait(30)
+        return {"id": pid}, 201
+
     @app.post("/external")
     @deco(external)
     def external_call() -> Any:
@@ -236,6 +245,15 @@ def fastapi_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[]
         if hooks.calls["flaky"] == 1:
             return JSONResponse({"error": "upstream down"}, status_code=503)
         return JSONResponse({"id": pid}, status_code=201)
+
+    @router.post("/gated", status_code=201)
+    async def gated(request: Request, conn: IdemConnection) -> Any:
+        hooks.calls["gated"] += 1
+        pid = await write(request, conn, 3)
+        hooks.started.set()
+        while not hooks.gate.is_set():  # holding the record's transaction open
+            await asyncio.sleep(0.01)
+        return {"id": pid}
 
     @ext_router.post("/external", status_code=201)
     async def external_call() -> Any:

@@ -70,6 +70,22 @@ def test_concurrent_duplicate_in_external_call_mode_is_409_with_retry_after(serv
     assert service.calls["external"] == 1
 
 
+def test_concurrent_duplicate_in_atomic_mode_waits_then_replays(service: Service) -> None:
+    results: list[Any] = []
+    first = threading.Thread(target=lambda: results.append(service.post("/gated", '"atomic-1"')))
+    first.start()
+    assert service.started.wait(30)  # the first holds its claim, uncommitted, inside the handler
+    second = threading.Thread(target=lambda: results.append(service.post("/gated", '"atomic-1"')))
+    second.start()
+    service.gate.set()
+    first.join(30)
+    second.join(30)
+    assert sorted(r.status_code for r in results) == [201, 201]
+    assert results[0].content == results[1].content
+    assert sorted(r.headers.get("idempotent-replayed", "") for r in results) == ["", "true"]
+    assert service.calls["gated"] == 1 and service.db.count("payments") == 1
+
+
 def test_handler_raising_after_its_write_leaves_neither_row_nor_record(service: Service) -> None:
     assert service.post("/explode", '"boom"').status_code == 500
     assert service.db.count("payments") == 0 and service.db.count("idem_records") == 0
