@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from idem_dialects.engines import Unavailable, get
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 import idem_dialects
 from idem_dialects import IdempotencyStore
+from idem_dialects.engines import Unavailable, get
 from idem_dialects.http import IdempotencyPolicy, current_connection
 
 httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
