@@ -108,7 +108,7 @@ class IdempotencyMiddleware:
         too_large = declared.isdigit() and int(declared) > policy.max_request_bytes
         body, over = (b"", True) if too_large else await read_body(receive, policy.max_request_bytes)
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
-                          body_too_large=over)
+                          body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"))
 
         async def handler(conn: Any) -> HttpResponse:
             return await run_asgi(self.app, scope, receive, body, conn, policy.max_response_bytes)

@@ -5,12 +5,13 @@ and run the handler through a sync or async driver; everything about HTTP semant
 
 **Fingerprint.** The store compares a request's fingerprint, SHA-256 over the RFC 8785 canonical JSON of:
 
-    {"method": "POST", "path": "/payments", "headers": {"<name>": "<value>", ...}, "body": {"<kind>": "<sha256 hex>"}}
+    {"method": "POST", "path": "/payments?a=1", "headers": {"<name>": "<value>"}, "body": {"<kind>": "<sha256 hex>"}}
 
 where `body` is `{"json": sha256(JCS(parsed body))}` when the content type is JSON (`application/json`, `*+json`) and
 the body parses and canonicalizes (so key order and whitespace do not matter), else `{"bytes": sha256(raw body)}`;
-`headers` holds only the policy's `fingerprint_headers` (lower-cased; repeated lines joined with ", "). Leave out the
-method or path with `fingerprint_method=False` / `fingerprint_path=False`.
+`path` carries the query string when there is one; `headers` holds only the policy's `fingerprint_headers`
+(lower-cased; repeated lines joined with ", "). Leave out the method or path (and query) with
+`fingerprint_method=False` / `fingerprint_path=False`.
 
 **Stored and replayed.** Status, body bytes exactly, and the headers in `replay_headers` (an allow-list; default
 Content-Type, Content-Language, Content-Location, Location, ETag, Last-Modified, Link). Statuses for which
@@ -57,6 +58,7 @@ class HttpRequest:
     headers: list[tuple[str, str]]
     native: Any = None
     body: bytes = b""
+    query: str = ""  # the raw query string, part of the fingerprinted target
     body_too_large: bool = False  # the adapter saw a Content-Length over the limit and did not read the body
 
     def header_values(self, name: str) -> list[str]:
@@ -80,7 +82,7 @@ class IdempotencyPolicy:
     `lease` set: external-call mode (claim committed first under that lease, handler outside any transaction, then
     complete). None: atomic mode (claim, handler and record in one transaction; the handler gets its connection)."""
 
-    scope: Callable[[HttpRequest], str | None] | None = None
+    scope: Callable[[HttpRequest], object] | None = None
     global_scope: bool = False
     operation: str | Callable[[HttpRequest], str] = "http"
     header: str = "Idempotency-Key"
@@ -156,7 +158,8 @@ def prepare(policy: IdempotencyPolicy, req: HttpRequest) -> Call | HttpResponse 
         scope: str | None = "global"
     else:
         assert policy.scope is not None
-        scope = policy.scope(req)
+        owner = policy.scope(req)
+        scope = None if owner is None or owner == "" else str(owner)  # an int account id is an owner too
     if not scope:
         return policy.problem("unauthenticated", 401, "Idempotent requests must be authenticated: the key belongs"
                               " to the client that sent it.")
@@ -170,7 +173,7 @@ def request_identity(policy: IdempotencyPolicy, req: HttpRequest) -> dict[str, A
     if policy.fingerprint_method:
         ident["method"] = req.method.upper()
     if policy.fingerprint_path:
-        ident["path"] = req.path
+        ident["path"] = f"{req.path}?{req.query}" if req.query else req.path
     if policy.fingerprint_headers:
         ident["headers"] = {h.lower(): req.header(h) or "" for h in policy.fingerprint_headers}
     ident["body"] = body_digest(req.header("content-type"), req.body)
@@ -181,7 +184,7 @@ def body_digest(content_type: str | None, body: bytes) -> dict[str, str]:
     if _is_json(content_type):
         try:
             canonical = rfc8785.dumps(json.loads(body))
-        except (ValueError, rfc8785.CanonicalizationError):
+        except (ValueError, RecursionError):
             pass  # not JSON after all, or beyond what JCS represents (ints over 2**53, NaN): compare the bytes
         else:
             return {"json": hashlib.sha256(canonical).hexdigest()}

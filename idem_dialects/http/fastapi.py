@@ -65,7 +65,8 @@ def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) ->
                 declared = request.headers.get("content-length", "0")
                 too_large = declared.isdigit() and int(declared) > policy.max_request_bytes
                 req = HttpRequest(method=request.method, path=request.url.path, headers=headers, native=request,
-                                  body=b"" if too_large else await request.body(), body_too_large=too_large)
+                                  body=b"" if too_large else await request.body(), body_too_large=too_large,
+                                  query=request.url.query)
 
                 async def handler(conn: Any) -> HttpResponse:
                     if conn is not None:

@@ -31,7 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def request_from_flask(req: flask.Request, max_bytes: int) -> HttpRequest:
     too_large = (req.content_length or 0) > max_bytes
     return HttpRequest(method=req.method, path=req.path, headers=[(k.lower(), v) for k, v in req.headers.items()],
-                       native=req, body=b"" if too_large else req.get_data(cache=True), body_too_large=too_large)
+                       native=req, body=b"" if too_large else req.get_data(cache=True), body_too_large=too_large,
+                       query=req.query_string.decode("latin-1"))
 
 
 def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Callable[[F], F]:

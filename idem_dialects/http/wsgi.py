@@ -42,7 +42,8 @@ def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
     body = b"" if too_large or length <= 0 else environ["wsgi.input"].read(length)
     return HttpRequest(method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
                        path=str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", "")),
-                       headers=headers, native=environ, body=body, body_too_large=too_large)
+                       headers=headers, native=environ, body=body, body_too_large=too_large,
+                       query=str(environ.get("QUERY_STRING", "")))
 
 
 def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpResponse:

@@ -45,6 +45,7 @@ def test_json_bodies_compare_canonically_and_others_by_bytes() -> None:
         body_digest("application/json; charset=utf-8", b'{"b":[1,"x"],"a":1}')
     assert body_digest("application/merge-patch+json", b'{"a":1}') == body_digest("application/json", b'{ "a" : 1 }')
     assert body_digest("text/plain", b'{"a":1}') != body_digest("text/plain", b'{ "a":1}')
+    assert "bytes" in body_digest("application/json", b"[" * 100_000)  # too deep to parse: compared as bytes
     # Beyond what JCS represents: compared as bytes rather than refused.
     assert body_digest("application/json", b'{"n": 18446744073709551617}') == {
         "bytes": body_digest("text/plain", b'{"n": 18446744073709551617}')["bytes"]}
@@ -66,6 +67,10 @@ def test_the_fingerprint_covers_method_path_and_chosen_headers() -> None:
     assert call("PATCH", "/pay", "EUR").request != base.request
     assert call("POST", "/pay/2", "EUR").request != base.request
     assert call("POST", "/pay", "USD").request != base.request
+    with_query = prepare(policy, HttpRequest("POST", "/pay", [("idempotency-key", '"k"'), ("x-currency", "EUR"),
+                                                              ("content-type", "application/json")], body=b"{}",
+                                             query="dry_run=1"))
+    assert isinstance(with_query, Call) and with_query.request["path"] == "/pay?dry_run=1"
 
 
 def test_scope_is_required_unless_global() -> None:
@@ -73,6 +78,8 @@ def test_scope_is_required_unless_global() -> None:
         IdempotencyPolicy()
     glob = prepare(IdempotencyPolicy(global_scope=True), HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
     assert isinstance(glob, Call) and glob.scope == "global"
+    numeric = prepare(IdempotencyPolicy(scope=lambda r: 42), HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
+    assert isinstance(numeric, Call) and numeric.scope == "42"
     anonymous = prepare(POLICY, HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
     assert isinstance(anonymous, HttpResponse) and anonymous.status == 401
 
