@@ -126,3 +126,12 @@ def test_importing_the_http_package_imports_no_framework() -> None:
             "print(sorted(m for m in ('flask', 'fastapi', 'starlette', 'werkzeug', 'uvicorn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_header_and_marker_names_are_configurable() -> None:
+    policy = IdempotencyPolicy(global_scope=True, header="X-Request-Key", allow_token=True,
+                               replay_marker=("X-Replayed", "1"))
+    call = prepare(policy, HttpRequest("POST", "/", [("x-request-key", "tok-1"), ("idempotency-key", '"other"')]))
+    assert isinstance(call, Call) and call.key == "tok-1"
+    replay = decode_stored(policy, encode_stored(policy, HttpResponse(200, [], b"ok")), 200)
+    assert replay.header("x-replayed") == "1" and replay.header("idempotent-replayed") is None
