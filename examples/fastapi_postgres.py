@@ -39,7 +39,7 @@ def create_app(url: str, table_prefix: str = "") -> FastAPI:
             await conn.execute(text(f"CREATE TABLE IF NOT EXISTS {payments}"
                                     " (id SERIAL PRIMARY KEY, account TEXT NOT NULL, amount INTEGER NOT NULL)"))
         yield
-        await store.close()
+        await store.close()  # idem
 
     app = FastAPI(lifespan=lifespan)
     app.add_middleware(IdempotencyMiddleware, store=store,  # idem
