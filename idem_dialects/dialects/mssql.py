@@ -122,7 +122,8 @@ class InsertIfAbsent(Executable, ClauseElement):
 @compiles(InsertIfAbsent, "mssql")
 def _compile_insert_if_absent(element: InsertIfAbsent, compiler: SQLCompiler, **kw: Any) -> str:
     # Compile the INSERT as a nested statement (as inside a CTE): the batch, not the INSERT, is what executes, so
-    # SQLAlchemy must not treat the execution as an INSERT (which would discard the batch's result row).
+    # SQLAlchemy must not treat the execution as an INSERT (which would discard the batch's result row). `stack` has
+    # no public equivalent; tests/test_mssql.py::test_private_compiler_stack_still_exists fails loudly if it moves.
     compiler.stack.append({"correlate_froms": set(), "asfrom_froms": set(), "selectable": element.insert})
     try:
         insert = compiler.process(element.insert, **kw)
