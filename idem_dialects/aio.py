@@ -14,6 +14,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
+from importlib.util import find_spec
 from types import TracebackType
 from typing import Any, Self
 
@@ -49,6 +50,11 @@ def _is_async_driver(url: URL) -> bool:
         return bool(getattr(url.get_dialect(_is_async=True), "is_async", False))
     except (NoSuchModuleError, ArgumentError):
         return True  # unknown driver: let create_async_engine report it as SQLAlchemy does
+
+
+def installed_async_drivers(backend: str) -> tuple[str, ...]:
+    """The async drivers a backend declares that are importable here (what `--idem-api async` runs on)."""
+    return tuple(d for d in dialects.load(backend).async_drivers if find_spec(d) is not None)
 
 
 def async_drivers_hint(backend: type[Backend]) -> str:

@@ -103,3 +103,72 @@ def test_async_step_by_step_and_run(tmp_path: Path) -> None:
             await store.drop_tables()
 
     asyncio.run(main())
+
+
+def test_async_retries_sleep_on_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retryable errors are retried with asyncio.sleep (never time.sleep), counted like the sync store's."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    from idem_dialects import RetryCause
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(seconds: float, *args: Any) -> Any:
+        slept.append(seconds)
+        return await real_sleep(0)
+
+    def blocking_sleep(seconds: float) -> None:
+        raise AssertionError("time.sleep would block the event loop")
+
+    failures = [OperationalError("SELECT 1", {}, ConnectionError("gone"), connection_invalidated=True)
+                for _ in range(2)]
+
+    async def effect(conn: AsyncConnection) -> str:
+        if failures:
+            raise failures.pop()
+        return "ok"
+
+    async def main() -> None:
+        async with AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path}/a.db") as store:
+            await store.create_tables()
+            monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+            monkeypatch.setattr(time, "sleep", blocking_sleep)
+            result = await store.run(scope="s", operation="o", key="k", request={}, effect=effect)
+            monkeypatch.undo()
+            assert (result.response, result.replayed) == ("ok", False)
+            assert dict(store.retries) == {RetryCause.CONNECTION: 2} and len(slept) == 2
+
+    asyncio.run(main())
+
+
+def test_cancelled_effect_propagates_and_rolls_back(tmp_path: Path) -> None:
+    """Cancelling the task inside the effect propagates CancelledError unchanged; the claim rolled back, so the
+    re-sent request runs its effect at once."""
+
+    async def main() -> None:
+        async with AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path}/a.db") as store:
+            await store.create_tables()
+            entered = asyncio.Event()
+
+            async def slow(conn: AsyncConnection) -> str:
+                entered.set()
+                await asyncio.sleep(30)
+                return "never"
+
+            task = asyncio.create_task(store.run(scope="s", operation="o", key="k", request={}, effect=slow))
+            await entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+            async def fast(conn: AsyncConnection) -> str:
+                return "ran"
+
+            result = await store.run(scope="s", operation="o", key="k", request={}, effect=fast)
+            assert (result.response, result.replayed) == ("ran", False)
+            assert store.engine.sync_engine.pool.checkedout() == 0
+
+    asyncio.run(main())

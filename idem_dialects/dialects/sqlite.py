@@ -90,7 +90,8 @@ class SQLiteBackend(Backend):
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
                     yield
             finally:
-                dbapi.isolation_level = previous  # type: ignore[union-attr]
+                if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
+                    dbapi.isolation_level = previous  # type: ignore[union-attr]
 
     def now_plus(self, seconds: float) -> ColumnElement[datetime]:
         if seconds == 0:
