@@ -2,7 +2,7 @@
 
     python -m idem_dialects.http.bench [--engine sqlite|postgresql|URL ...] [--requests 400] [--concurrency 8]
 
-Each engine gets a real uvicorn server (in a thread of this process) and an httpx client. Two workloads:
+Each engine gets a real uvicorn server (in a thread of this process) and keep-alive HTTP/1.1 connections. Two workloads:
 
 - **throughput**: a debit endpoint (`UPDATE accounts SET balance = balance - amount`), bare (its own transaction) and
   through the middleware in atomic mode (the debit in the record's transaction); one request in four is a client
@@ -33,7 +33,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -70,7 +69,7 @@ def uvicorn_server(app: Any) -> Iterator[str]:
     """A real uvicorn server on a free loopback port, in a thread of this process; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -118,19 +117,49 @@ def build_app(store: Any, accounts: str) -> Any:
     return app
 
 
-async def drive(client: httpx.AsyncClient, path: str, keys: list[str], concurrency: int) -> float:
-    queue = list(enumerate(keys))
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol for this bench: a full client library
+    costs about as much CPU per request as the server does, which on two busy cores would be measured as the layer's."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> HttpConnection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def post(self, path: str, key: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                          f"content-length: {len(body)}\r\nidempotency-key: \"{key}\"\r\n\r\n".encode() + body)
+        await self.writer.drain()
+        status = int((await self.reader.readline()).split()[1])
+        length = None
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        if length is None:
+            raise RuntimeError(f"{path}: response without content-length")
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -> float:
+    """Send one request per key, one in flight per connection; seconds for all of them (exit on any non-201)."""
+    queue = list(reversed(keys))
     failures: list[str] = []
 
-    async def worker() -> None:
+    async def worker(conn: HttpConnection) -> None:
         while queue:
-            _, key = queue.pop()
-            resp = await client.post(path, json={"amount": 1}, headers={"idempotency-key": f'"{key}"'})
-            if resp.status_code != 201:
-                failures.append(f"{resp.status_code} {resp.text[:200]}")
+            key = queue.pop()
+            status, body = await conn.post(path, key, b'{"amount": 1}')
+            if status != 201:
+                failures.append(f"{status} {body[:200]!r}")
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(conn) for conn in connections))
     elapsed = time.perf_counter() - started
     if failures:
         raise SystemExit(f"{path}: {len(failures)} requests failed, e.g. {failures[0]}")
@@ -154,18 +183,23 @@ async def bench_engine(name: str, url: str, requests: int, concurrency: int) -> 
         with_retries = distinct + random.Random(7).sample(distinct, requests - len(distinct))
         random.Random(8).shuffle(with_retries)
         with uvicorn_server(build_app(store, accounts)) as base:
-            limits = httpx.Limits(max_connections=max(concurrency, 20))
-            async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
+            port = int(base.rsplit(":", 1)[1])
+            conns = [await HttpConnection.open(port) for _ in range(max(concurrency, 20))]
+            few, twenty = conns[:concurrency], conns[:20]
+            try:
                 for path in ("/bare/debit", "/idem/debit", "/bare/slow", "/ext/slow"):  # warm pools and caches
-                    await drive(client, path, [f"warm{path}{i}" for i in range(20)], 20)
+                    await drive(twenty, path, [f"warm{path}{i}" for i in range(20)])
                 rows.append(Row(name, "throughput", "bare", requests,
-                                await drive(client, "/bare/debit", [f"b{i}" for i in range(requests)], concurrency)))
+                                await drive(few, "/bare/debit", [f"b{i}" for i in range(requests)])))
                 rows.append(Row(name, "throughput", "middleware (atomic)", requests,
-                                await drive(client, "/idem/debit", with_retries, concurrency)))
+                                await drive(few, "/idem/debit", with_retries)))
                 rows.append(Row(name, "latency", "bare", 20,
-                                await drive(client, "/bare/slow", [f"s{i}" for i in range(20)], 20)))
+                                await drive(twenty, "/bare/slow", [f"s{i}" for i in range(20)])))
                 rows.append(Row(name, "latency", "middleware (external call)", 20,
-                                await drive(client, "/ext/slow", [f"e{i}" for i in range(20)], 20)))
+                                await drive(twenty, "/ext/slow", [f"e{i}" for i in range(20)])))
+            finally:
+                for http in conns:
+                    http.close()
         async with store.engine.connect() as conn:
             balance = (await conn.execute(text(f"SELECT balance FROM {accounts} WHERE id = 1"))).scalar_one()
             records = (await conn.execute(text(f"SELECT count(*) FROM {prefix}idem_records"))).scalar_one()
