@@ -28,14 +28,18 @@ def decode_headers(raw: Any) -> list[tuple[str, str]]:
     return [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in raw]
 
 
+class Disconnected(Exception):
+    """The client went away before its request body was complete: nothing to claim, nothing to answer."""
+
+
 async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
-    """The request body, or (what was read, True) once it is over `limit` (the request is then refused)."""
+    """The request body, or (b"", True) once it is over `limit` (the request is then refused)."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b"".join(chunks), False  # disconnected: the app would see the same
+            raise Disconnected
         chunk = bytes(message.get("body", b""))
         size += len(chunk)
         if size > limit:
@@ -106,7 +110,10 @@ class IdempotencyMiddleware:
             return await self.app(scope, receive, send)
         declared = next((v for k, v in headers if k == "content-length"), "0")
         too_large = declared.isdigit() and int(declared) > policy.max_request_bytes
-        body, over = (b"", True) if too_large else await read_body(receive, policy.max_request_bytes)
+        try:
+            body, over = (b"", True) if too_large else await read_body(receive, policy.max_request_bytes)
+        except Disconnected:
+            return None
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
                           body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"))
 
