@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from idem_dialects import AsyncIdempotencyStore, Replayed, RequestInFlight, RetryPolicy, UnsupportedIsolation
@@ -292,5 +292,36 @@ def test_async_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderT
                     await store.claim(auto, scope="s", operation="op", key="k", request=REQ)
             assert statements == [], "the claim ran SQL before refusing AUTOCOMMIT"
         idem_observe("async: isolation levels refused", ", ".join(refused))
+
+    asyncio.run(main())
+
+
+@async_only
+def test_async_leased_claim_commit_reply_lost_continues_as_owner(idem_engine: EngineUnderTest) -> None:
+    """An async leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim
+    token on the in-flight record and carries on as the owner: the run completes and the effect ran once."""
+
+    async def main() -> None:
+        async with async_store(idem_engine) as (store, effects):
+            real = store.transaction
+            lost: list[bool] = []
+
+            @asynccontextmanager
+            async def reply_lost_once() -> AsyncIterator[AsyncConnection]:
+                async with real() as conn:
+                    yield conn
+                if not lost:  # the first transaction (the claim) committed; its reply "never arrived"
+                    lost.append(True)
+                    raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"),
+                                           connection_invalidated=True)
+
+            store.transaction = reply_lost_once  # type: ignore[method-assign]
+            effect = functools.partial(_applied, effects)
+            result = await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
+                                     lease=timedelta(seconds=30), retry=RetryPolicy(total=5))
+            assert lost and not result.replayed and await effects.per_key() == {"k": 1}
+            again = await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
+                                    lease=timedelta(seconds=30))
+            assert again.replayed and again.response == result.response and await effects.per_key() == {"k": 1}
 
     asyncio.run(main())

@@ -7,8 +7,10 @@ from importlib.metadata import PackageNotFoundError, version
 from .aio import AsyncIdempotencyStore
 from .errors import (
     AsyncMisuse,
+    CannotConnect,
     ClaimRaced,
     ConfigurationError,
+    ConnectionConfigError,
     IdemError,
     IdemWarning,
     InvalidKey,
@@ -38,9 +40,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "AsyncIdempotencyStore",
     "AsyncMisuse",
+    "CannotConnect",
     "ClaimRaced",
     "Claimed",
     "ConfigurationError",
+    "ConnectionConfigError",
     "Features",
     "IdemError",
     "IdemWarning",

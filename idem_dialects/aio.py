@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
@@ -20,18 +21,18 @@ from typing import Any, Self
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import Backend
-from .errors import AsyncMisuse, LeaseLost, RetryCause
+from .errors import AsyncMisuse, ConfigurationError, LeaseLost, RetryCause
 from .features import Features
 from .outcomes import Claimed, Outcome, Result
 from .protocol import Request, check_status, finished, refuse_sync_effect, reply
-from .retry import RetryPolicy, acall_with_retry
+from .retry import EffectFailed, RetryPolicy, acall_with_retry, effect_failure
 from .schema import Tables
 from .store import _NO_PAYLOAD, IdempotencyStore
 
@@ -89,7 +90,12 @@ class AsyncIdempotencyStore:
         if not _is_async_driver(parsed):
             raise AsyncMisuse(f"{parsed.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
                               f" or an async driver here ({async_drivers_hint(backend)})")
-        engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
+        try:
+            engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
+        except ImportError as exc:
+            raise ConfigurationError(f"the {parsed.drivername} driver is not installed ({exc.name} is missing); pip"
+                                     " install 'idem-dialects[async]' (PostgreSQL, SQLite, MySQL/MariaDB), '[oracle]'"
+                                     " or '[mssql]'") from exc
         try:
             store = cls(engine, table_prefix=table_prefix, retry=retry)
         except BaseException:
@@ -121,7 +127,7 @@ class AsyncIdempotencyStore:
         return self._core.retry
 
     @property
-    def retries(self) -> Any:
+    def retries(self) -> Counter[str]:
         """Retries `run` absorbed, by cause (a Counter), since this store was made."""
         return self._core.retries
 
@@ -158,7 +164,7 @@ class AsyncIdempotencyStore:
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction begun the way the engine needs (the backend's own `transaction`);
         commits on success, rolls back on an error or cancellation (or discards the connection if that fails)."""
-        async with self._turn(), self.engine.connect() as conn:
+        async with self._turn(), self._connection() as conn:
             ending = await conn.run_sync(self._begin)
             try:
                 yield conn
@@ -166,6 +172,23 @@ class AsyncIdempotencyStore:
                 await _abort(conn, ending, exc)
                 raise
             await conn.run_sync(lambda _: ending.__exit__(None, None, None))
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection]:
+        """A connection; failing to open one raises what the backend's `connect_error` makes of it (CannotConnect,
+        retried by `run`, or ConnectionConfigError), as the sync store's `Backend.connect` does."""
+        conn = self.engine.connect()
+        try:
+            await conn.start()
+        except DBAPIError as exc:
+            problem = self.backend.connect_error(exc)
+            if problem is None:
+                raise
+            raise problem from exc
+        try:
+            yield conn
+        finally:
+            await conn.__aexit__(None, None, None)  # closes it even while the task is being cancelled
 
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
@@ -217,7 +240,7 @@ class AsyncIdempotencyStore:
             outcome = await conn.run_sync(self._core._claim, req)
             if not isinstance(outcome, Claimed):
                 return finished(outcome, req)
-            response, code = reply(await effect(conn), status)
+            response, code = await _call(effect, conn, status)
             await conn.run_sync(self._core.complete, outcome, response, code)
             return Result(response, code, replayed=False)
 
@@ -228,7 +251,7 @@ class AsyncIdempotencyStore:
             return finished(outcome, req)
         try:
             async with self.transaction() as conn:
-                response, code = reply(await effect(conn), status)
+                response, code = await _call(effect, conn, status)
                 await conn.run_sync(self._core.complete, outcome, response, code)
         except LeaseLost:
             raise
@@ -238,7 +261,9 @@ class AsyncIdempotencyStore:
             try:
                 await asyncio.shield(self._release(outcome))
             except BaseException as release_error:
-                exc.add_note(f"releasing the claim also failed: {release_error!r}")
+                failed = effect_failure(exc)
+                (exc if failed is None else failed.error).add_note(
+                    f"releasing the claim also failed (not retried): {type(release_error).__name__}")
             raise
         return Result(response, code, replayed=False)
 
@@ -264,6 +289,16 @@ class AsyncIdempotencyStore:
     async def _purge_batch(self, table: Table, condition: ColumnElement[bool], batch_size: int) -> int:
         async with self.transaction() as conn:
             return await conn.run_sync(self.backend.purge_batch, table, condition, batch_size)
+
+
+async def _call(effect: AsyncEffect, conn: AsyncConnection, status: int) -> tuple[Any, int]:
+    """Await the effect. Its error is marked as the effect's (EffectFailed, unwrapped by the retry loop), so a
+    failing rollback after it cannot take its place; a cancellation is not an error and propagates as it is."""
+    try:
+        response = await effect(conn)
+    except Exception as exc:
+        raise EffectFailed(exc) from exc
+    return reply(response, status)
 
 
 def _sync(conn: object) -> AsyncConnection:

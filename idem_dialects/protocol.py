@@ -4,7 +4,8 @@ outcome becomes a Result or an error, and the guards that keep sync and async fr
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -56,6 +57,9 @@ class Request:
     key: str
     fingerprint: str
     lease: float | None
+    # One claim token for every attempt of one run: a leased retry that finds this token on an in-flight record
+    # knows the claim is its own (its COMMIT went through, the reply was lost) and carries on as the owner.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> Request:
@@ -77,7 +81,7 @@ def reply(response: Any, status: int) -> tuple[Any, int]:
 def finished(outcome: Outcome, req: Request) -> Result:
     """What `run` answers for an outcome other than Claimed: the replayed Result, or the error it maps to."""
     if isinstance(outcome, Replayed):
-        return Result(outcome.response, outcome.status, replayed=True)
+        return Result(outcome.response, outcome.status, replayed=not outcome.own)
     ident = (req.scope, req.operation, req.key)
     if isinstance(outcome, Mismatch):
         raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)

@@ -40,6 +40,18 @@ def test_async_store_refuses_sync_url_and_engine() -> None:
     assert issubclass(AsyncMisuse, IdemError) and issubclass(AsyncMisuse, TypeError)
 
 
+@pytest.mark.parametrize(("url", "backend"), [
+    ("oracle+oracledb://u:p@127.0.0.1:1/?service_name=x", "oracle"),
+    ("mssql+aioodbc://u:p@127.0.0.1:1/db?driver=FreeTDS", "mssql"),
+    ("mariadb+asyncmy://u@127.0.0.1:1/db", "mariadb"),
+    ("postgresql+psycopg://u@127.0.0.1:1/db", "postgresql"),  # psycopg 3's async mode
+])
+def test_from_url_builds_async_engines_offline(url: str, backend: str) -> None:
+    """Every engine's async driver is accepted and gets its backend, without connecting."""
+    store = AsyncIdempotencyStore.from_url(url)
+    assert store.backend.name == backend and store.engine.dialect.is_async
+
+
 def test_effect_kinds_refused_before_any_sql(tmp_path: Path) -> None:
     """An `async def` effect to the sync store, a sync one to the async store: refused before a connection."""
     statements: list[str] = []

@@ -2,6 +2,7 @@
 
 from idem_dialects.conformance.test_async import *  # noqa: F403
 from idem_dialects.conformance.test_concurrency import *  # noqa: F403
+from idem_dialects.conformance.test_faults import *  # noqa: F403
 from idem_dialects.conformance.test_integrity import *  # noqa: F403
 from idem_dialects.conformance.test_isolation import *  # noqa: F403
 from idem_dialects.conformance.test_keys import *  # noqa: F403

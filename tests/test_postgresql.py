@@ -115,7 +115,9 @@ def _wrapped(orig: Exception, cls: type[DBAPIError] = OperationalError) -> DBAPI
     ("57P01", "terminating connection due to administrator command", False, RetryCause.CONNECTION),
     ("08006", "connection failure", False, RetryCause.CONNECTION),
     ("08003", "connection does not exist", False, RetryCause.CONNECTION),
-    ("57014", "canceling statement due to statement timeout", False, None),  # cancel: the caller's decision
+    # A protocol statement cancelled by statement_timeout is contention (the effect's own are never retried).
+    ("57014", "canceling statement due to statement timeout", False, RetryCause.CANCELLED),
+    ("25006", "cannot execute INSERT in a read-only transaction", False, RetryCause.CONNECT),  # a standby
     ("42601", "deadlock detected (a syntax error's text)", False, None),
 ])
 def test_errors_classified_by_sqlstate(driver: type[Exception], code: str, message: str, duplicate: bool,
