@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .catalogue import (
     ENGINES,
+    ClusterControls,
     EngineSpec,
     EngineUnavailable,
     Server,
@@ -26,6 +27,7 @@ from .catalogue import (
 
 __all__ = [
     "ENGINES",
+    "ClusterControls",
     "EngineSpec",
     "EngineUnavailable",
     "Server",

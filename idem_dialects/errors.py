@@ -20,6 +20,8 @@ class RetryCause(StrEnum):
     LOCK_TIMEOUT = "lock timeout"  # a lock wait outlasted the engine's lock timeout
     CONNECTION = "lost connection"  # the connection dropped; the transaction did not commit
     CLAIM_RACE = "claim race"  # the record kept changing between our insert and our read
+    CERTIFICATION = "certification failure"  # a multi-primary cluster (Galera) let another node's commit win
+    NODE_NOT_READY = "node not ready"  # a cluster node is joining or outside the primary component (Galera 1047)
 
 
 class IdemWarning(UserWarning):

@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -85,7 +85,12 @@ class PostgreSQLBackend(Backend):
     def resolve_url(cls, url: URL) -> URL:
         # A bare postgresql:// means psycopg2 to SQLAlchemy; the [postgresql] extra installs psycopg 3 instead.
         if url.drivername == "postgresql" and find_spec("psycopg2") is None and find_spec("psycopg") is not None:
-            return url.set(drivername="postgresql+psycopg")
+            url = url.set(drivername="postgresql+psycopg")
+        # Multi-host (failover) URLs: SQLAlchemy understands ?host=a:p1&host=b:p2 and ?host=a,b&port=p1,p2, but
+        # passes ?host=a:p1,b:p2 to libpq as port=',' (every connection fails). Rewrite it to the first form.
+        host = url.query.get("host")
+        if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
+            url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
 
     # --- column types ----------------------------------------------------------------------------------------
@@ -176,4 +181,9 @@ class PostgreSQLBackend(Backend):
                 return _RETRYABLE[code]
             if code.startswith(_CONNECTION_CLASS):
                 return RetryCause.CONNECTION
+        if isinstance(exc, OperationalError) and exc.statement is None and code is None:
+            # No connection could be made (no statement ran, no SQLSTATE): e.g. during a failover every host of
+            # a multi-host URL refuses or is still a read-only standby until the promotion ends. Nothing of this
+            # attempt reached the database, so a retry is safe.
+            return RetryCause.CONNECTION
         return super().retry_cause(exc)  # a connection SQLAlchemy saw drop (no SQLSTATE: the socket closed)
