@@ -23,6 +23,7 @@ from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, dialects
+from idem_dialects.features import Features
 
 from .naming import OBSERVATION, PROVISIONED
 from .support import Effects, stores
@@ -34,6 +35,7 @@ _counter = itertools.count()
 class EngineUnderTest:
     name: str
     server: Server
+    _features: Features | None = None
 
     @property
     def url(self) -> URL:
@@ -44,10 +46,30 @@ class EngineUnderTest:
         return self.url.get_backend_name()
 
     @property
+    def features(self) -> Features:
+        """The backend's features for this database, refined from the live server where the server decides (a
+        Galera node's claims are not exclusive); the URL's features if the server cannot be reached."""
+        if self._features is None:
+            self._features = dialects.load(self.backend).url_features(self.url)
+            try:
+                probe = IdempotencyStore.from_url(self.url, table_prefix="idem_probe_")
+                try:
+                    with probe.engine.connect() as conn:
+                        self._features = probe.backend.live_features(conn)
+                finally:
+                    probe.engine.dispose()
+            except Exception:  # unreachable: the checks themselves then fail with the real error
+                pass
+        return self._features
+
+    @property
     def capabilities(self) -> frozenset[str]:
-        features = dialects.load(self.backend).url_features(self.url)
+        features = self.features
         flags = {name for name in features.flags() if features.has(name)}
-        return frozenset(flags | {f"isolation:{lvl}" for lvl in features.isolation_levels})
+        # Clusters the catalogue runs itself can be driven (kill a node, promote a standby) by the cluster checks.
+        controls = self.server.controls
+        cluster = set() if controls is None else {"cluster", f"cluster:{controls.kind}"}
+        return frozenset(flags | cluster | {f"isolation:{lvl}" for lvl in features.isolation_levels})
 
 
 class Sessions:

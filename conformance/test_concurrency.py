@@ -93,7 +93,7 @@ def test_same_key_race_under_isolation(make_store: Callable[..., IdempotencyStor
         effects.drop()
 
 
-@pytest.mark.requires("concurrent_connections")
+@pytest.mark.requires("concurrent_connections", "exclusive_claim")  # losers queue only behind an exclusive claim
 def test_failing_winner_with_queued_losers(store: IdempotencyStore, effects: Effects,
                                            observe: Callable[[str, object], None]) -> None:
     """The first effect fails after 7 others queued on the key: one of them takes over, exactly one effect lands,

@@ -85,7 +85,7 @@ def test_non_retryable_error_is_not_retried(store: IdempotencyStore) -> None:
     assert calls == [1] and sum(store.retries.values()) == 0
 
 
-@pytest.mark.requires("concurrent_connections")
+@pytest.mark.requires("concurrent_connections", "exclusive_claim")  # a waiter waits only on an exclusive claim
 def test_held_key_is_waited_out_or_reported(store: IdempotencyStore, effects: Effects, observe: Observe) -> None:
     """A key held by another open transaction for 1 s, against a 0.3 s retry budget: run waits and replays the
     holder's result, or raises RetriesExhausted naming real causes - never a raw driver error, never 2 effects."""

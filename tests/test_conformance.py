@@ -6,3 +6,4 @@ from idem_dialects.conformance.test_isolation import *  # noqa: F403
 from idem_dialects.conformance.test_keys import *  # noqa: F403
 from idem_dialects.conformance.test_protocol import *  # noqa: F403
 from idem_dialects.conformance.test_retry import *  # noqa: F403
+from idem_dialects.conformance.test_cluster import *  # noqa: F403

@@ -176,7 +176,10 @@ class MySQLBackend(Backend):
         refined = super().refine_features(conn, features).replace(share_lock="LOCK IN SHARE MODE" if old else
                                                                   "FOR SHARE")
         # SHOW, not @@wsrep_on: MySQL has no such variable (and would raise), MariaDB without Galera says OFF.
+        began = not conn.in_transaction()
         row = conn.exec_driver_sql("SHOW VARIABLES LIKE 'wsrep_on'").first()
+        if began:  # end the transaction this read autobegan: the caller begins its own the way it needs
+            conn.rollback()
         if row is not None and str(row[1]).upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
             # effect callable may run on several nodes for one key; its database writes still land once.

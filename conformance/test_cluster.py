@@ -1,0 +1,196 @@
+"""Checks for clusters the catalogue runs itself (``galera``, ``postgresql-ha``): a same-key race with one pool
+spread over every node, a replay on another node right after the acknowledgement, and a node (or the primary,
+then a promotion) killed mid-load. They need the server's cluster controls (capability ``cluster``), so single
+servers, and clusters reached only by URL, skip them with that reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from idem_dialects import IdempotencyStore, Result, RetryPolicy
+
+from .plugin import EngineUnderTest
+from .support import Effects
+
+REQ = {"amount": 100}
+Observe = Callable[[str, object], None]
+# Covers a PostgreSQL promotion (2 s measured) or a Galera view change (evs.suspect_timeout 3 s) many times over.
+FAILOVER_BUDGET = RetryPolicy(total=90.0, initial=0.01, max_wait=0.5)
+
+
+def _race_round(threads: int, call: Callable[[int], Any]) -> list[Any]:
+    barrier = threading.Barrier(threads)
+    out: list[Any] = [None] * threads
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            out[i] = call(i)
+        except Exception as exc:  # collected: the check says which callers saw an error
+            out[i] = exc
+
+    workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return out
+
+
+@pytest.mark.requires("cluster:multi-primary")
+def test_cluster_race_spread_over_nodes(make_store: Callable[..., IdempotencyStore], observe: Observe) -> None:
+    """16 threads whose pool spreads over every node race on each of 20 keys: one effect per key in the database,
+    identical responses, no error reaching a caller; how often the effect callable ran is reported."""
+    threads, keys = 16, [f"spread-{i}" for i in range(20)]
+    store = make_store(pool_size=threads, max_overflow=0)
+    effects = Effects(store)
+    effects.create()
+    calls: Counter[str] = Counter()
+    nodes: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def effect(key: str) -> Callable[[Any], Any]:
+        def run(conn: Any) -> Any:
+            node = conn.exec_driver_sql("SELECT @@wsrep_node_name").scalar()
+            with lock:
+                calls[key] += 1
+                nodes[str(node)] += 1
+            return {"effect": effects.apply(conn, key)}
+        return run
+
+    try:
+        for key in keys:
+            results = _race_round(threads, lambda i, key=key: store.run(
+                scope="s", operation="op", key=key, request=REQ, effect=effect(key)))
+            errors = [r for r in results if not isinstance(r, Result)]
+            assert errors == [], f"{key}: errors reached callers: {errors!r}"
+            assert len({repr(r.response) for r in results}) == 1, f"{key}: callers got different responses"
+            assert sum(not r.replayed for r in results) == 1
+        assert effects.per_key() == {k: 1 for k in keys}
+    finally:
+        effects.drop()
+    total = sum(calls.values())
+    observe("spread race (16 threads, 20 keys): effects per key in the database", 1)
+    observe("spread race: effect callable calls per key", f"{total / len(keys):.1f} (max {max(calls.values())};"
+            f" {total} calls, {total - len(keys)} rolled back)")
+    observe("spread race: effect calls per node", dict(sorted(nodes.items())))
+    observe("spread race: retries absorbed", dict(store.retries) or "none")
+
+
+@pytest.mark.requires("cluster:multi-primary")
+def test_cluster_replay_on_another_node(make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
+                                        observe: Observe) -> None:
+    """A retry sent to another node right after the acknowledgement replays it and never runs the effect
+    callable (300 keys, each completed on one node and re-sent at once to the next)."""
+    controls = idem_engine.server.controls
+    assert controls is not None
+    node_stores = [make_store(url) for url in controls.node_urls()]
+    effects = Effects(node_stores[0])
+    effects.create()
+    reran: list[str] = []
+    try:
+        for i in range(300):
+            key = f"replay-{i}"
+            first = node_stores[i % len(node_stores)]
+            other = node_stores[(i + 1) % len(node_stores)]
+            done = first.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
+
+            def must_not_run(conn: Any, key: str = key) -> Any:
+                reran.append(key)
+                return {"effect": effects.apply(conn, key)}
+
+            again = other.run(scope="s", operation="op", key=key, request=REQ, effect=must_not_run)
+            assert again.replayed and again.response == done.response, f"{key}: the replay on another node differs"
+        assert reran == [], f"the effect callable ran again on another node for {reran[:5]}"
+        assert effects.count() == 300
+    finally:
+        effects.drop()
+    retried = Counter[str]()
+    for store in node_stores:
+        retried.update(store.retries)
+    observe("replay on another node right after the ack: effect callable calls", f"{len(reran)} of 300")
+    observe("replay on another node: retries absorbed", dict(retried) or "none")
+
+
+@pytest.mark.requires("cluster")
+def test_cluster_node_killed_mid_load(make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
+                                      observe: Observe) -> None:
+    """A node (Galera) or the primary (then the standby is promoted) is killed under 8 threads of load: no error
+    reaches a caller whose retry budget covers the failover, and re-sending every key afterwards replays each
+    acknowledged response (none lost) with exactly one effect per key in the database."""
+    controls = idem_engine.server.controls
+    assert controls is not None
+    threads, per_thread = 8, 60
+    store = make_store(retry=FAILOVER_BUDGET, pool_size=threads, max_overflow=0)
+    effects = Effects(store)
+    effects.create()
+    keys = [[f"kill-{t}-{i}" for i in range(per_thread)] for t in range(threads)]
+    acked: dict[str, Any] = {}
+    errors: list[tuple[str, BaseException]] = []
+    lock = threading.Lock()
+    killed_at: list[float] = []
+    first_ack_after: list[float] = []
+    kill_when = threads * per_thread // 4
+
+    def worker(mine: list[str]) -> None:
+        for key in mine:
+            try:
+                result = store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
+            except Exception as exc:  # a raw error (or RetriesExhausted) reaching a caller: the check fails
+                with lock:
+                    errors.append((key, exc))
+                continue
+            with lock:
+                acked[key] = result.response
+                if killed_at and not first_ack_after:
+                    first_ack_after.append(time.monotonic())
+
+    workers = [threading.Thread(target=worker, args=(mine,)) for mine in keys]
+    for w in workers:
+        w.start()
+    try:
+        while len(acked) < kill_when and any(w.is_alive() for w in workers):
+            time.sleep(0.01)
+        acked_before = len(acked)
+        killed_at.append(time.monotonic())
+        what = controls.kill()
+        controls.promote()
+        promoted = time.monotonic() - killed_at[0]
+    finally:
+        for w in workers:
+            w.join()
+    assert errors == [], f"{len(errors)} callers saw errors, e.g. {errors[:3]!r}"
+    # Re-send every key through a fresh pool: an acknowledged key whose record was lost would run again and
+    # answer with a different response.
+    store.engine.dispose()
+    resent = make_store(retry=FAILOVER_BUDGET)
+    lost, ran_again = [], []
+    for key in (k for mine in keys for k in mine):
+        result = resent.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
+        if key in acked and result.response != acked[key]:
+            lost.append(key)
+        if not result.replayed:
+            ran_again.append(key)
+    per_key = effects.per_key()
+    doubled = sorted(k for k, n in per_key.items() if n > 1)
+    all_keys = [k for mine in keys for k in mine]
+    observe("node kill: what was killed", what)
+    observe("node kill: keys acknowledged before the kill / in total", f"{acked_before} / {len(acked)}")
+    observe("node kill: acknowledged keys lost, keys with 2+ effects", f"{len(lost)}, {len(doubled)}")
+    observe("node kill: kill to first acknowledgement after it (s)",
+            round(first_ack_after[0] - killed_at[0], 2) if first_ack_after else "none after the kill")
+    observe("node kill: kill + promotion done (s)", round(promoted, 2))
+    observe("node kill: what callers saw", "results only (retries absorbed: "
+            + (", ".join(f"{c} x{n}" for c, n in sorted(store.retries.items())) or "none") + ")")
+    observe("node kill: cluster", controls.facts())
+    effects.drop()
+    assert lost == [], f"acknowledged keys lost: {lost[:5]}"
+    assert doubled == [], f"keys with more than one effect: {doubled[:5]}"
+    assert per_key == {k: 1 for k in all_keys}, "a key has no effect"
+    assert not ran_again, f"acknowledged keys ran again on re-send: {ran_again[:5]}"
