@@ -66,8 +66,10 @@ def test_cluster_race_spread_over_nodes(make_store: Callable[..., IdempotencySto
 
     try:
         for key in keys:
-            results = _race_round(threads, lambda i, key=key: store.run(
-                scope="s", operation="op", key=key, request=REQ, effect=effect(key)))
+            def call(i: int, key: str = key) -> Result:
+                return store.run(scope="s", operation="op", key=key, request=REQ, effect=effect(key))
+
+            results = _race_round(threads, call)
             errors = [r for r in results if not isinstance(r, Result)]
             assert errors == [], f"{key}: errors reached callers: {errors!r}"
             assert len({repr(r.response) for r in results}) == 1, f"{key}: callers got different responses"

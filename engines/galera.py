@@ -130,7 +130,8 @@ class GaleraCluster:
         for i in range(NODES):
             datadir = self.root / f"node{i + 1}"
             datadir.mkdir()
-            self.nodes.append(Node(i + 1, *ports[4 * i:4 * i + 4], datadir=datadir))  # type: ignore[misc]
+            port, gcomm, ist, sst = ports[4 * i:4 * i + 4]
+            self.nodes.append(Node(i + 1, port, gcomm, ist, sst, datadir))
         first = self.nodes[0]
         install = next(shutil.which(t) for t in INSTALL_DB if shutil.which(t))
         assert install is not None

@@ -43,7 +43,7 @@ def _query(port: int, sql: str) -> list[tuple[object, ...]]:
 
     with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2,
                          autocommit=True) as conn:
-        cur = conn.execute(sql)  # type: ignore[call-overload]
+        cur = conn.execute(sql)  # type: ignore[call-overload, unused-ignore]  # psycopg wants a LiteralString
         return list(cur.fetchall()) if cur.description else []
 
 

@@ -239,7 +239,8 @@ class MySQLBackend(Backend):
         if not isinstance(exc, DBAPIError):
             return super().retry_cause(exc)  # the library's own transient errors
         code = error_code(exc)
-        if getattr(self.features, "wsrep", False) and code in (ER_LOCK_DEADLOCK, ER_UNKNOWN_COM_ERROR):
+        galera = getattr(getattr(self, "features", self.base_features), "wsrep", False)
+        if galera and code in (ER_LOCK_DEADLOCK, ER_UNKNOWN_COM_ERROR):
             # Galera reports a lost certification (another node's commit of the same key won) and a brute-force
             # abort by an applier as 1213, and a node outside the primary component (joining, partitioned) as 1047.
             return RetryCause.CERTIFICATION if code == ER_LOCK_DEADLOCK else RetryCause.NODE_NOT_READY
