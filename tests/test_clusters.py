@@ -154,7 +154,7 @@ def test_connection_not_established_is_retried() -> None:
     """During a failover no host of a multi-host URL takes writes for a moment: the connection attempt fails before
     any statement ran, so `run` retries it; a statement's error without SQLSTATE still is not retried."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
-    refused = OperationalError(None, None, Exception("connection failed: session is read-only"))  # type: ignore[arg-type]
+    refused = OperationalError(None, None, Exception("connection failed: session is read-only"))
     assert backend.retry_cause(refused) == RetryCause.CONNECTION
     mid_statement = OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
     assert backend.retry_cause(mid_statement) is None
