@@ -10,37 +10,16 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
+from .controls import ClusterControls
+
 
 class Unavailable(Exception):
     """An engine (or one way of providing it) cannot be had here; the message says why and what would help."""
-
-
-class ClusterControls(Protocol):
-    """What a cluster engine lets the cluster checks do to it (engines/galera.py, engines/pg_ha.py)."""
-
-    # "multi-primary": every node takes writes (Galera); "failover": a primary and a standby to promote.
-    kind: str
-
-    def node_urls(self) -> list[URL]:
-        """One URL per live node, bypassing any proxy (multi-primary: any of them takes writes)."""
-        ...
-
-    def kill(self) -> str:
-        """SIGKILL one node mid-load (failover: the primary) with all its processes; says which."""
-        ...
-
-    def promote(self) -> None:
-        """Failover: promote the standby and wait until it takes writes. Multi-primary: nothing to do."""
-        ...
-
-    def facts(self) -> dict[str, object]:
-        """What the cluster is, for the matrix's behaviour table (nodes, replication mode, ...)."""
-        ...
 
 
 @dataclass

@@ -34,6 +34,11 @@ extra retryable error  -                                      1020 (``innodb_sna
 Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
 `run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
+
+On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
+exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect);
+claim connections set ``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a
+certification failure and 1047 (node not ready) as its own cause.
 """
 
 from __future__ import annotations
