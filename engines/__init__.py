@@ -24,11 +24,13 @@ from .catalogue import (
     image_var,
     resolve,
 )
+from .provision import EngineStatus, parse_named_urls, probe, provision
 
 __all__ = [
     "ENGINES",
     "ClusterControls",
     "EngineSpec",
+    "EngineStatus",
     "EngineUnavailable",
     "Server",
     "Unavailable",
@@ -37,5 +39,8 @@ __all__ = [
     "expand",
     "get",
     "image_var",
+    "parse_named_urls",
+    "probe",
+    "provision",
     "resolve",
 ]

@@ -131,12 +131,23 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
             assert isinstance(features, MySQLFeatures)
             sync_wait = int(conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar_one())
         if idem_engine.server.controls is not None:  # the galera engine
-            assert features.wsrep and not features.exclusive_claim
+            assert features.wsrep and features.multi_primary and not features.exclusive_claim
             assert sync_wait & GALERA_SYNC_WAIT == GALERA_SYNC_WAIT and sync_wait & 4
         else:
-            assert not features.wsrep and features.exclusive_claim and sync_wait == 0
+            assert not features.wsrep and not features.multi_primary and features.exclusive_claim and sync_wait == 0
     finally:
         store.close()
+
+
+def test_live_postgresql_features(idem_engine: EngineUnderTest) -> None:
+    """A primary with a synchronous standby is detected from its settings; a lone server has none."""
+    if idem_engine.backend != "postgresql":
+        pytest.skip(f"{idem_engine.name} is not a PostgreSQL engine")
+    with IdempotencyStore.from_url(idem_engine.url, table_prefix="idem_probe_") as store:
+        with store.transaction():
+            features = store.features
+    assert features.exclusive_claim and not features.multi_primary
+    assert features.synchronous_standby is (idem_engine.server.controls is not None)
 
 
 @pytest.mark.parametrize(("given", "expected"), [

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from ..engines import ENGINES, env_var  # type: ignore[import-not-found, unused-ignore]
-from .matrix import provision
+from ..engines import ENGINES, env_var, expand, provision
+from . import EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,13 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Provide each engine (starting an embedded server for a moment if that is how), then stop it at once."""
-    from ..engines import expand  # type: ignore[import-not-found, unused-ignore]
-
     try:
         names = expand(args.engine or ["all"])
     except KeyError as exc:
         print(f"idem-dialects engines: {exc.args[0]}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     found = {}
     for name in names:
         status = provision(name, {})
@@ -32,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         found[name] = status.as_json()
     if args.format == "json":
         print(json.dumps({"version": 1, "engines": found}, indent=2, ensure_ascii=False))
-        return 0
+        return EXIT_OK
     for name, info in found.items():
         title = ENGINES[name].title
         if info["available"]:
@@ -42,4 +40,4 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'':<14} to enable:   {info['hint'] or 'set ' + env_var(name) + '=<SQLAlchemy URL>'}")
     print(f"\nURLs come from IDEM_URL_<NAME> (e.g. {env_var('mssql-2022')}); `idem-dialects matrix` runs the suite"
           " on every available engine.")
-    return 0
+    return EXIT_OK

@@ -188,7 +188,7 @@ class MySQLBackend(Backend):
         if row is not None and str(row[1]).upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
             # effect callable may run on several nodes for one key; its database writes still land once.
-            refined = refined.replace(wsrep=True, exclusive_claim=False)
+            refined = refined.replace(wsrep=True, exclusive_claim=False, multi_primary=True)
         return refined
 
     def share_lock(self, conn: Connection) -> str:

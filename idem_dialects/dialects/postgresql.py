@@ -46,6 +46,7 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
 from ..errors import RetryCause
+from ..features import Features
 from ..keys import MAX_LENGTH
 from .base import Backend
 
@@ -59,6 +60,7 @@ _RETRYABLE = {
     "57P02": RetryCause.CONNECTION,  # crash_shutdown
     "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
 }
+_SYNCHRONOUS = ("on", "remote_write", "remote_apply")  # synchronous_commit levels that wait for the standby
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 
 
@@ -92,6 +94,16 @@ class PostgreSQLBackend(Backend):
         if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
             url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
+
+    def refine_features(self, conn: Connection, features: Features) -> Features:
+        refined = super().refine_features(conn, features)
+        began = not conn.in_transaction()
+        # Acknowledged only once a standby has the commit: what lets a promoted standby keep every acknowledged key.
+        names, level = conn.exec_driver_sql(
+            "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')").one()
+        if began:  # end the transaction this read autobegan: the caller begins its own
+            conn.rollback()
+        return refined.replace(synchronous_standby=bool(str(names).strip()) and str(level) in _SYNCHRONOUS)
 
     # --- column types ----------------------------------------------------------------------------------------
 
