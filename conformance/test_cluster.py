@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from idem_dialects import IdempotencyStore, Result, RetryPolicy
-
 from idem_dialects.engines import ClusterControls
 
 from .plugin import EngineUnderTest

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from .catalogue import (
     ENGINES,
-    ClusterControls,
     EngineSpec,
     EngineUnavailable,
     Server,
@@ -24,6 +23,7 @@ from .catalogue import (
     image_var,
     resolve,
 )
+from .controls import ClusterControls
 from .provision import EngineStatus, parse_named_urls, probe, provision
 
 __all__ = [

@@ -10,17 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from idem_dialects.conformance.plugin import EngineUnderTest
-from idem_dialects.engines import ENGINES, EngineUnavailable, env_var, get, pg_ha
-from idem_dialects.engines import galera as galera_engine
-from idem_dialects.engines.local import RoundRobinProxy
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from idem_dialects import IdempotencyStore
 from idem_dialects.cli import main
+from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
+from idem_dialects.engines import ENGINES, EngineUnavailable, env_var, get, pg_ha
+from idem_dialects.engines import galera as galera_engine
+from idem_dialects.engines.local import RoundRobinProxy
 from idem_dialects.errors import RetryCause
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")

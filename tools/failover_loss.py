@@ -16,11 +16,10 @@ import threading
 import time
 from typing import Any
 
+from idem_dialects import IdempotencyStore, RetryPolicy
 from idem_dialects.conformance.support import Effects
 from idem_dialects.engines.catalogue import get
 from idem_dialects.engines.pg_ha import PgFailoverPair, _query, postgresql_ha
-
-from idem_dialects import IdempotencyStore, RetryPolicy
 
 REQ = {"amount": 1}
 
