@@ -18,7 +18,7 @@ from idem_dialects.cli import main
 from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
-from idem_dialects.engines import ENGINES, EngineUnavailable, env_var, get, pg_ha
+from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, env_var, get, pg_ha
 from idem_dialects.engines import galera as galera_engine
 from idem_dialects.engines.local import RoundRobinProxy
 from idem_dialects.errors import RetryCause
@@ -139,15 +139,31 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
         store.close()
 
 
-def test_live_postgresql_features(idem_engine: EngineUnderTest) -> None:
-    """A primary with a synchronous standby is detected from its settings; a lone server has none."""
-    if idem_engine.backend != "postgresql":
-        pytest.skip(f"{idem_engine.name} is not a PostgreSQL engine")
-    with IdempotencyStore.from_url(idem_engine.url, table_prefix="idem_probe_") as store:
-        with store.transaction():
-            features = store.features
-    assert features.exclusive_claim and not features.multi_primary
-    assert features.synchronous_standby is (idem_engine.server.controls is not None)
+def test_lone_postgresql_has_no_synchronous_standby(idem_engine: EngineUnderTest) -> None:
+    if idem_engine.backend != "postgresql" or idem_engine.server.controls is not None:
+        pytest.skip(f"{idem_engine.name} is not a lone PostgreSQL server")
+    assert not idem_engine.features.synchronous_standby and not idem_engine.features.multi_primary
+
+
+def test_synchronous_standby_is_detected() -> None:
+    """A primary with a synchronous standby has the synchronous_standby feature (read from its settings); the
+    standby promoted after the primary's death has none of its own, and so neither has the feature."""
+    try:
+        server = pg_ha.postgresql_ha(get("postgresql-ha"))
+    except Unavailable as exc:
+        pytest.skip(f"postgresql-ha unavailable: {exc}")
+    try:
+        assert server.controls is not None
+        with IdempotencyStore.from_url(server.url, table_prefix="idem_probe_") as store:
+            with store.transaction():
+                assert store.features.synchronous_standby and not store.features.multi_primary
+        server.controls.kill()
+        server.controls.promote()
+        with IdempotencyStore.from_url(server.url, table_prefix="idem_probe_") as store:
+            with store.transaction():
+                assert not store.features.synchronous_standby and store.features.exclusive_claim
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(("given", "expected"), [
