@@ -48,6 +48,7 @@ def chown_tree(path: Path, user: str | None) -> None:
     if user is None:
         return
     entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
     for root, dirs, files in os.walk(path):
         os.chown(root, entry.pw_uid, entry.pw_gid)
         for name in dirs + files:
