@@ -20,9 +20,10 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec, Server, Unavailable
+from .catalogue import EngineSpec
 from .local import RoundRobinProxy, chown_tree, free_ports, log_tail, run_as, spawn, stop_group, unprivileged_user
 from .local import wait_until as _wait_until
+from .servers import Server, Unavailable
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 INSTALL_DB = ("mariadb-install-db", "mysql_install_db")

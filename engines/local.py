@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .catalogue import Unavailable
+from .servers import Unavailable
 
 
 def free_ports(count: int) -> list[int]:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec, Server, Unavailable
+from .catalogue import EngineSpec
 from .local import chown_tree, free_ports, kill_group, log_tail, run_as, spawn, stop_group, unprivileged_user
 from .local import wait_until as _wait_until
+from .servers import Server, Unavailable
 
 BIN_DIRS = (os.environ.get("IDEM_PG_BINDIR", ""), "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin",
             "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/18/bin")

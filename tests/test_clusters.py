@@ -21,7 +21,7 @@ from idem_dialects.dialects.postgresql import PostgreSQLBackend
 from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, env_var, get, pg_ha
 from idem_dialects.engines import galera as galera_engine
 from idem_dialects.engines.local import RoundRobinProxy
-from idem_dialects.errors import RetryCause
+from idem_dialects.errors import CannotConnect, RetryCause
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
 
@@ -177,11 +177,10 @@ def test_multi_host_urls(given: str, expected: str) -> None:
     assert PostgreSQLBackend.resolve_url(make_url(given)).render_as_string() == expected
 
 
-def test_connection_not_established_is_retried() -> None:
+def test_connection_not_established_during_failover_is_retried() -> None:
     """During a failover no host of a multi-host URL takes writes for a moment: the connection attempt fails before
-    any statement ran, so `run` retries it; a statement's error without SQLSTATE still is not retried."""
+    any statement ran, which `run` retries within its budget (RetryCause.CONNECT)."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
-    refused = OperationalError(None, None, Exception("connection failed: session is read-only"))
-    assert backend.retry_cause(refused) == RetryCause.CONNECTION
-    mid_statement = OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
-    assert backend.retry_cause(mid_statement) is None
+    refused = OperationalError(None, None, Exception("connection failed: session is read-only"))  # type: ignore[arg-type]
+    problem = backend.connect_error(refused)
+    assert isinstance(problem, CannotConnect) and problem.cause == RetryCause.CONNECT

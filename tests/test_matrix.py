@@ -48,7 +48,8 @@ def test_table_lists_unavailable_engines_with_reason() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "first_request_claims_and_runs_once" in out and "✓" in out
-    assert "mssql-2022" in out and "mssql-2025" in out and "skipped" in out and "Docker engine not reachable" in out
+    assert "mssql-2022" in out and "mssql-2025" in out and "skipped" in out
+    assert "Docker engine not reachable" in out or "testcontainers is not installed" in out  # with/without [containers]
     assert "Behaviour" in out and "server version" in out
 
 

@@ -45,7 +45,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import RetryCause
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..keys import MAX_LENGTH
 from .base import Backend
@@ -59,6 +59,10 @@ _RETRYABLE = {
     "57P01": RetryCause.CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
     "57P02": RetryCause.CONNECTION,  # crash_shutdown
     "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
+    "57014": RetryCause.CANCELLED,  # query_canceled: statement_timeout (never retried for the effect's statements)
+    # read_only_sql_transaction: the server reached is a read-only standby (after a failover); nothing was written,
+    # and a new connection (target_session_attrs=read-write) finds the new primary.
+    "25006": RetryCause.CONNECT,
 }
 _SYNCHRONOUS = ("on", "remote_write", "remote_apply")  # synchronous_commit levels that wait for the standby
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
@@ -186,6 +190,26 @@ class PostgreSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
 
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        # libpq reports a failed connection without a SQLSTATE (refused, reset, "the database system is starting
+        # up", a read-only session under target_session_attrs=read-write, and also an unknown role or database):
+        # all are OperationalError, retried within the budget; the one code-level fact libpq gives is that the
+        # server asked for a password none was given for. Never classified by message text.
+        pgconn = getattr(exc.orig, "pgconn", None)
+        if getattr(pgconn, "needs_password", False) and not getattr(pgconn, "used_password", True):
+            return ConnectionConfigError(self.name, "the server asks for a password and none was given",
+                                         "put the password in the URL (postgresql+psycopg://USER:PASSWORD@HOST/DB)"
+                                         " or in ~/.pgpass")
+        code = sqlstate(exc)
+        if code is not None and code.startswith("28"):  # invalid_authorization_specification, invalid_password
+            return ConnectionConfigError(self.name, f"authentication failed (SQLSTATE {code})",
+                                         "check the user and password in the URL")
+        if code == "3D000":  # invalid_catalog_name
+            return ConnectionConfigError(self.name, "the database does not exist", "check the URL's database name")
+        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
+            return CannotConnect(self.name, exc)
+        return None
+
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)
         if code is not None:
@@ -193,9 +217,4 @@ class PostgreSQLBackend(Backend):
                 return _RETRYABLE[code]
             if code.startswith(_CONNECTION_CLASS):
                 return RetryCause.CONNECTION
-        if isinstance(exc, OperationalError) and exc.statement is None and code is None:
-            # No connection could be made (no statement ran, no SQLSTATE): e.g. during a failover every host of
-            # a multi-host URL refuses or is still a read-only standby until the promotion ends. Nothing of this
-            # attempt reached the database, so a retry is safe.
-            return RetryCause.CONNECTION
         return super().retry_cause(exc)  # a connection SQLAlchemy saw drop (no SQLSTATE: the socket closed)
