@@ -70,7 +70,6 @@ ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
 ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
-ER_UNKNOWN_COM_ERROR = 1047  # Galera: "WSREP has not yet prepared node for application use"
 CR_SERVER_GONE_ERROR = 2006
 CR_SERVER_LOST = 2013
 ER_UNKNOWN_COM_ERROR = 1047  # Galera: "WSREP has not yet prepared node for application use" (node not ready)
