@@ -176,6 +176,11 @@ class MySQLBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
+        if not conn.info.get(_STRICT_CHECKED) and not conn.in_transaction():
+            # Session settings first, outside the transaction: Galera waits for other nodes' commits (wsrep_sync_wait)
+            # only at a transaction's first statement, which should be the claim itself.
+            self.ensure_strict(conn)
+            conn.commit()
         with conn.begin():
             self.ensure_strict(conn)
             yield
