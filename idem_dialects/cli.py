@@ -15,7 +15,8 @@ COMMANDS = {
     "engines": "list every engine: available here or not, how, and what would enable it",
     "matrix": "run the conformance suite across engines and compare their behaviour",
     "check": "run the conformance suite against one database URL",
-    "bench": "measure what idempotency costs on one database, beside the bare effect",
+    "bench": "measure what idempotency costs on one or several databases, beside the bare effect",
+    "report": "render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML file",
 }
 
 
