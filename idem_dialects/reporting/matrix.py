@@ -101,6 +101,8 @@ def _behaviour(report: Mapping[str, Any], engines: list[str], markdown: bool, wi
     short = {o: v for o, v in values.items() if len(o) <= name_width and all(len(x) <= cell for x in v)}
     long = {o: v for o, v in values.items() if o not in short}
     lines = table(["observation", *engines], [[o, *v] for o, v in short.items()], markdown=False) if short else []
+    if lines and max(len(line) for line in lines) > width:  # engine names alone are too wide: one list for all
+        lines, long = [], values
     for obs, vals in long.items():
         lines += ["", *wrap(obs, "  ", width=width)]
         rows = [(f"  {e}", v) for e, v in zip(engines, vals, strict=True)]
