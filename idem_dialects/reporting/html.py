@@ -31,8 +31,9 @@ nav a { margin-right: 14px; color: var(--accent); text-decoration: none; }
 table { border-collapse: collapse; margin: 8px 0; }
 th, td { border: 1px solid var(--line); padding: 3px 8px; text-align: left; vertical-align: top; }
 thead th { background: #f1f3f6; position: sticky; top: 0; }
-table.grid td { text-align: center; padding: 0; min-width: 96px; }
-table.grid td a { display: block; padding: 3px 8px; text-decoration: none; color: inherit; }
+table.grid { line-height: 1.25; } table.grid td { text-align: center; padding: 0; min-width: 96px; }
+table.grid td a { display: block; padding: 2px 8px; text-decoration: none; color: inherit; }
+table.grid th { padding: 2px 8px; }
 table.grid th[scope=row] { font-weight: normal; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
   font-size: 12.5px; }
 td.passed { background: var(--pass); color: var(--pass-ink); } td.failed { background: var(--fail);
@@ -52,7 +53,7 @@ svg .cell { font-size: 11.5px; fill: #1d2430; } svg .grid { stroke: #e6e9ee; }
 svg .reference { stroke: #b8474f; stroke-dasharray: 4 3; stroke-width: 1.5; }
 footer { margin-top: 40px; color: var(--muted); font-size: 12px; }
 """
-SYMBOL = {"passed": "✓ passed", "failed": "✗ failed", "skipped": "skipped"}
+SYMBOL = {"passed": "✓", "failed": "✗ failed", "skipped": "skipped"}
 
 
 def kind(report: Mapping[str, Any]) -> str:
@@ -87,8 +88,8 @@ def render_html(reports: Sequence[Mapping[str, Any]], sources: Sequence[str] = (
     nav: list[tuple[str, str]] = []
     for i, report in enumerate(matrices):
         pfx = f"m{i + 1}-" if len(matrices) > 1 else ""
-        nav += [(f"#{pfx}conformance", "Conformance"), (f"#{pfx}behaviour", "Behaviour"),
-                (f"#{pfx}differs", "What differs")]
+        nav += [(f"#{pfx}differs", "What differs"), (f"#{pfx}conformance", "Conformance"),
+                (f"#{pfx}behaviour", "Behaviour")]
         body += matrix_sections(report, palette, pfx)
     if benches:
         nav.append(("#benchmark", "Benchmark"))
@@ -114,7 +115,11 @@ def _anchor(pfx: str, check: str, engine: str) -> str:
 def matrix_sections(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = "") -> list[str]:
     ran, missing = obs.ran(report), obs.unavailable(report)
     engines = report["engines"]
-    out = [f'<h2 id="{pfx}conformance">Conformance: {len(report["checks"])} checks &times; {len(ran)} engines</h2>']
+    sentences = obs.differences(report)
+    out = [f'<h2 id="{pfx}differs">What differs, from the measured observations</h2>',
+           '<ul class="differs">' + "".join(f"<li>{escape(t)}</li>" for t in sentences) + "</ul>"
+           if sentences else "<p>No engine recorded behaviour observations in this report.</p>"]
+    out.append(f'<h2 id="{pfx}conformance">Conformance: {len(report["checks"])} checks &times; {len(ran)} engines</h2>')
     rows = "".join(f"<tr><th scope=\"row\">{escape(n)}</th><td>{escape(str(engines[n]['server_version']))}</td>"
                    f"<td>{escape(str(engines[n]['how']))}</td></tr>" for n in ran)
     out.append(f"<table><thead><tr><th>engine</th><th>version</th><th>provided by</th></tr></thead>{rows}</table>")
@@ -157,10 +162,6 @@ def matrix_sections(report: Mapping[str, Any], palette: Mapping[str, str], pfx: 
                      f" <span class=\"muted\">({escape(_outcomes(c, ran))})</span></dd>" for c in report["checks"])
     out.append(f'<details><summary>What each check proves</summary><dl class="checks">{checks}</dl></details>')
     out += behaviour(report, palette, pfx)
-    out.append(f'<h2 id="{pfx}differs">What differs (from the measured observations)</h2>')
-    sentences = obs.differences(report)
-    out.append('<ul class="differs">' + "".join(f"<li>{escape(t)}</li>" for t in sentences) + "</ul>"
-               if sentences else "<p>No engine recorded behaviour observations in this report.</p>")
     return out
 
 
@@ -177,7 +178,7 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
     out = [f'<h2 id="{pfx}behaviour">Behaviour, measured in this run</h2>']
     lat = obs.latency(report)
     if lat:
-        groups = [(label if "race" in label else f"16-thread race under {label}",
+        groups = [(obs.title(label),
                    [Bar(e, [Segment(med, SHADES[0], f"{e}, {label}: median caller {med:g} ms"),
                             Segment(slow, SHADES[2], f"{e}, {label}: slowest caller {slow:g} ms")],
                         f"median {med:g} · slowest {slow:g} ms") for e, (med, slow) in per.items()])
@@ -185,25 +186,32 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
         out.append("<h3>Caller latency in the same-key race (16 threads on one key), per isolation level</h3>")
         out.append(bars(f"{pfx}chart-latency", "caller latency per isolation level per engine", groups,
                         legend=[("median caller", SHADES[0]), ("slowest caller", SHADES[2])], unit="ms", log=True))
-    tries = obs.retries(report)
-    if tries:
+    every = obs.retries(report)
+    tries = {label: per for label, per in every.items() if any(per.values())}
+    calm = [label for label in every if label not in tries]
+    if every:
         causes = sorted({c for per in tries.values() for by in per.values() for c in by})
         cause_colour = {c: ENGINE_COLOURS[(i + 3) % len(ENGINE_COLOURS)] for i, c in enumerate(causes)}
         groups = [(label, [Bar(e, [Segment(n, cause_colour[c], f"{e}, {label}: {c} x{n}") for c, n in by.items()],
                                ", ".join(f"{c} x{n}" for c, n in by.items()) or "none")
                            for e, by in per.items()]) for label, per in tries.items()]
+        groups = [(obs.title(label), bars_) for label, bars_ in groups]
         out.append("<h3>Retries absorbed by <code>run</code>, by cause</h3>")
+        if calm:
+            quiet = ", ".join(obs.title(c) for c in calm)
+            out.append(f"<p class=\"muted\">No retry on any engine: {escape(quiet)}.</p>")
         out.append(bars(f"{pfx}chart-retries", "retries absorbed by cause", groups,
                         legend=[(c, cause_colour[c]) for c in causes] or [("no retries", "#e4e4e4")],
                         unit="retries", stacked=True))
     how = obs.resolution(report)
     if how:
         ran = obs.ran(report)
-        cells = {(label, e): (("waited" if kind_ == obs.WAITED else "retried"),
+        cells = {(obs.title(label), e): (("waited" if kind_ == obs.WAITED else "retried"),
                               "#cfe8d5" if kind_ == obs.WAITED else "#f6d7b0", f"{e}, {label}: {text}")
                  for label, per in how.items() for e, (kind_, text) in per.items()}
         out.append("<h3>How concurrent duplicates were resolved: waited on the key vs retried</h3>")
-        out.append(colour_grid(f"{pfx}chart-duplicates", "duplicates resolved: waited vs retried", list(how), ran,
+        out.append(colour_grid(f"{pfx}chart-duplicates", "duplicates resolved: waited vs retried",
+                               [obs.title(label) for label in how], ran,
                                cells, legend=[("waited on the key, then replayed", "#cfe8d5"),
                                               ("retried, then replayed", "#f6d7b0")]))
     calls = obs.effect_calls(report)

@@ -14,6 +14,11 @@ MEDIAN, SLOWEST, RETRIES, RESOLVED = ": median caller (ms)", ": slowest caller (
 WAITED, RETRIED = "waited", "retried"
 
 
+def title(label: str) -> str:
+    """An observation label as a chart row title: isolation levels name the race they were measured in."""
+    return label if any(word in label for word in ("race", "processes", "winner")) else f"16-thread race under {label}"
+
+
 def ran(report: Mapping[str, Any]) -> list[str]:
     return [name for name, e in report["engines"].items() if e["available"]]
 
@@ -104,15 +109,26 @@ def differences(report: Mapping[str, Any]) -> list[str]:
     """Short sentences, each generated from measured observations only."""
     engines = ran(report)
     out: list[str] = []
+    absorbed = retries(report)
     for label, resolved in resolution(report).items():
-        verbs = {e: ("losers waited on the key, then replayed" if how == WAITED else
-                     text.removeprefix("losers ").removesuffix(", then replayed").replace("retried", "losers retried"))
-                 for e, (how, text) in resolved.items()}
-        missing = [e for e in engines if e not in resolved]
+        groups: dict[str, list[str]] = {}
+        for e, (how, _) in resolved.items():
+            causes = absorbed.get(label, {}).get(e, {})
+            if how == WAITED or not causes:
+                verb, who = "losers waited on the key, then replayed", e
+            else:
+                verb = f"losers retried after {' and '.join(causes)}, then replayed"
+                who = f"{e} ({', '.join(f'x{n}' for n in causes.values())})"
+            groups.setdefault(verb, []).append(who)
         subject = f"Concurrent duplicates ({label})" if "race" in label else f"Concurrent duplicates under {label}"
-        line = _sentence(subject, verbs, len(engines))
-        if missing:
-            line += f" Not raced on {', '.join(missing)} (level not offered)."
+        if len(groups) == 1 and len(resolved) == len(engines) > 1 and WAITED in next(iter(groups)):
+            line = f"{subject}: {next(iter(groups))} on all {len(engines)} engines."
+        else:
+            line = f"{subject}: " + "; ".join(f"{', '.join(who)}: {verb}" for verb, who in groups.items()) + "."
+        offered = _fact(report, "isolation levels declared")
+        for e in (e for e in engines if e not in resolved):
+            line += (f" {e} does not offer {label}." if e in offered and label not in offered[e] else
+                     f" Not measured on {e}.")
         out.append(line)
     for label, timed in latency(report).items():
         if len(timed) > 1:

@@ -62,24 +62,31 @@ def _scale(values: Sequence[float], log: bool) -> tuple[list[float], Callable[[f
     return ticks, lambda v: BAR_W * max(0.0, min(v, top)) / top
 
 
+def _start(chart_id: str, title: str, width: int, height: int, legend: Sequence[tuple[str, str]],
+           left: int = LABEL_W) -> list[str]:
+    """The opening of a chart: its element (an id the page and tests find it by), its title and its legend."""
+    out = [f'<svg id="{escape(chart_id)}" class="chart" role="img" viewBox="0 0 {width} {height}"'
+           f' width="{width}" height="{height}">', f"<title>{escape(title)}</title>"]
+    lx = left
+    for name, colour in legend:
+        out.append(f'<rect x="{lx}" y="6" width="12" height="12" rx="2" fill="{colour}"/>'
+                   f'<text x="{lx + 16}" y="16" class="legend">{escape(name)}</text>')
+        lx += 28 + 7 * len(name)
+    return out
+
+
 def bars(chart_id: str, title: str, groups: Sequence[tuple[str, Sequence[Bar]]], *, legend: Sequence[tuple[str, str]],
          unit: str, log: bool = False, stacked: bool = False, reference: float | None = None) -> str:
     """Horizontal bars in groups. Overlaid segments each start at 0 (drawn largest first, so a median shows inside
     its slowest); stacked segments follow each other. `reference` draws a dashed line (e.g. 1.0 = the bare effect)."""
     totals = [sum(s.value for s in b.segments) if stacked else max((s.value for s in b.segments), default=0.0)
               for _, bs in groups for b in bs]
-    ticks, x = _scale([*totals, *([reference] if reference else [])], log)
+    every = [seg.value for _, bs in groups for b in bs for seg in b.segments]  # the smallest sets a log scale's start
+    ticks, x = _scale([*totals, *every, *([reference] if reference else [])], log)
     rows = sum(len(bs) for _, bs in groups)
     height = LEGEND_H + GROUP_H * len(groups) + ROW_H * rows + AXIS_H
     width = LABEL_W + BAR_W + VALUE_W
-    out = [f'<svg id="{escape(chart_id)}" class="chart" role="img" viewBox="0 0 {width} {height}"'
-           f' width="{width}" height="{height}">',
-           f"<title>{escape(title)}</title>"]
-    lx = LABEL_W
-    for name, colour in legend:
-        out.append(f'<rect x="{lx}" y="6" width="12" height="12" rx="2" fill="{colour}"/>'
-                   f'<text x="{lx + 16}" y="16" class="legend">{escape(name)}</text>')
-        lx += 28 + 7 * len(name)
+    out = _start(chart_id, title, width, height, legend)
     y = LEGEND_H
     top = y
     for group, group_bars in groups:
@@ -108,7 +115,7 @@ def bars(chart_id: str, title: str, groups: Sequence[tuple[str, Sequence[Bar]]],
     if reference is not None:
         rx = LABEL_W + x(reference)
         out.append(f'<line x1="{rx:.1f}" y1="{top}" x2="{rx:.1f}" y2="{y}" class="reference"/>')
-    out.append(f'<text x="{LABEL_W - 8}" y="{y + 16}" class="tick" text-anchor="end">'
+    out.append(f'<text x="{LABEL_W - 16}" y="{y + 16}" class="tick" text-anchor="end">'
                f"{escape(unit)}{' (log scale)' if log else ''} →</text>")
     out.append("</svg>")
     return "\n".join(out)
@@ -117,17 +124,11 @@ def bars(chart_id: str, title: str, groups: Sequence[tuple[str, Sequence[Bar]]],
 def colour_grid(chart_id: str, title: str, rows: Sequence[str], columns: Sequence[str],
                 cells: dict[tuple[str, str], tuple[str, str, str]], legend: Sequence[tuple[str, str]]) -> str:
     """A grid of coloured cells; `cells[(row, column)]` = (short text, colour, tooltip)."""
-    cell_w, cell_h, label_w = 130, 26, LABEL_W
+    cell_w, cell_h = 130, 26
+    label_w = max(LABEL_W, 16 + 7 * max((len(r) for r in rows), default=0))  # row titles are never cut
     width = label_w + cell_w * len(columns) + 10
     height = LEGEND_H + 22 + cell_h * len(rows) + 6
-    out = [f'<svg id="{escape(chart_id)}" class="chart" role="img" viewBox="0 0 {width} {height}"'
-           f' width="{width}" height="{height}">',
-           f"<title>{escape(title)}</title>"]
-    lx = label_w
-    for name, colour in legend:
-        out.append(f'<rect x="{lx}" y="6" width="12" height="12" rx="2" fill="{colour}"/>'
-                   f'<text x="{lx + 16}" y="16" class="legend">{escape(name)}</text>')
-        lx += 28 + 7 * len(name)
+    out = _start(chart_id, title, width, height, legend, label_w)
     for j, column in enumerate(columns):
         out.append(f'<text x="{label_w + cell_w * j + cell_w / 2}" y="{LEGEND_H + 15}" class="label"'
                    f' text-anchor="middle">{escape(column)}</text>')
