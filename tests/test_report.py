@@ -167,3 +167,26 @@ def test_html_of_an_empty_matrix_has_no_charts_but_renders() -> None:
               "summary": {"passed": 0, "failed": 0, "skipped": 0, "duration": 0, "exit_status": 1}}
     page = render_html([report])
     assert "No engine recorded behaviour observations" in page and "chart-latency" not in page
+
+
+def test_matrix_writes_json_and_html_in_one_run(tmp_path: Path) -> None:
+    done = cli("matrix", "--engine", "sqlite", "--engine", "oracle-23", "-k", "same_key_thread_race", "--format",
+               "json", "--output", str(tmp_path / "m.json"), "--html", str(tmp_path / "m.html"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert json.loads((tmp_path / "m.json").read_text())["version"] == 1
+    page = (tmp_path / "m.html").read_text()
+    assert 'id="chart-latency"' in page and ">sqlite<" in page
+    assert "1 engine not available here, every check skipped: oracle-23" in page  # collapsed, with how to enable
+    assert "to enable: set IDEM_URL_ORACLE_23=" in page
+
+
+def test_engines_report_renders_in_every_format(tmp_path: Path) -> None:
+    done = cli("engines", "--engine", "sqlite", "--engine", "oracle-23", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    saved = tmp_path / "engines.json"
+    saved.write_text(done.stdout)
+    table = cli("report", str(saved)).stdout
+    assert "sqlite         available" in table and "oracle-23      unavailable" in table
+    assert "| oracle-23 | unavailable |" in cli("report", str(saved), "--format", "markdown").stdout
+    assert 'id="catalogue"' in cli("report", str(saved), "--format", "html").stdout

@@ -94,6 +94,9 @@ def render_html(reports: Sequence[Mapping[str, Any]], sources: Sequence[str] = (
     if benches:
         nav.append(("#benchmark", "Benchmark"))
         body.append(bench_section(benches, palette))
+    for report in (r for r in reports if kind(r) == "engines"):
+        nav.append(("#catalogue", "Engines"))
+        body.append(catalogue_section(report))
     engines = list(palette)
     head = (f"<h1>idem-dialects: engines compared</h1><p class=\"lead\">Idempotency keys in SQL on"
             f" {len(engines)} engine{'s' * (len(engines) != 1)} ({escape(', '.join(engines))}): what the conformance"
@@ -238,3 +241,16 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
                + "".join(f"<th>{escape(e)}</th>" for e in ran) + "</tr></thead>" + "".join(rows) + "</table>"
                "</details>")
     return out
+
+
+def catalogue_section(report: Mapping[str, Any]) -> str:
+    """`idem-dialects engines --format json`: each catalogue engine, available here or what would enable it."""
+    rows = []
+    for name, e in report["engines"].items():
+        state = (f"available: {e['how']} ({e['server_version']})" if e["available"] else
+                 f"unavailable: {e['reason']}; to enable: {e['hint'] or 'set ' + str(e['env_var'])}")
+        css = "passed" if e["available"] else "skipped"
+        rows.append(f'<tr><th scope="row">{escape(name)}</th><td>{escape(str(e["title"]))}</td>'
+                    f'<td class="{css}">{escape(state)}</td></tr>')
+    return ('<h2 id="catalogue">Engines of the catalogue</h2><table><thead><tr><th>engine</th><th>title</th>'
+            "<th>here</th></tr></thead>" + "".join(rows) + "</table>")
