@@ -7,6 +7,7 @@ render each in turn; html puts them all on one self-contained page.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if fmt == "html":
         text = render_html(reports, [Path(f).name for f in args.files])
+    elif fmt == "json" and len(reports) > 1:  # one JSON document: the reports in a list
+        text = json.dumps(reports, indent=2, ensure_ascii=False) + "\n"
     else:
         text = "\n".join(render(r, fmt, show_skipped=args.show_skipped) for r in reports)
     if args.output:
