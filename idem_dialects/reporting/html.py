@@ -13,8 +13,10 @@ from typing import Any
 
 from .. import __version__
 from . import observations as obs
+from .bench import engine_label, runs
 from .html_bench import bench_section
 from .svg import ENGINE_COLOURS, SHADES, Bar, Segment, bars, colour_grid
+from .text import show
 
 CSS = """
 :root { --pass: #d8f0dd; --pass-ink: #1b6630; --fail: #f7d0d0; --fail-ink: #9b1c1c; --skip: #ececec;
@@ -69,8 +71,6 @@ def kind(report: Mapping[str, Any]) -> str:
 
 def colours(reports: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """One colour per engine name across the whole page."""
-    from .bench import engine_label, runs
-
     names: list[str] = []
     for report in reports:
         if kind(report) == "matrix":
@@ -134,9 +134,7 @@ def matrix_sections(report: Mapping[str, Any], palette: Mapping[str, str], pfx: 
         out.append(f'<details class="unavailable" id="{pfx}unavailable"><summary>{len(missing)} engine'
                    f"{'s' * (len(missing) != 1)} not available here, every check skipped:"
                    f" {escape(', '.join(missing))} — how to enable them</summary><ul>{items}</ul></details>")
-    s = report["summary"]
-    out.append(f"<p>{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped (check &times; engine) in"
-               f" {s['duration']} s; exit status {s['exit_status']}. Each cell links to its reason.</p>")
+    out.append(f"<p>{escape(obs.tally(report))}. Each cell links to its reason.</p>")
     head = "".join(f"<th>{escape(n)}</th>" for n in ran)
     body, reasons = [], []
     for check in report["checks"]:
@@ -232,8 +230,6 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
     names: list[str] = []
     for e in ran:
         names += [k for k in report["observations"].get(e, {}) if k not in names]
-    from .text import show
-
     for name in names:
         rows.append(f"<tr><th scope=\"row\">{escape(name)}</th>" + "".join(
             f"<td>{escape(show(report['observations'].get(e, {}).get(name)))}</td>" for e in ran) + "</tr>")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .observations import ran, unavailable
+from .observations import ran, tally, unavailable
 from .text import WIDTH, heading, keyed_lines, show, table, wrap
 
 SYMBOL = {"passed": "✓", "failed": "✗", "skipped": "skip"}
@@ -39,10 +39,7 @@ def render_matrix(report: Mapping[str, Any], fmt: str = "table", *, show_skipped
     out += _grid(report, columns, markdown, width)
     out += ["", heading("Behaviour (measured in this run)", markdown), ""]
     out += _behaviour(report, available, markdown, width)
-    summary = report["summary"]
-    line = (f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped"
-            f" (check x engine) in {summary['duration']}s; exit status {summary['exit_status']}")
-    out += ["", *wrap(line, width=width)]
+    out += ["", *wrap(tally(report), width=width)]
     return "\n".join(out) + "\n"
 
 

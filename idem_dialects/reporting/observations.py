@@ -27,6 +27,21 @@ def unavailable(report: Mapping[str, Any]) -> list[str]:
     return [name for name, e in report["engines"].items() if not e["available"]]
 
 
+def tally(report: Mapping[str, Any]) -> str:
+    """The run's counts, separating the engines that ran from those that could not be had (all skipped)."""
+    summary, missing = report["summary"], set(unavailable(report))
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for check in report["checks"]:
+        for engine, cell in check["results"].items():
+            if engine not in missing:
+                counts[cell["outcome"]] = counts.get(cell["outcome"], 0) + 1
+    text = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped (check x engine) on"
+            f" the {len(ran(report))} engine{'s' * (len(ran(report)) != 1)} that ran")
+    if missing:
+        text += f", {summary['skipped'] - counts['skipped']} more skipped on the {len(missing)} unavailable"
+    return text + f"; {summary['duration']}s, exit status {summary['exit_status']}"
+
+
 def _labels(report: Mapping[str, Any], suffix: str) -> list[str]:
     labels: list[str] = []
     for obs in report["observations"].values():
