@@ -171,3 +171,11 @@ def test_bare_effect_uses_the_stores_bounded_retry(tmp_path: Path) -> None:
         holder.close()
         work.drop()
         store.close()
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg://nobody@127.0.0.1:1/none", "nosuchdb://x"])
+def test_unreachable_or_unknown_database_is_reported_without_traceback(capsys: pytest.CaptureFixture[str],
+                                                                       url: str) -> None:
+    code, out, err = run_bench(capsys, url)
+    assert code == 2 and out == ""
+    assert err.startswith(f"idem-dialects bench: {url}: ") and "Traceback" not in err

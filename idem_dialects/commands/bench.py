@@ -57,6 +57,14 @@ class UsageError(Exception):
     """Bad arguments: reported before anything is provisioned or measured."""
 
 
+class CannotConnect(Exception):
+    """A database given by URL cannot be reached or has no backend/driver here."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _targets(args: argparse.Namespace, engines: Any) -> tuple[list[str], bool]:
     """The URLs / engine names to measure, and whether unavailable ones are skipped ('all') or an error."""
     if args.url and args.engine:
@@ -133,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
                                                                                skipped.items()), file=sys.stderr)
             return EXIT_UNAVAILABLE
         for target, server in servers.items():
-            report, profile = _measure(target, server.url if server else target, cfg, log)
+            try:
+                report, profile = _measure(target, server.url if server else target, cfg, log)
+            except CannotConnect as exc:
+                print(f"idem-dialects bench: {target}: {exc}", file=sys.stderr)
+                return EXIT_UNAVAILABLE
             if report is None:
                 return EXIT_VIOLATED
             if server is not None:
@@ -161,9 +173,15 @@ def _measure(label: str, url: Any, cfg: Any, log: Callable[[str], None]) -> tupl
     if not (parsed.get_backend_name() == "sqlite" and is_memory(parsed)):
         # A connection per worker kept in the pool, so no worker pays for reconnecting.
         options = {"pool_size": max(5, cfg.workers + 1), "max_overflow": 2}
-    store = IdempotencyStore.from_url(parsed, table_prefix=new_prefix(), **options)
     try:
-        info = engine_info(store)
+        store = IdempotencyStore.from_url(parsed, table_prefix=new_prefix(), **options)
+    except Exception as exc:  # an unknown dialect, a missing driver: the engine cannot be had, say why
+        raise CannotConnect(_first_line(exc)) from None
+    try:
+        try:
+            info = engine_info(store)
+        except Exception as exc:  # any driver or network error: no traceback, its first line
+            raise CannotConnect(f"cannot connect to {parsed.render_as_string()}: {_first_line(exc)}") from None
         log(f"{label}: {info['backend']} {info['server_version']} via {info['driver']}, tables {store.table_prefix}*")
         bench = Bench(store, cfg, lambda line: log(f"{label}: {line}"))
         started = time.perf_counter()
