@@ -1,9 +1,10 @@
 """The shared conformance suite: checks every backend must pass, shipped as a pytest plugin.
 
-Run it with ``pytest --pyargs idem_dialects.conformance --idem-engine NAME`` (or ``idem-dialects matrix``), or
-star-import `CHECK_MODULES` into a test module of your own. Each check is a ``test_<id>`` function whose
-docstring's first sentence states the guarantee it proves; checks name the capabilities they need
-(``@pytest.mark.requires``), never engines.
+The plugin is opt-in: enable it with ``pytest_plugins = ["idem_dialects.conformance.plugin"]`` in a conftest.py
+(or ``-p idem_dialects.conformance.plugin``), then star-import `CHECK_MODULES` into a test module of your own, or
+run ``pytest -p idem_dialects.conformance.plugin --pyargs idem_dialects.conformance`` (or ``idem-dialects
+matrix``). Each check is a ``test_<id>`` function whose docstring's first sentence states the guarantee it proves;
+checks name the features they need (``@pytest.mark.idem_requires``), never engines.
 """
 
 CHECK_MODULES = (

@@ -1,4 +1,8 @@
-"""pytest plugin (entry point ``pytest11``): engine selection, provisioning, per-test isolation, observations.
+"""pytest plugin: engine selection, provisioning, per-test isolation, observations.
+
+Opt-in, never auto-loaded: a project enables it with ``pytest_plugins = ["idem_dialects.conformance.plugin"]`` in
+its ``conftest.py`` (or ``-p idem_dialects.conformance.plugin``). Every fixture and marker it adds is prefixed
+``idem_``, so it cannot shadow a project's own ``store`` or ``requires``.
 
 Options: ``--idem-engine NAME`` (repeatable, or ``all``; default all; a family name such as ``mssql`` means every
 ``mssql-*`` engine), ``--idem-url NAME=URL`` (repeatable; a name not in the catalogue defines an ad-hoc engine,
@@ -6,11 +10,13 @@ e.g. a third-party backend), ``--idem-require NAME`` (repeatable, or ``all``): a
 provisioned fails its checks instead of skipping. A required engine is run even if ``--idem-engine`` omits it.
 
 Each check is a ``test_<id>`` function; `check_id` and `check_statement` give its stable id and the one-line
-guarantee it proves (the docstring's first sentence). Checks record measured facts with the `observe` fixture.
+guarantee it proves (the docstring's first sentence). Checks record measured facts with the `idem_observe`
+fixture (through pytest's ``record_property``, so ``--junitxml`` carries them too).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import secrets
@@ -18,13 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from idem_dialects.engines import ENGINES, Server, Unavailable, expand, resolve
-from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
-from idem_dialects import IdempotencyStore, dialects
+from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
+from idem_dialects.features import Features
 
-from .naming import OBSERVATION, PROVISIONED
+from .naming import PROVISIONED, check_id, observation_property
 from .support import Effects, stores
 
 _counter = itertools.count()
@@ -43,23 +49,44 @@ class EngineUnderTest:
     def backend(self) -> str:
         return self.url.get_backend_name()
 
-    @property
-    def capabilities(self) -> frozenset[str]:
-        features = dialects.load(self.backend).url_features(self.url)
-        flags = {name for name in features.flags() if features.has(name)}
-        return frozenset(flags | {f"isolation:{lvl}" for lvl in features.isolation_levels})
+    @functools.cached_property
+    def features(self) -> Features:
+        """The backend's features on this database, refined from the live server (one connection, once)."""
+        with IdempotencyStore.from_url(self.url) as store, store.engine.connect() as conn:
+            return store.backend.live_features(conn)
+
+
+def declared_isolation_levels(name: str, url: URL | None) -> tuple[str, ...]:
+    """The isolation levels the backend of engine `name` declares, known without provisioning it (the isolation
+    race is parametrized from them at collection; a level the live server turns out not to offer is skipped)."""
+    spec = ENGINES.get(name)
+    backend = url.get_backend_name() if url is not None else spec.backend if spec is not None else None
+    try:
+        cls = dialects.load(backend or "")
+    except UnsupportedEngine:  # reported when the engine is used; collection still names its checks
+        return Features().isolation_levels
+    return (cls.url_features(url) if url is not None else cls.base_features).isolation_levels
+
+
+def check_feature_names(metafunc: pytest.Metafunc) -> None:
+    """An unknown name in ``idem_requires`` is a collection error (a typo must not skip a check everywhere)."""
+    known = Features.flags()
+    for marker in metafunc.definition.iter_markers("idem_requires"):
+        unknown = [name for name in marker.args if name not in known]
+        if unknown:
+            pytest.fail(f"{metafunc.definition.nodeid}: @pytest.mark.idem_requires names unknown feature(s)"
+                        f" {', '.join(map(repr, unknown))}; known features: {', '.join(sorted(known))}",
+                        pytrace=False)
 
 
 class Sessions:
     """The servers of one pytest session, started on first use and stopped at its end."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.urls: dict[str, URL] = {}
-        for item in config.getoption("idem_url") or []:
-            name, sep, url = item.partition("=")
-            if not sep or not name or not url:
-                raise pytest.UsageError(f"--idem-url wants NAME=URL, got {item!r}")
-            self.urls[name] = make_url(url)
+        try:
+            self.urls: dict[str, URL] = parse_named_urls(config.getoption("idem_url") or [], "--idem-url")
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
         adhoc = [n for n in self.urls if n not in ENGINES]
         try:
             chosen = expand(config.getoption("idem_engine") or ["all"], adhoc)
@@ -112,7 +139,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "requires(*capabilities): the backend capabilities a check needs")
+    config.addinivalue_line("markers", "idem_requires(*features): the backend features a check needs")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -121,9 +148,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.stash[_SESSIONS].close()
 
 
+@pytest.hookimpl(tryfirst=True)  # the engine is the first part of every check's parameter id (see naming.check_id)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "idem_engine" in metafunc.fixturenames:
-        names = metafunc.config.stash[_SESSIONS].names
+    check_feature_names(metafunc)
+    if "idem_engine" not in metafunc.fixturenames:
+        return
+    sessions = metafunc.config.stash[_SESSIONS]
+    names = sessions.names
+    if "idem_isolation_level" in metafunc.fixturenames:  # one variant per level each engine's backend declares
+        pairs = [(name, level) for name in names for level in declared_isolation_levels(name, sessions.urls.get(name))]
+        metafunc.parametrize(("idem_engine", "idem_isolation_level"), pairs, indirect=["idem_engine"],
+                             ids=[f"{name}-{level}" for name, level in pairs], scope="session")
+    else:
         metafunc.parametrize("idem_engine", names, indirect=True, ids=names, scope="session")
 
 
@@ -141,11 +177,17 @@ def idem_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
 
 @pytest.fixture(autouse=True)
 def _idem_requires(request: pytest.FixtureRequest) -> None:
-    marker = request.node.get_closest_marker("requires")
-    if marker is None or "idem_engine" not in request.fixturenames:
+    """Skip a check whose features the engine lacks (with the reason); mark one the backend expects to fail."""
+    if "idem_engine" not in request.fixturenames:
         return
     engine: EngineUnderTest = request.getfixturevalue("idem_engine")
-    missing = [cap for cap in marker.args if cap not in engine.capabilities]
+    expected = engine.features.expected_failure(check_id(request.node)[0])
+    if expected:
+        request.applymarker(pytest.mark.xfail(reason=expected, strict=True))
+    marker = request.node.get_closest_marker("idem_requires")
+    if marker is None:
+        return
+    missing = [name for name in marker.args if not engine.features.has(name)]
     if missing:
         pytest.skip(f"{engine.backend} backend at {engine.url.render_as_string()} lacks {', '.join(missing)}")
 
@@ -156,31 +198,31 @@ def unique_prefix() -> str:
 
 
 @pytest.fixture
-def make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
+def idem_make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores on one set of fresh tables; extra keyword arguments go to create_engine (e.g. isolation_level)."""
     with stores(idem_engine.url, unique_prefix()) as make:
         yield make
 
 
 @pytest.fixture
-def store(make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
-    return make_store()
+def idem_store(idem_make_store: Callable[..., IdempotencyStore]) -> IdempotencyStore:
+    return idem_make_store()
 
 
 @pytest.fixture
-def observe(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
-    """Record a measured fact for the matrix's behaviour table: observe("duplicate resolved by", "waiting")."""
+def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[str, object], None]:
+    """Record a measured fact for the matrix's behaviour table: idem_observe("duplicate resolved by", "waiting")."""
 
     def record(name: str, value: object) -> None:
-        request.node.user_properties.append((OBSERVATION, (name, value)))
+        record_property(observation_property(name), value)
 
     return record
 
 
 @pytest.fixture
-def effects(store: IdempotencyStore) -> Iterator[Effects]:
-    """The business table effects write to, on the same database and prefix as `store`."""
-    fx = Effects(store)
+def idem_effects(idem_store: IdempotencyStore) -> Iterator[Effects]:
+    """The business table effects write to, on the same database and prefix as `idem_store`."""
+    fx = Effects(idem_store)
     fx.create()
     yield fx
     fx.drop()

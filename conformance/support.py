@@ -36,6 +36,11 @@ def stores(url: URL, prefix: str) -> Iterator[Callable[..., IdempotencyStore]]:
             store.engine.dispose()
 
 
+def returning(value: Any) -> Callable[[Connection], Any]:
+    """An effect that writes nothing and returns `value` (bound now, unlike a lambda in a loop)."""
+    return lambda conn: value
+
+
 class Effects:
     """`<prefix>fx`: one row per effect that really ran, so checks count effects in the database."""
 

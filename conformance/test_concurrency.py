@@ -13,15 +13,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance import support
 from sqlalchemy import insert, select
 
 from idem_dialects import IdempotencyStore, Replayed, RequestInFlight, Result
+from idem_dialects.conformance import support
 
+from .plugin import EngineUnderTest
 from .support import Effects
 
 REQ = {"amount": 100}
-ISOLATION_LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
 
 
 def race(n: int, call: Callable[[int], Any]) -> list[Any]:
@@ -69,33 +69,34 @@ def _same_key_race(store: IdempotencyStore, effects: Effects, observe: Callable[
     observe(f"{label}: duplicates resolved by", how)
 
 
-@pytest.mark.requires("concurrent_connections")
-def test_same_key_thread_race(store: IdempotencyStore, effects: Effects,
-                              observe: Callable[[str, object], None]) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_same_key_thread_race(idem_store: IdempotencyStore, idem_effects: Effects,
+                              idem_observe: Callable[[str, object], None]) -> None:
     """16 threads released together on one key: exactly one effect, identical responses, 15 replays (x5 rounds)."""
-    _same_key_race(store, effects, observe, threads=16, rounds=5, label="16-thread race")
+    _same_key_race(idem_store, idem_effects, idem_observe, threads=16, rounds=5, label="16-thread race")
 
 
-@pytest.mark.requires("concurrent_connections")
-@pytest.mark.parametrize("level", ISOLATION_LEVELS)
-def test_same_key_race_under_isolation(make_store: Callable[..., IdempotencyStore], level: str,
-                                       observe: Callable[[str, object], None], request: pytest.FixtureRequest) -> None:
-    """The 16-thread race gives exactly one effect under each isolation level the engine offers (x3 rounds)."""
-    engine = request.getfixturevalue("idem_engine")
-    if f"isolation:{level}" not in engine.capabilities:
-        pytest.skip(f"{engine.backend} does not offer {level}")
-    store = make_store(isolation_level=level)
+@pytest.mark.idem_requires("concurrent_connections")
+def test_same_key_race_under_isolation(idem_make_store: Callable[..., IdempotencyStore], idem_isolation_level: str,
+                                       idem_engine: EngineUnderTest,
+                                       idem_observe: Callable[[str, object], None]) -> None:
+    """The 16-thread race gives exactly one effect under each isolation level the backend declares (x3 rounds)."""
+    level = idem_isolation_level  # one variant per declared level (the plugin parametrizes them per engine)
+    if level not in idem_engine.features.isolation_levels:
+        pytest.skip(f"{idem_engine.backend} declares {level}, but this server does not offer it"
+                    f" (offers {', '.join(idem_engine.features.isolation_levels)})")
+    store = idem_make_store(isolation_level=level)
     effects = Effects(store)
     effects.create()
     try:
-        _same_key_race(store, effects, observe, threads=16, rounds=3, label=level)
+        _same_key_race(store, effects, idem_observe, threads=16, rounds=3, label=level)
     finally:
         effects.drop()
 
 
-@pytest.mark.requires("concurrent_connections")
-def test_failing_winner_with_queued_losers(store: IdempotencyStore, effects: Effects,
-                                           observe: Callable[[str, object], None]) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_failing_winner_with_queued_losers(idem_store: IdempotencyStore, idem_effects: Effects,
+                                           idem_observe: Callable[[str, object], None]) -> None:
     """The first effect fails after 7 others queued on the key: one of them takes over, exactly one effect lands,
     only the failing caller sees the error, and the rest get identical responses."""
     first = threading.Event()
@@ -108,45 +109,45 @@ def test_failing_winner_with_queued_losers(store: IdempotencyStore, effects: Eff
         if failing:
             time.sleep(0.3)  # let the others queue behind this uncommitted claim
             raise RuntimeError("winner failed")
-        return {"effect": effects.apply(conn, "k")}
+        return {"effect": idem_effects.apply(conn, "k")}
 
-    results = race(8, lambda i: store.run(scope="s", operation="op", key="k", request=REQ, effect=effect))
+    results = race(8, lambda i: idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=effect))
     failures = [r for r in results if isinstance(r, Exception)]
     assert [str(f) for f in failures] == ["winner failed"]
-    assert_exactly_once([r for r in results if isinstance(r, Result)], effects, "k")
-    observe("failing winner: callers that saw its error", len(failures))
+    assert_exactly_once([r for r in results if isinstance(r, Result)], idem_effects, "k")
+    idem_observe("failing winner: callers that saw its error", len(failures))
 
 
-@pytest.mark.requires("concurrent_connections")
-def test_leased_same_key_race(store: IdempotencyStore, effects: Effects) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_leased_same_key_race(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """8 leased runs on one key: one runs the effect; the others replay it or get RequestInFlight, never a 2nd
     effect."""
 
     def call(i: int) -> Any:
-        return store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+        return idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=idem_effects.effect("k"),
                          lease=timedelta(seconds=30))
 
     results = race(8, call)
     assert all(isinstance(r, (Result, RequestInFlight)) for r in results), results
     assert sum(isinstance(r, Result) and not r.replayed for r in results) == 1
-    assert effects.count("k") == 1
+    assert idem_effects.count("k") == 1
 
 
-@pytest.mark.requires("processes")
-def test_processes_share_keys(store: IdempotencyStore, effects: Effects,
-                              observe: Callable[[str, object], None]) -> None:
+@pytest.mark.idem_requires("processes")
+def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effects,
+                              idem_observe: Callable[[str, object], None]) -> None:
     """4 processes run the same 200 keys in different orders: exactly one effect per key, one response per key."""
     keys = [f"p-{i}" for i in range(200)]
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or socket inherited by fork
     out = ctx.Queue()
-    url = store.engine.url.render_as_string(hide_password=False)
+    url = idem_store.engine.url.render_as_string(hide_password=False)
     # The worker is named by its installed module path, which a spawned interpreter can always import (a test
     # module collected by path may carry a name only the collecting process knows).
-    procs = [ctx.Process(target=support.process_worker, args=(url, store.table_prefix, list(keys), seed, out))
+    procs = [ctx.Process(target=support.process_worker, args=(url, idem_store.table_prefix, list(keys), seed, out))
              for seed in range(4)]
     for proc in procs:
         proc.start()
-    reports = []
+    reports: list[tuple[dict[str, str], dict[str, int]]] = []
     deadline = time.monotonic() + 300
     while len(reports) < len(procs):
         try:
@@ -158,43 +159,43 @@ def test_processes_share_keys(store: IdempotencyStore, effects: Effects,
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
-    assert effects.per_key() == {k: 1 for k in keys}
+    assert idem_effects.per_key() == {k: 1 for k in keys}
     for key in keys:
         assert len({responses[key] for responses, _ in reports}) == 1, f"processes disagree on {key}"
     retries: dict[str, int] = {}
     for _, counts in reports:
         for cause, n in counts.items():
             retries[cause] = retries.get(cause, 0) + n
-    observe("4 processes x 200 keys: retries absorbed", retries or "none")
+    idem_observe("4 processes x 200 keys: retries absorbed", retries or "none")
 
 
-def test_duplicate_claim_keeps_transaction_usable(store: IdempotencyStore, effects: Effects) -> None:
+def test_duplicate_claim_keeps_transaction_usable(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A claim that hits an existing record inside the caller's transaction leaves it usable: statements before
     and after the claim commit together."""
-    store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "first")
-    with store.transaction() as conn:
-        effects.apply(conn, "before")
-        outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+    idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "first")
+    with idem_store.transaction() as conn:
+        idem_effects.apply(conn, "before")
+        outcome = idem_store.claim(conn, scope="s", operation="op", key="k", request=REQ)
         assert isinstance(outcome, Replayed) and outcome.response == "first"
-        effects.apply(conn, "after")
-        conn.execute(insert(effects.table).values(id="x" * 32, k="after", amount=2))
-    assert effects.per_key() == {"before": 1, "after": 2}
+        idem_effects.apply(conn, "after")
+        conn.execute(insert(idem_effects.table).values(id="x" * 32, k="after", amount=2))
+    assert idem_effects.per_key() == {"before": 1, "after": 2}
 
 
-@pytest.mark.requires("concurrent_connections")
-def test_claim_after_earlier_read_sees_winner(store: IdempotencyStore, effects: Effects) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_claim_after_earlier_read_sees_winner(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A transaction that read before the winner committed still sees the winner when it claims (no stale
     snapshot hides it): it replays or gets a retryable error that run absorbs - never a second effect."""
-    with store.engine.connect() as reader:
+    with idem_store.engine.connect() as reader:
         tx = reader.begin()
-        reader.execute(select(store.tables.records)).all()  # establishes a snapshot on MVCC engines
-        store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"))
+        reader.execute(select(idem_store.tables.records)).all()  # establishes a snapshot on MVCC engines
+        idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=idem_effects.effect("k"))
         try:
-            outcome = store.claim(reader, scope="s", operation="op", key="k", request=REQ)
+            outcome = idem_store.claim(reader, scope="s", operation="op", key="k", request=REQ)
             assert isinstance(outcome, Replayed)
         except Exception as exc:
-            assert store.retry_cause(exc) is not None, f"not retryable: {exc!r}"
+            assert idem_store.retry_cause(exc) is not None, f"not retryable: {exc!r}"
         finally:
             tx.rollback()
-    again = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"))
-    assert again.replayed and effects.count("k") == 1
+    again = idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=idem_effects.effect("k"))
+    assert again.replayed and idem_effects.count("k") == 1

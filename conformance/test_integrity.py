@@ -43,42 +43,44 @@ def _fails_once(store: IdempotencyStore, effects: Effects, effect: Callable[[Any
     assert not result.replayed and effects.count("k") == 1
 
 
-def test_effect_unique_violation_surfaces(store: IdempotencyStore, effects: Effects, observe: Observe) -> None:
+def test_effect_unique_violation_surfaces(idem_store: IdempotencyStore, idem_effects: Effects,
+                                          idem_observe: Observe) -> None:
     """An effect's own unique violation reaches the caller as IntegrityError: not a duplicate key, not retried,
     no record left."""
-    with store.transaction() as conn:
-        effects.apply(conn, "seed", ref="taken")
-    _fails_once(store, effects, lambda conn: effects.apply(conn, "k", ref="taken"), observe,
+    with idem_store.transaction() as conn:
+        idem_effects.apply(conn, "seed", ref="taken")
+    _fails_once(idem_store, idem_effects, lambda conn: idem_effects.apply(conn, "k", ref="taken"), idem_observe,
                 "effect's unique violation")
 
 
-def test_effect_not_null_violation_surfaces(store: IdempotencyStore, effects: Effects, observe: Observe) -> None:
+def test_effect_not_null_violation_surfaces(idem_store: IdempotencyStore, idem_effects: Effects,
+                                            idem_observe: Observe) -> None:
     """An effect's NOT NULL violation reaches the caller as IntegrityError: not retried, and no record remains."""
 
     def effect(conn: Any) -> Any:
-        conn.execute(insert(effects.table).values(id="n" * 32, k="k", amount=None))
+        conn.execute(insert(idem_effects.table).values(id="n" * 32, k="k", amount=None))
 
-    _fails_once(store, effects, effect, observe, "effect's NOT NULL violation")
+    _fails_once(idem_store, idem_effects, effect, idem_observe, "effect's NOT NULL violation")
 
 
-def test_insert_if_absent_reports_other_integrity_errors(store: IdempotencyStore, effects: Effects) -> None:
+def test_insert_if_absent_reports_other_integrity_errors(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """The claim insert returns False only for its own primary key; a NOT NULL violation or another unique index's
     violation propagates as IntegrityError instead of passing for a duplicate."""
-    backend = store.backend
+    backend = idem_store.backend
     row = dict(id="a" * 32, k="k", amount=1, ref="r1")
-    with store.transaction() as conn:
-        assert backend.insert_if_absent(conn, effects.table, row) is True
-    with store.transaction() as conn:
-        assert backend.insert_if_absent(conn, effects.table, dict(row, amount=2)) is False
-    with pytest.raises(IntegrityError), store.transaction() as conn:
-        backend.insert_if_absent(conn, effects.table, dict(row, id="b" * 32))  # same ref, other unique index
-    with pytest.raises(IntegrityError), store.transaction() as conn:
-        backend.insert_if_absent(conn, effects.table, dict(row, id="c" * 32, ref="r2", amount=None))
-    records = store.tables.records
-    with pytest.raises(IntegrityError), store.transaction() as conn:
-        store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+    with idem_store.transaction() as conn:
+        assert backend.insert_if_absent(conn, idem_effects.table, row) is True
+    with idem_store.transaction() as conn:
+        assert backend.insert_if_absent(conn, idem_effects.table, dict(row, amount=2)) is False
+    with pytest.raises(IntegrityError), idem_store.transaction() as conn:
+        backend.insert_if_absent(conn, idem_effects.table, dict(row, id="b" * 32))  # same ref, other unique index
+    with pytest.raises(IntegrityError), idem_store.transaction() as conn:
+        backend.insert_if_absent(conn, idem_effects.table, dict(row, id="c" * 32, ref="r2", amount=None))
+    records = idem_store.tables.records
+    with pytest.raises(IntegrityError), idem_store.transaction() as conn:
+        idem_store.claim(conn, scope="s", operation="op", key="k", request=REQ)
         values = dict(scope="s", operation="op", idem_key="other", fingerprint=None, claim_token="t" * 32)
         clock = {"created_at": 0.0, "locked_until": 0.0}
         backend.insert_if_absent(conn, records, values, clock)  # NOT NULL fingerprint on the records table itself
-    assert effects.count("k") == 1
-    _no_record(store)
+    assert idem_effects.count("k") == 1
+    _no_record(idem_store)

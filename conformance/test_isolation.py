@@ -4,27 +4,71 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from idem_dialects import IdempotencyStore
+import pytest
+from sqlalchemy import Engine, create_engine, event
+
+from idem_dialects import IdempotencyStore, UnsupportedIsolation
 
 from .plugin import EngineUnderTest
+from .support import returning
 
 REQ = {"amount": 100}
+# Every level SQLAlchemy spells for some engine, plus AUTOCOMMIT (which no backend may declare).
+KNOWN_LEVELS = ("AUTOCOMMIT", "READ UNCOMMITTED", "READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT")
 
 
-def test_declared_isolation_levels_work(make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
-                                        observe: Callable[[str, object], None]) -> None:
+def test_declared_isolation_levels_work(idem_make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
+                                        idem_observe: Callable[[str, object], None]) -> None:
     """Each isolation level the backend declares is accepted, really in effect on its connections, and runs the
     protocol (first run, then replay); records the engine's default level."""
-    default = make_store()
+    default = idem_make_store()
     with default.engine.connect() as conn:
-        observe("default isolation level", conn.get_isolation_level())
+        idem_observe("default isolation level", conn.get_isolation_level())
     levels = default.features.isolation_levels
     assert levels, "a backend must declare at least one isolation level"
     for i, level in enumerate(levels):
-        store = make_store(isolation_level=level)
+        store = idem_make_store(isolation_level=level)
         with store.engine.connect() as conn:
             assert conn.get_isolation_level() == level
-        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn, level=level: level)
+        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=returning(level))
         again = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn: "no")
         assert (first.replayed, again.replayed, again.response) == (False, True, level)
-    observe("isolation levels declared", ", ".join(levels))
+    idem_observe("isolation levels declared", ", ".join(levels))
+
+
+def _count_connects(engine: Engine) -> list[object]:
+    """A list that grows by one each time `engine` opens a DBAPI connection."""
+    connects: list[object] = []
+    event.listen(engine, "connect", lambda dbapi_conn, record: connects.append(dbapi_conn))
+    return connects
+
+
+def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest, idem_store: IdempotencyStore,
+                                                 idem_observe: Callable[[str, object], None]) -> None:
+    """A store refuses an engine configured with AUTOCOMMIT or any isolation level its backend does not declare,
+    and a claim on a connection switched to one, with UnsupportedIsolation naming the supported levels - before
+    any SQL runs (under AUTOCOMMIT a failing effect would leave its claim behind and run again)."""
+    declared = idem_engine.features.isolation_levels
+    refused = [level for level in KNOWN_LEVELS if level not in declared]
+    assert "AUTOCOMMIT" in refused
+    for level in refused:
+        engine = create_engine(idem_engine.url, isolation_level=level)
+        connects = _count_connects(engine)
+        try:
+            with pytest.raises(UnsupportedIsolation) as err:
+                IdempotencyStore(engine)
+        finally:
+            engine.dispose()
+        assert (err.value.level, err.value.supported) == (level, tuple(declared))
+        assert all(supported in str(err.value) for supported in declared)
+        assert connects == [], "the store connected before refusing"
+        with pytest.raises(UnsupportedIsolation):
+            IdempotencyStore.from_url(idem_engine.url, isolation_level=level)
+    statements: list[str] = []
+    event.listen(idem_store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with idem_store.engine.connect() as conn:
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(UnsupportedIsolation):
+            idem_store.claim(auto, scope="s", operation="op", key="k", request=REQ)
+    assert statements == [], "the claim ran SQL before refusing AUTOCOMMIT"
+    idem_observe("isolation levels refused", ", ".join(refused))

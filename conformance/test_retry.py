@@ -27,20 +27,20 @@ def lost_connection() -> OperationalError:
                             connection_invalidated=True)
 
 
-def test_retry_exhaustion_reports_attempts_and_causes(store: IdempotencyStore, effects: Effects,
-                                                      observe: Observe) -> None:
+def test_retry_exhaustion_reports_attempts_and_causes(idem_store: IdempotencyStore, idem_effects: Effects,
+                                                      idem_observe: Observe) -> None:
     """When retryable errors outlast the budget, run raises RetriesExhausted with the attempt count, the causes
     tallied per kind and the last error; every attempt rolled back, and the absorbed retries were counted."""
     calls: list[float] = []
 
     def effect(conn: Any) -> Any:
         calls.append(time.perf_counter())
-        effects.apply(conn, "k")
+        idem_effects.apply(conn, "k")
         raise lost_connection()
 
     started = time.perf_counter()
     with pytest.raises(RetriesExhausted) as err:
-        store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
+        idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
                   retry=RetryPolicy(total=0.3, initial=0.01, max_wait=0.05))
     elapsed = time.perf_counter() - started
     exhausted = err.value
@@ -48,31 +48,31 @@ def test_retry_exhaustion_reports_attempts_and_causes(store: IdempotencyStore, e
     assert exhausted.causes == {RetryCause.CONNECTION: exhausted.attempts}
     assert isinstance(exhausted.last_error, OperationalError) and exhausted.__cause__ is exhausted.last_error
     assert str(exhausted.attempts) in str(exhausted) and RetryCause.CONNECTION in str(exhausted)
-    assert store.retries[RetryCause.CONNECTION] == exhausted.attempts - 1
+    assert idem_store.retries[RetryCause.CONNECTION] == exhausted.attempts - 1
     assert elapsed < 5, f"a 0.3 s budget took {elapsed:.2f}s"
-    assert effects.count() == 0
-    with store.engine.connect() as conn:
-        assert conn.execute(select(store.tables.records)).first() is None
-    observe("0.3 s retry budget: attempts before giving up", exhausted.attempts)
+    assert idem_effects.count() == 0
+    with idem_store.engine.connect() as conn:
+        assert conn.execute(select(idem_store.tables.records)).first() is None
+    idem_observe("0.3 s retry budget: attempts before giving up", exhausted.attempts)
 
 
-def test_absorbed_retries_are_counted(store: IdempotencyStore, effects: Effects) -> None:
+def test_absorbed_retries_are_counted(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A retryable error that clears up is absorbed by run: the caller gets the one result, the failed attempts
     left nothing behind, and store.retries counts each absorbed retry by cause."""
     failures = [lost_connection(), lost_connection()]
 
     def effect(conn: Any) -> Any:
-        effect_id = effects.apply(conn, "k")
+        effect_id = idem_effects.apply(conn, "k")
         if failures:
             raise failures.pop()
         return {"effect": effect_id}
 
-    result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
-    assert not result.replayed and effects.count("k") == 1
-    assert dict(store.retries) == {RetryCause.CONNECTION: 2}
+    result = idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert not result.replayed and idem_effects.count("k") == 1
+    assert dict(idem_store.retries) == {RetryCause.CONNECTION: 2}
 
 
-def test_non_retryable_error_is_not_retried(store: IdempotencyStore) -> None:
+def test_non_retryable_error_is_not_retried(idem_store: IdempotencyStore) -> None:
     """An error the backend does not classify as retryable reaches the caller after exactly one attempt."""
     calls: list[int] = []
 
@@ -81,12 +81,13 @@ def test_non_retryable_error_is_not_retried(store: IdempotencyStore) -> None:
         raise ValueError("bad input found by the effect")
 
     with pytest.raises(ValueError, match="bad input"):
-        store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
-    assert calls == [1] and sum(store.retries.values()) == 0
+        idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+    assert calls == [1] and sum(idem_store.retries.values()) == 0
 
 
-@pytest.mark.requires("concurrent_connections")
-def test_held_key_is_waited_out_or_reported(store: IdempotencyStore, effects: Effects, observe: Observe) -> None:
+@pytest.mark.idem_requires("concurrent_connections")
+def test_held_key_is_waited_out_or_reported(idem_store: IdempotencyStore, idem_effects: Effects,
+                                            idem_observe: Observe) -> None:
     """A key held by another open transaction for 1 s, against a 0.3 s retry budget: run waits and replays the
     holder's result, or raises RetriesExhausted naming real causes - never a raw driver error, never 2 effects."""
     claimed = threading.Event()
@@ -95,13 +96,13 @@ def test_held_key_is_waited_out_or_reported(store: IdempotencyStore, effects: Ef
 
     def holder() -> None:
         try:
-            with store.transaction() as conn:
-                outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+            with idem_store.transaction() as conn:
+                outcome = idem_store.claim(conn, scope="s", operation="op", key="k", request=REQ)
                 claimed.set()
                 assert not isinstance(outcome, Replayed)
-                response = {"effect": effects.apply(conn, "k")}
+                response = {"effect": idem_effects.apply(conn, "k")}
                 release.wait(1.0)
-                store.complete(conn, outcome, response)  # type: ignore[arg-type]
+                idem_store.complete(conn, outcome, response)  # type: ignore[arg-type]
         except BaseException as exc:
             problems.append(exc)
             claimed.set()
@@ -111,20 +112,20 @@ def test_held_key_is_waited_out_or_reported(store: IdempotencyStore, effects: Ef
     assert claimed.wait(30)
     started = time.perf_counter()
     try:
-        result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+        result = idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=idem_effects.effect("k"),
                            retry=RetryPolicy(total=0.3))
     except RetriesExhausted as exc:
         waited = time.perf_counter() - started
         assert exc.attempts >= 1 and exc.causes and "unknown" not in exc.causes, exc
         tally = ", ".join(f"{cause} x{n}" for cause, n in sorted(exc.causes.items()))
-        observe("key held 1 s, 0.3 s budget", f"RetriesExhausted after {waited:.1f}s ({tally})")
+        idem_observe("key held 1 s, 0.3 s budget", f"RetriesExhausted after {waited:.1f}s ({tally})")
     else:
         waited = time.perf_counter() - started
         assert result.replayed, "the waiter ran its own effect while the holder's claim was open"
-        retried = ", ".join(f"{c} x{n}" for c, n in sorted(store.retries.items())) or "no retries"
-        observe("key held 1 s, 0.3 s budget", f"waited {waited:.1f}s, then replayed ({retried})")
+        retried = ", ".join(f"{c} x{n}" for c, n in sorted(idem_store.retries.items())) or "no retries"
+        idem_observe("key held 1 s, 0.3 s budget", f"waited {waited:.1f}s, then replayed ({retried})")
     finally:
         release.set()
         thread.join(30)
     assert problems == []
-    assert effects.count("k") == 1
+    assert idem_effects.count("k") == 1

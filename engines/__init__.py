@@ -23,10 +23,12 @@ from .catalogue import (
     image_var,
     resolve,
 )
+from .provision import EngineStatus, parse_named_urls, probe, provision
 
 __all__ = [
     "ENGINES",
     "EngineSpec",
+    "EngineStatus",
     "EngineUnavailable",
     "Server",
     "Unavailable",
@@ -35,5 +37,8 @@ __all__ = [
     "expand",
     "get",
     "image_var",
+    "parse_named_urls",
+    "probe",
+    "provision",
     "resolve",
 ]

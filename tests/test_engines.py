@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
 
 from idem_dialects.cli import main
+from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
 
 NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
 

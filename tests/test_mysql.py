@@ -19,12 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance.support import Effects
 from sqlalchemy import Column, MetaData, Table, create_engine, select, text, update
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Replayed
+from idem_dialects.conformance.support import Effects
 from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend, error_code
 from idem_dialects.errors import RetryCause
 

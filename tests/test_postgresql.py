@@ -17,8 +17,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from idem_dialects.conformance.support import Effects, stores
-from idem_dialects.engines import Server, Unavailable, get
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, Engine
@@ -26,7 +24,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.schema import CreateTable
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RequestMismatch, RetryPolicy
+from idem_dialects.conformance.support import Effects, stores
 from idem_dialects.dialects.postgresql import PostgreSQLBackend, sqlstate
+from idem_dialects.engines import Server, Unavailable, get
 from idem_dialects.errors import RetryCause
 from idem_dialects.schema import build_tables
 

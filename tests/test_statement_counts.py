@@ -15,17 +15,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib import import_module
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
 
-from idem_dialects import IdempotencyStore
+from idem_dialects import IdempotencyStore, engines
 from idem_dialects.benchmark import record_statements, statement_kind
 from idem_dialects.outcomes import Claimed
-
-engines: Any = import_module("idem_dialects.engines")
 
 # backend -> path -> (statement kinds in order, commits). Transaction control the driver sends outside a cursor
 # (psycopg's BEGIN) is not in the list: it is one more round trip per transaction on PostgreSQL.

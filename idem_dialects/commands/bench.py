@@ -2,8 +2,8 @@
 
 The work is in idem_dialects.benchmark; this module parses arguments, provides the databases (all of them before
 anything runs, so a missing one stops the run at once), runs them one after another and prints one report.
-Exit status: 0 measured (targets are reported, not enforced), 1 exactly-once violated, 2 bad arguments (usage) or
-an engine is unavailable.
+Exit status (as every subcommand's, idem_dialects.commands): 0 measured (targets are reported, not enforced),
+1 exactly-once violated, 2 an engine is unavailable or a database does not answer, 64 bad arguments (usage).
 """
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..benchmark import Config
+    from ..engines import Server
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
 FORMATS = ("table", "markdown", "json")
-EXIT_OK, EXIT_VIOLATED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 2
+EXIT_VIOLATED = EXIT_FAILED  # exactly-once did not hold
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +70,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _targets(args: argparse.Namespace, engines: Any) -> tuple[list[str], bool]:
+def _targets(args: argparse.Namespace) -> tuple[list[str], bool]:
     """The URLs / engine names to measure, and whether unavailable ones are skipped ('all') or an error."""
     if args.url and args.engine:
         raise UsageError("give either a URL/engine name or --engine, not both")
@@ -73,15 +78,19 @@ def _targets(args: argparse.Namespace, engines: Any) -> tuple[list[str], bool]:
         return [args.url], False
     if not args.engine:
         raise UsageError("which database? give a URL, an engine name or --engine NAME (repeatable, or 'all')")
+    from ..engines import expand
+
     try:
-        return engines.expand(args.engine), "all" in args.engine
+        return expand(args.engine), "all" in args.engine
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
 
 
-def _backend(target: str, engines: Any) -> str:
+def _backend(target: str) -> str:
     from sqlalchemy import make_url
     from sqlalchemy.exc import ArgumentError
+
+    from ..engines import get
 
     if "://" in target:
         try:
@@ -89,16 +98,14 @@ def _backend(target: str, engines: Any) -> str:
         except ArgumentError as exc:
             raise UsageError(f"{target}: {exc}") from None
     try:
-        return str(engines.get(target).backend)
+        return get(target).backend
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
 
 
 def run(args: argparse.Namespace) -> int:
     from ..benchmark import Config
-
-    # idem_dialects.engines is mapped from the top-level engines/ directory, which mypy does not follow.
-    engines: Any = import_module("idem_dialects.engines")
+    from ..engines import Unavailable, get
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -108,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = Config(workers=args.workers, requests=args.requests, duplicates=args.duplicates,
                      repetitions=args.repetitions, warmup=args.warmup, memory_check=args.memory_check,
                      profile=args.profile)
-        targets, lenient = _targets(args, engines)
-        backends = {t: _backend(t, engines) for t in targets}
+        targets, lenient = _targets(args)
+        backends = {t: _backend(t) for t in targets}
         if args.profile and args.profile.startswith("plpgsql_"):
             others = [t for t, b in backends.items() if b != "postgresql"]
             if others:
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"idem-dialects bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    servers: dict[str, Any] = {}
+    servers: dict[str, Server | None] = {}
     skipped: dict[str, str] = {}
     reports: list[dict[str, Any]] = []
     try:
@@ -128,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
                 servers[target] = None
                 continue
             try:
-                servers[target] = engines.get(target).provide()
-                log(f"{target}: {servers[target].how}")
-            except engines.Unavailable as exc:
+                server = servers[target] = get(target).provide()
+                log(f"{target}: {server.how}")
+            except Unavailable as exc:
                 if not lenient:
                     print(f"idem-dialects bench: {target}: {exc}", file=sys.stderr)
                     return EXIT_UNAVAILABLE
@@ -140,27 +147,28 @@ def run(args: argparse.Namespace) -> int:
             print("idem-dialects bench: no engine available here: " + "; ".join(f"{k}: {v}" for k, v in
                                                                                skipped.items()), file=sys.stderr)
             return EXIT_UNAVAILABLE
-        for target, server in servers.items():
+        for target, provided in servers.items():
             try:
-                report, profile = _measure(target, server.url if server else target, cfg, log)
+                report, profile = _measure(target, provided.url if provided else target, cfg, log)
             except CannotConnect as exc:
                 print(f"idem-dialects bench: {target}: {exc}", file=sys.stderr)
                 return EXIT_UNAVAILABLE
             if report is None:
                 return EXIT_VIOLATED
-            if server is not None:
+            if provided is not None:
                 report["engine"]["name"] = target
             reports.append(report)
             if profile:
                 print(f"cProfile on {target}, one slice of {cfg.profile} at 1 worker:\n{profile}", file=sys.stderr)
     finally:
-        for server in servers.values():
-            if server is not None:
-                server.stop()
+        for running in servers.values():
+            if running is not None:
+                running.stop()
     return _emit(args, reports, skipped)
 
 
-def _measure(label: str, url: Any, cfg: Any, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str | None]:
+def _measure(label: str, url: Any, cfg: Config,
+             log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str | None]:
     """One engine's run; (None, None) after an exactly-once violation (already reported on stderr)."""
     from sqlalchemy import make_url
 

@@ -8,7 +8,8 @@ import sys
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
-from .matrix import EXIT_UNAVAILABLE, add_output_arguments, run_matrix
+from . import EXIT_USAGE
+from .matrix import add_output_arguments, run_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         url = make_url(args.url)
     except ArgumentError as exc:
         print(f"idem-dialects check: not a database URL: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return EXIT_USAGE
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet, html=args.html,
                       show_skipped=args.show_skipped)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..engines import expand, provision
 from ..reporting import render
-from .matrix import provision
+from . import EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,19 +17,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Provide each engine (starting an embedded server for a moment if that is how), then stop it at once."""
-    from ..engines import expand  # type: ignore[import-not-found, unused-ignore]
-
     try:
         names = expand(args.engine or ["all"])
     except KeyError as exc:
         print(f"idem-dialects engines: {exc.args[0]}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     found = {}
     for name in names:
         status = provision(name, {})
         if status.server is not None:
             status.server.stop()
         found[name] = status.as_json()
-    report = {"version": 1, "engines": found}
-    print(render(report, args.format), end="")
-    return 0
+    print(render({"version": 1, "engines": found}, args.format), end="")
+    return EXIT_OK

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE = 0, 2
+from . import EXIT_OK, EXIT_USAGE
+
 FORMATS = ("table", "markdown", "html", "json")
 
 

@@ -1,0 +1,93 @@
+"""Provisioning for the commands: provide an engine, check that it answers, and say why not when it cannot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import create_engine, make_url
+from sqlalchemy.engine import URL
+
+from .catalogue import ENGINES, EngineUnavailable, Server, Unavailable, env_var
+
+
+@dataclass
+class EngineStatus:
+    """What provisioning found for one engine."""
+
+    name: str
+    required: bool
+    server: Server | None = None
+    reason: str | None = None
+    hint: str | None = None
+    server_version: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.server is not None
+
+    def as_json(self) -> dict[str, Any]:
+        spec = ENGINES.get(self.name)
+        return {
+            "available": self.available,
+            "required": self.required,
+            "title": spec.title if spec else "ad-hoc engine (URL given)",
+            "backend": self.server.url.get_backend_name() if self.server else (spec.backend if spec else None),
+            "how": self.server.how if self.server else None,
+            "url": self.server.url.render_as_string(hide_password=True) if self.server else None,
+            "server_version": self.server_version,
+            "reason": self.reason,
+            "hint": self.hint,
+            "env_var": env_var(self.name),
+        }
+
+
+def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
+    """``NAME=URL`` command-line values (of `option`) as a mapping; ValueError names a malformed one."""
+    urls: dict[str, URL] = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            raise ValueError(f"{option} wants NAME=URL, got {item!r}")
+        urls[name] = make_url(url)
+    return urls
+
+
+def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> EngineStatus:
+    """Provide one engine (a URL given on the command line wins) and check it answers a connection."""
+    status = EngineStatus(name, required)
+    try:
+        if name in urls:
+            server = Server(name, urls[name], "URL from --url")
+        else:
+            server = ENGINES[name].provide()
+    except EngineUnavailable as exc:
+        status.reason, status.hint = "; ".join(exc.reasons), exc.hint
+        return status
+    except Unavailable as exc:
+        status.reason = str(exc)
+        return status
+    try:
+        status.server_version = probe(server.url)
+    except Exception as exc:  # any driver or network error means "cannot be had here", with its text as reason
+        server.stop()
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        status.reason = f"{server.how}: cannot connect to {server.url.render_as_string()}: {first}"
+        spec = ENGINES.get(name)
+        status.hint = spec.how_to_enable() if spec else "check the URL, the server and its driver"
+        return status
+    status.server = server
+    return status
+
+
+def probe(url: URL) -> str:
+    """Connect once with plain SQLAlchemy (no backend involved) and return the server's version."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            info = conn.dialect.server_version_info
+            version = ".".join(str(part) for part in info) if info else "unknown"
+            return f"{conn.dialect.name} {version}"
+    finally:
+        engine.dispose()

@@ -1,0 +1,61 @@
+"""The conformance plugin is opt-in: installing idem-dialects adds nothing to an unrelated project's pytest run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from idem_dialects.features import Features
+
+OPT_IN = 'pytest_plugins = ["idem_dialects.conformance.plugin"]\n'
+
+
+def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest run in `project` as its own user would run it: no options or plugin settings of ours leak in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "IDEM_URL_"))}
+    (project / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=project,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_installed_package_adds_no_fixtures(tmp_path: Path) -> None:
+    (tmp_path / "test_mine.py").write_text("def test_mine(store):\n    assert store\n", encoding="utf-8")
+    done = pytest_in(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "fixture 'store' not found" in done.stdout
+    assert "idem_store" not in done.stdout  # not even listed among the available fixtures
+
+
+def test_one_line_opt_in_runs_the_suite(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(OPT_IN, encoding="utf-8")
+    (tmp_path / "test_conformance.py").write_text(
+        "from idem_dialects.conformance.test_keys import *  # noqa: F403\n"
+        "from idem_dialects.conformance.test_protocol import *  # noqa: F403\n", encoding="utf-8")
+    (tmp_path / "test_mine.py").write_text("def test_mine(store):\n    assert store\n", encoding="utf-8")
+    junit = tmp_path / "junit.xml"
+    done = pytest_in(tmp_path, "test_conformance.py", "--idem-engine", "sqlite", f"--junitxml={junit}",
+                     "-k", "first_request or key_column_declares_byte_exact_type")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+    properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    assert properties.get("idem_observation:key column (declared DDL)"), properties  # record_property reached XML
+    # The suite's fixtures are namespaced: the project's own `store` is still its own business.
+    mine = pytest_in(tmp_path, "test_mine.py")
+    assert mine.returncode == 1 and "fixture 'store' not found" in mine.stdout
+
+
+def test_unknown_feature_is_a_collection_error(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(OPT_IN, encoding="utf-8")
+    (tmp_path / "test_typo.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.idem_requires('no_such_feature')\n"
+        "def test_typo(idem_store):\n"
+        "    pass\n", encoding="utf-8")
+    done = pytest_in(tmp_path, "--idem-engine", "sqlite")
+    assert done.returncode == 2, done.stdout + done.stderr  # interrupted: errors during collection
+    assert "ERROR collecting test_typo.py" in done.stdout
+    known = ", ".join(sorted(Features.flags()))  # concurrent_connections, exclusive_claim, processes, ...
+    assert f"unknown feature(s) 'no_such_feature'; known features: {known}" in done.stdout
