@@ -194,3 +194,22 @@ def test_engines_report_renders_in_every_format(tmp_path: Path) -> None:
     assert "sqlite         available" in table and "oracle-23      unavailable" in table
     assert "| oracle-23 | unavailable |" in cli("report", str(saved), "--format", "markdown").stdout
     assert 'id="catalogue"' in cli("report", str(saved), "--format", "html").stdout
+
+
+def test_effect_callable_calls_per_key_are_charted_where_a_cluster_reports_them() -> None:
+    """Recorded as text by the cluster checks ("2.9 (max 4; ...)"): charted by its number, shown as recorded."""
+    engine = {"available": True, "how": "h", "server_version": "v"}
+    report = {
+        "version": 1, "engines": {"galera": engine, "mariadb": engine}, "checks": [],
+        "observations": {
+            "galera": {"spread race: effect callable calls per key": "2.9 (max 4; 38 of 58 runs rolled back)",
+                       "spread race (16 threads, 20 keys): effects per key in the database": 1},
+            "mariadb": {"16-thread race: median caller (ms)": 12.5, "16-thread race: slowest caller (ms)": 30}},
+        "summary": {"passed": 0, "failed": 0, "skipped": 0, "duration": 0, "exit_status": 0},
+    }
+    page = render_html([report])
+    chart = page[page.index('id="chart-effect-calls"'):]
+    chart = chart[:chart.index("</svg>")]
+    assert ">2.9<" in chart and "38 of 58 runs rolled back" in chart and "effects per key in the database" in chart
+    assert "spread race: effect callable calls per key: galera 2.9 (max 4; 38 of 58 runs rolled back)." in page
+    assert 'id="chart-latency"' in page and "galera" not in page[page.index('id="chart-latency"'):].split("</svg>")[0]

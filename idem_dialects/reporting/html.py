@@ -218,8 +218,8 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
     calls = obs.effect_calls(report)
     out.append("<h3>Effect-callable calls per key</h3>")
     if calls:
-        groups = [(name, [Bar(e, [Segment(v, palette.get(e, SHADES[0]), f"{e}: {v:g}")], f"{v:g}")
-                          for e, v in per.items()]) for name, per in calls.items()]
+        groups = [(name, [Bar(e, [Segment(v, palette.get(e, SHADES[0]), f"{e}: {text}")], f"{v:g}")
+                          for e, (v, text) in per.items()]) for name, per in calls.items()]
         out.append(bars(f"{pfx}chart-effect-calls", "effect-callable calls per key", groups, legend=[],
                         unit="calls per key", reference=1.0))
     else:

@@ -6,6 +6,7 @@ nothing the numbers do not show. Observation names are those the conformance che
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,14 +90,21 @@ def resolution(report: Mapping[str, Any]) -> dict[str, dict[str, tuple[str, str]
     return out
 
 
-def effect_calls(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Observation -> engine -> effect-callable calls per key, where an engine (a cluster) reports them."""
-    out: dict[str, dict[str, float]] = {}
+def effect_calls(report: Mapping[str, Any]) -> dict[str, dict[str, tuple[float, str]]]:
+    """Observation -> engine -> (number, as recorded): how often the effect callable ran, and effects per key, where
+    an engine (a cluster) reports them. A recorded text counts by its leading number ("2.9 (max 4; ...)")."""
+    out: dict[str, dict[str, tuple[float, str]]] = {}
     for engine in ran(report):
         for name, value in report["observations"].get(engine, {}).items():
             low = name.lower()
-            if ("calls per key" in low or "effect call" in low) and _number(value) is not None:
-                out.setdefault(name, {})[engine] = float(value)
+            if "per key" not in low and "effect call" not in low:
+                continue
+            number = _number(value)
+            if number is None and isinstance(value, str):
+                match = re.match(r"\s*(\d+(?:\.\d+)?)", value)
+                number = float(match.group(1)) if match else None
+            if number is not None:
+                out.setdefault(name, {})[engine] = (number, str(value))
     return out
 
 
@@ -160,5 +168,5 @@ def differences(report: Mapping[str, Any]) -> list[str]:
         if values:
             out.append(_sentence(subject, values, len(engines)))
     for name, calls in effect_calls(report).items():
-        out.append(f"{name}: " + ", ".join(f"{e} {v:g}" for e, v in calls.items()) + ".")
+        out.append(f"{name}: " + "; ".join(f"{e} {text}" for e, (_, text) in calls.items()) + ".")
     return out
