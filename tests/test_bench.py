@@ -179,3 +179,12 @@ def test_unreachable_or_unknown_database_is_reported_without_traceback(capsys: p
     code, out, err = run_bench(capsys, url)
     assert code == 2 and out == ""
     assert err.startswith(f"idem-dialects bench: {url}: ") and "Traceback" not in err
+
+
+def test_a_named_engine_that_is_unavailable_stops_the_run_before_anything_is_measured(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IDEM_URL_ORACLE_23", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/idem-dialects-test/docker.sock")
+    code, out, err = run_bench(capsys, "--engine", "sqlite", "--engine", "oracle-23", "--requests", "2")
+    assert code == 2 and out == ""
+    assert "oracle-23 is unavailable" in err and "to provide it: set IDEM_URL_ORACLE_23=" in err

@@ -105,7 +105,7 @@ def _backend(target: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..benchmark import Config
-    from ..engines import Unavailable, get
+    from ..engines import provision
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -134,15 +134,18 @@ def run(args: argparse.Namespace) -> int:
             if "://" in target:
                 servers[target] = None
                 continue
-            try:
-                server = servers[target] = get(target).provide()
-                log(f"{target}: {server.how}")
-            except Unavailable as exc:
-                if not lenient:
-                    print(f"idem-dialects bench: {target}: {exc}", file=sys.stderr)
-                    return EXIT_UNAVAILABLE
-                skipped[target] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                log(f"{target}: unavailable, skipped ({skipped[target]})")
+            status = provision(target, {})  # as the matrix does: provided, and answering a connection
+            if status.server is not None:
+                servers[target] = status.server
+                log(f"{target}: {status.server.how} ({status.server_version})")
+                continue
+            if not lenient:
+                print(f"idem-dialects bench: {target} is unavailable: {status.reason}", file=sys.stderr)
+                if status.hint:
+                    print(f"  to provide it: {status.hint}", file=sys.stderr)
+                return EXIT_UNAVAILABLE
+            skipped[target] = str(status.reason)
+            log(f"{target}: unavailable, skipped ({status.reason})")
         if not servers:
             print("idem-dialects bench: no engine available here: " + "; ".join(f"{k}: {v}" for k, v in
                                                                                skipped.items()), file=sys.stderr)
