@@ -14,4 +14,5 @@ CHECK_MODULES = (
     "idem_dialects.conformance.test_integrity",
     "idem_dialects.conformance.test_retry",
     "idem_dialects.conformance.test_isolation",
+    "idem_dialects.conformance.test_faults",
 )

@@ -31,7 +31,7 @@ from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_na
 from idem_dialects.features import Features
 
 from .naming import PROVISIONED, check_id, observation_property
-from .support import Effects, stores
+from .support import Effects, effects_table, stores
 
 _counter = itertools.count()
 
@@ -222,7 +222,5 @@ def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[st
 @pytest.fixture
 def idem_effects(idem_store: IdempotencyStore) -> Iterator[Effects]:
     """The business table effects write to, on the same database and prefix as `idem_store`."""
-    fx = Effects(idem_store)
-    fx.create()
-    yield fx
-    fx.drop()
+    with effects_table(idem_store) as fx:
+        yield fx

@@ -86,6 +86,17 @@ class Effects:
         return {k: int(n) for k, n in rows}
 
 
+@contextmanager
+def effects_table(store: IdempotencyStore) -> Iterator[Effects]:
+    """`Effects` on `store`'s database and prefix, its table created for the block and dropped after it."""
+    fx = Effects(store)
+    fx.create()
+    try:
+        yield fx
+    finally:
+        fx.drop()
+
+
 def process_worker(url: str, prefix: str, keys: list[str], seed: int, out: Any) -> None:
     """One process of the multi-process race: run every key (in its own shuffled order); report responses and
     the retries it absorbed through `out`."""

@@ -19,7 +19,7 @@ from idem_dialects import IdempotencyStore, Replayed, RequestInFlight, Result
 from idem_dialects.conformance import support
 
 from .plugin import EngineUnderTest
-from .support import Effects
+from .support import Effects, effects_table
 
 REQ = {"amount": 100}
 
@@ -86,12 +86,8 @@ def test_same_key_race_under_isolation(idem_make_store: Callable[..., Idempotenc
         pytest.skip(f"{idem_engine.backend} declares {level}, but this server does not offer it"
                     f" (offers {', '.join(idem_engine.features.isolation_levels)})")
     store = idem_make_store(isolation_level=level)
-    effects = Effects(store)
-    effects.create()
-    try:
+    with effects_table(store) as effects:
         _same_key_race(store, effects, idem_observe, threads=16, rounds=3, label=level)
-    finally:
-        effects.drop()
 
 
 @pytest.mark.idem_requires("concurrent_connections")

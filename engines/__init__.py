@@ -10,20 +10,10 @@ unavailable when it is, and what would enable it.
 
 from __future__ import annotations
 
-from .catalogue import (
-    ENGINES,
-    EngineSpec,
-    EngineUnavailable,
-    Server,
-    Unavailable,
-    docker_reachable,
-    env_var,
-    expand,
-    get,
-    image_var,
-    resolve,
-)
+from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
+from .containers import docker_reachable, image_var
 from .provision import EngineStatus, parse_named_urls, probe, provision
+from .servers import Server, Unavailable, env_var
 
 __all__ = [
     "ENGINES",

@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import URL
 
-from .catalogue import ENGINES, EngineUnavailable, Server, Unavailable, env_var
+from .catalogue import ENGINES, EngineUnavailable
+from .servers import Server, Unavailable, env_var
 
 
 @dataclass

@@ -5,8 +5,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from .errors import (
+    CannotConnect,
     ClaimRaced,
     ConfigurationError,
+    ConnectionConfigError,
     IdemError,
     IdemWarning,
     InvalidKey,
@@ -33,9 +35,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "CannotConnect",
     "ClaimRaced",
     "Claimed",
     "ConfigurationError",
+    "ConnectionConfigError",
     "Features",
     "IdemError",
     "IdemWarning",

@@ -20,6 +20,8 @@ class RetryCause(StrEnum):
     LOCK_TIMEOUT = "lock timeout"  # a lock wait outlasted the engine's lock timeout
     CONNECTION = "lost connection"  # the connection dropped; the transaction did not commit
     CLAIM_RACE = "claim race"  # the record kept changing between our insert and our read
+    CONNECT = "connect"  # a connection could not be opened (refused, server starting, read-only standby, ...)
+    CANCELLED = "cancelled"  # the server cancelled one of the protocol's own statements (statement timeout)
 
 
 class IdemWarning(UserWarning):
@@ -131,26 +133,55 @@ class WinnerNotVisible(TransientError):
                          " retry in a new transaction")
 
 
+class CannotConnect(TransientError):
+    """A connection to the database could not be opened (refused, reset, server starting or shutting down, a
+    read-only standby). No statement ran, so `run` retries it within its budget; the driver's error is the
+    __cause__."""
+
+    cause = RetryCause.CONNECT
+
+    def __init__(self, backend: str, error: BaseException) -> None:
+        self.backend = backend
+        super().__init__(f"cannot connect to the {backend} database: {_first_line(error)}")
+
+
 class RetriesExhausted(IdemError):
-    """`run` kept hitting retryable errors until its budget ran out; the last error is the __cause__ (HTTP 503)."""
+    """`run` kept hitting retryable errors until its budget ran out; the last error is the __cause__ (HTTP 503).
+
+    `causes` tallies every failed attempt by cause; `retried` only the failures that were followed by a retry."""
 
     http_status = 503
 
-    def __init__(self, attempts: int, elapsed: float, causes: Mapping[str, int], last: BaseException) -> None:
+    def __init__(self, attempts: int, elapsed: float, causes: Mapping[str, int], last: BaseException,
+                 retried: Mapping[str, int] | None = None) -> None:
         self.attempts = attempts
         self.elapsed = elapsed
         self.causes = dict(causes)
+        self.retried = {c: n for c, n in (retried or {}).items() if n}
         self.last_error = last
         tally = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.causes.items()))
+        redone = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.retried.items()))
         plural = "attempt" if attempts == 1 else "attempts"
         super().__init__(
-            f"gave up after {attempts} {plural} in {elapsed:.2f}s; failed attempts by cause: {tally};"
-            f" last error: {type(last).__name__}: {_first_line(last)}"
+            f"gave up after {attempts} {plural} in {elapsed:.2f}s; failed attempts by cause: {tally}"
+            + (f"; retried: {redone}" if redone else "")
+            + f"; last error: {type(last).__name__}: {_first_line(last)}"
         )
 
 
 class ConfigurationError(IdemError):
     """The store cannot work as configured; the message says how to fix it."""
+
+
+class ConnectionConfigError(ConfigurationError):
+    """Connecting failed in a way no retry can fix (driver missing, bad credentials, unknown database); the
+    message says what to change. The driver's error is the __cause__."""
+
+    def __init__(self, backend: str, problem: str, fix: str) -> None:
+        self.backend = backend
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"cannot connect to the {backend} database: {problem}; {fix}")
 
 
 class UnsupportedEngine(ConfigurationError):

@@ -27,6 +27,9 @@ class Replayed:
     response: Any
     status: int
     completed_at: datetime
+    # Completed by this very `run` (its COMMIT went through, the reply was lost, the retry found its own claim
+    # token): the caller gets its own first result, not a replay.
+    own: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,61 @@ from typing import TypeVar
 
 import tenacity
 
-from .errors import RetriesExhausted
+from .errors import RetriesExhausted, RetryCause, _first_line
 
 T = TypeVar("T")
 log = logging.getLogger("idem_dialects")
+# Causes that say nothing about the effect's own transaction: an effect whose statement was cancelled (statement
+# timeout) is the caller's problem, not contention, and must not run again.
+_NOT_RETRIED_FOR_EFFECTS = frozenset({RetryCause.CANCELLED, RetryCause.CONNECT})
+
+
+class EffectFailed(Exception):
+    """Internal: the user's effect raised `error`. The store raises this wrapper in its place while it travels
+    through the store's own cleanup (rollback, release), so that nothing raised there can replace it or be
+    classified instead; `call_with_retry` unwraps it before anything reaches the caller."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
+
+
+def effect_failure(exc: BaseException | None) -> EffectFailed | None:
+    """The EffectFailed `exc` is, or that was being handled when `exc` was raised (a failing rollback's
+    __context__), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, EffectFailed):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
+
+
+def _classifier(classify: Callable[[BaseException], str | None]) -> Callable[[BaseException], str | None]:
+    """`classify`, shown only the effect's own error when the effect raised (never a cleanup error after it),
+    and never retrying an effect on a cause that is not about its transaction."""
+
+    def cause(exc: BaseException) -> str | None:
+        failed = effect_failure(exc)
+        if failed is None:
+            return classify(exc)
+        found = classify(failed.error)
+        return None if found in _NOT_RETRIED_FOR_EFFECTS else found
+
+    return cause
+
+
+def _unwrapped(exc: BaseException) -> BaseException:
+    """What the caller sees for `exc`: the effect's own error if the effect raised (a cleanup error after it
+    becomes a note on it), else `exc`."""
+    failed = effect_failure(exc)
+    if failed is None:
+        return exc
+    if exc is not failed:
+        failed.error.add_note(f"cleaning up after it also failed (not retried): {type(exc).__name__}:"
+                              f" {_first_line(exc)}")
+    return failed.error
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +94,29 @@ def call_with_retry(
     (with the tally of failed attempts by cause) when the budget runs out. `on_retry(cause)` hears of every retry.
 
     The first attempt is a plain call: retry machinery is built only once something failed retryably, so the
-    common case (no contention) costs nothing here."""
+    common case (no contention) costs nothing here.
+
+    An error the effect raised reaches `classify` unwrapped (see EffectFailed) and, when it is not retried,
+    the caller unchanged; an error raised while cleaning up after it never replaces it."""
+    failure: BaseException | None = None
+    try:
+        return _call_with_retry(policy, _classifier(classify), fn, on_retry)
+    except RetriesExhausted:
+        raise  # its last error is already unwrapped
+    except BaseException as exc:
+        failure = _unwrapped(exc)
+        if failure is exc:
+            raise
+    # Raised outside the except block, so the effect's error keeps its own __context__.
+    raise failure
+
+
+def _call_with_retry(
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    fn: Callable[[], T],
+    on_retry: Callable[[str], None],
+) -> T:
     started = time.monotonic()
     try:
         return fn()
@@ -97,10 +170,12 @@ def _retry(
     try:
         return retrying(attempt)
     except tenacity.RetryError as err:
-        last = err.last_attempt.exception()
-        assert last is not None
-        causes[classify(last) or "unknown"] += 1  # the final attempt is not followed by a sleep: count it here
+        failed = err.last_attempt.exception()
+        assert failed is not None
+        retried = Counter(causes)
+        causes[classify(failed) or "unknown"] += 1  # the final attempt is not followed by a sleep: count it here
         attempts, elapsed = err.last_attempt.attempt_number, time.monotonic() - started
         log.warning("giving up after %d attempts in %.2fs (%s)", attempts, elapsed,
                     ", ".join(f"{c} x{n}" for c, n in sorted(causes.items())))
-        raise RetriesExhausted(attempts=attempts, elapsed=elapsed, causes=causes, last=last) from last
+        last = _unwrapped(failed)
+        raise RetriesExhausted(attempts=attempts, elapsed=elapsed, causes=causes, last=last, retried=retried) from last

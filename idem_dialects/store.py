@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -34,7 +34,7 @@ from .features import Features
 from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
 from .keys import check_identifier
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
-from .retry import RetryPolicy, call_with_retry
+from .retry import EffectFailed, RetryPolicy, call_with_retry, effect_failure
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 
 _NO_PAYLOAD: Any = object()
@@ -82,6 +82,9 @@ class _Request:
     key: str
     fingerprint: str
     lease: float | None
+    # One claim token for every attempt of one run: a leased retry that finds this token on an in-flight record
+    # knows the claim is its own (its COMMIT went through, the reply was lost) and carries on as the owner.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> _Request:
@@ -165,7 +168,7 @@ class IdempotencyStore:
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A connection in a transaction begun the way the engine needs; commits on success."""
-        with self.engine.connect() as conn:
+        with self.backend.connect(self.engine) as conn:
             self.backend.live_features(conn)
             with self.backend.transaction(conn):
                 yield conn
@@ -193,8 +196,8 @@ class IdempotencyStore:
         # abandoned, so its lease is already over and the next caller takes it over.
         hold = req.lease or 0.0
         clock = {"created_at": 0.0, "locked_until": hold}
+        token = req.token
         for _ in range(_CLAIM_ROUNDS):
-            token = uuid.uuid4().hex
             values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
             if backend.insert_if_absent(conn, t, values, clock):
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
@@ -204,7 +207,11 @@ class IdempotencyStore:
             if row.fingerprint != req.fingerprint:
                 return Mismatch(row.fingerprint, req.fingerprint)
             if row.completed_at is not None:
-                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at)
+                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at,
+                                own=row.claim_token == token)
+            if leased and row.claim_token == token:
+                log.info("resuming our own claim on key %r (its commit went through, the reply was lost)", req.key)
+                return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
             if row.locked_until > row.db_now:
                 return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
             # The holder's lease is over: take the claim over, fenced on the token we saw.
@@ -330,14 +337,20 @@ class IdempotencyStore:
             try:
                 with self.transaction() as conn:
                     self.release(conn, outcome)
-            except Exception as release_error:  # the lease still ends on its own; the effect's error matters more
-                exc.add_note(f"releasing the claim also failed: {release_error!r}")
+            except Exception as release_error:  # the lease still ends on its own; the first error matters more
+                failed = effect_failure(exc)
+                (exc if failed is None else failed.error).add_note(
+                    f"releasing the claim also failed (not retried): {type(release_error).__name__}")
             raise
         return Result(response, code, replayed=False)
 
     @staticmethod
     def _call(effect: Callable[[Connection], Any], conn: Connection, status: int) -> tuple[Any, int]:
-        response = effect(conn)
+        try:
+            response = effect(conn)
+        except BaseException as exc:
+            # Marked as the effect's: a rollback that fails after it cannot take its place (see EffectFailed).
+            raise EffectFailed(exc) from exc
         if isinstance(response, Reply):
             return response.response, _check_status(response.status)
         return response, status
@@ -345,7 +358,7 @@ class IdempotencyStore:
     @staticmethod
     def _finished(outcome: Outcome, req: _Request) -> Result:
         if isinstance(outcome, Replayed):
-            return Result(outcome.response, outcome.status, replayed=True)
+            return Result(outcome.response, outcome.status, replayed=not outcome.own)
         ident = (req.scope, req.operation, req.key)
         if isinstance(outcome, Mismatch):
             raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect, text
 
 from idem_dialects.cli import COMMANDS, main
 from idem_dialects.commands import EXIT_UNAVAILABLE, EXIT_USAGE
@@ -60,3 +62,22 @@ def test_usage_errors_have_their_own_status(argv: list[str], capsys: pytest.Capt
 def test_matrix_k_selecting_nothing_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["matrix", "--engine", "sqlite", "-k", "no_check_is_called_this", "--quiet"]) == EXIT_USAGE
     assert "selects no check" in capsys.readouterr().err
+
+
+def test_demo_on_a_named_database_drops_only_its_own_tables(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'mine.db'}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:  # tables of the user's that a fixed-name demo would have dropped
+            for name in ("demo_account", "demo_records", "demo_messages", "idem_records"):
+                conn.execute(text(f"CREATE TABLE {name} (id INTEGER PRIMARY KEY)"))
+                conn.execute(text(f"INSERT INTO {name} (id) VALUES (7)"))
+        assert main(["demo", "--url", url]) == 0
+        assert "balance is 950" in capsys.readouterr().out
+        assert sorted(inspect(engine).get_table_names()) == ["demo_account", "demo_messages", "demo_records",
+                                                             "idem_records"]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT id FROM demo_account")).scalar_one() == 7
+    finally:
+        engine.dispose()

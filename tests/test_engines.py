@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,8 @@ from idem_dialects.cli import main
 from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
 
 NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
+# Why no container can be had here: no Docker engine answers, or the [containers] extra is not installed.
+WHY_NO_CONTAINER = ("Docker engine not reachable", "testcontainers is not installed")
 
 
 @pytest.fixture
@@ -41,8 +46,27 @@ def test_families_expand() -> None:
 
 
 def test_no_docker_is_a_clear_reason(no_docker: None) -> None:
+    pytest.importorskip("testcontainers", reason="the [containers] extra is not installed: nothing asks Docker")
     with pytest.raises(Unavailable, match="Docker engine not reachable"):
         docker_reachable()
+
+
+def test_no_testcontainers_is_a_clear_reason(no_docker: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "testcontainers", None)  # as without the [containers] extra
+    with pytest.raises(Unavailable, match=r"testcontainers is not installed \(pip install 'idem-dialects\[con"):
+        docker_reachable()
+
+
+def test_passes_without_the_containers_extra() -> None:
+    """This module, run where testcontainers and docker cannot be imported: every test passes or skips with why."""
+    code = ("import sys, pytest\n"
+            "sys.modules['testcontainers'] = sys.modules['docker'] = None\n"
+            f"sys.exit(pytest.main([{__file__!r}, '-q', '-p', 'no:cacheprovider', '-k', 'not without_the_containers',"
+            " '-rs']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "failed" not in done.stdout and "the [containers] extra is not installed" in done.stdout
 
 
 @pytest.mark.parametrize("name", ["mysql-8.4", "mssql-2022", "mssql-2025", "oracle-23", "oracle-26"])
@@ -51,7 +75,7 @@ def test_container_engines_say_how_to_enable(no_docker: None, name: str) -> None
         get(name).provide()
     exc = err.value
     assert f"{env_var(name)} is not set" in exc.reasons[0]
-    assert "Docker engine not reachable" in exc.reasons[-1]
+    assert any(why in exc.reasons[-1] for why in WHY_NO_CONTAINER), exc.reasons[-1]
     assert env_var(name) in exc.hint and "://" in exc.hint and "Docker" in exc.hint
 
 

@@ -58,7 +58,8 @@ def test_show_skipped_lists_unavailable_engines_with_reason() -> None:
     done = cli("matrix", "--engine", "sqlite", "--engine", "mssql", "-k", "first_request", "--show-skipped")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "mssql-2022" in out and "mssql-2025" in out and "skip" in out and "Docker engine not reachable" in out
+    assert "mssql-2022" in out and "mssql-2025" in out and "skip" in out
+    assert "Docker engine not reachable" in out or "testcontainers is not installed" in out  # with/without [containers]
     header = next(line for line in out.splitlines() if line.startswith("check "))
     assert header.split() == ["check", "sqlite", "mssql-2022", "mssql-2025"]
     assert max(len(line) for line in out.splitlines()) <= 120

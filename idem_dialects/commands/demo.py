@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from ..errors import RequestMismatch
 from ..store import IdempotencyStore
+from . import EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,25 +21,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A prefix of its own on every run: on a database you name (--url), the demo creates and drops only its own
+    # tables, never one that happens to share a fixed name.
+    prefix = f"demo_{secrets.token_hex(4)}_"
     with tempfile.TemporaryDirectory(prefix="idem-demo-") as tmp:
         url = args.url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        store = IdempotencyStore.from_url(url, table_prefix="demo_")
-        try:
-            _demo(store)
-        finally:
-            store.drop_tables()
-            store.engine.dispose()
-    return 0
+        with IdempotencyStore.from_url(url, table_prefix=prefix) as store:
+            metadata = MetaData()
+            accounts = Table(f"{prefix}account", metadata,
+                             Column("id", Integer, primary_key=True, autoincrement=False),
+                             Column("balance", Integer, nullable=False))
+            try:
+                store.create_tables()
+                with store.engine.begin() as conn:
+                    metadata.create_all(conn)
+                _demo(store, accounts)
+            finally:
+                with store.engine.begin() as conn:
+                    metadata.drop_all(conn, checkfirst=True)
+                store.drop_tables()
+    return EXIT_OK
 
 
-def _demo(store: IdempotencyStore) -> None:
-    metadata = MetaData()
-    accounts = Table("demo_account", metadata, Column("id", Integer, primary_key=True, autoincrement=False),
-                     Column("balance", Integer, nullable=False))
-    store.create_tables()
+def _demo(store: IdempotencyStore, accounts: Table) -> None:
     with store.engine.begin() as conn:
-        metadata.drop_all(conn)
-        metadata.create_all(conn)
         conn.execute(accounts.insert().values(id=1, balance=1000))
     print(f"database: {store.engine.url.render_as_string()} (backend {store.backend.name})")
     print("1. account 1 opened with balance 1000")
@@ -75,5 +82,3 @@ def _demo(store: IdempotencyStore) -> None:
                 outcome = "already processed, skipped"
         print(f"{5 + delivery}. message msg-7 (credit 50), delivery {delivery}: {outcome}")
     print(f"8. balance is {balance()}: the redelivered message credited once")
-    with store.engine.begin() as conn:
-        metadata.drop_all(conn)

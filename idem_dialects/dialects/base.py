@@ -13,12 +13,12 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bindparam, delete, or_, select
 from sqlalchemy.engine import URL, Connection, Row
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import RetryCause, TransientError
+from ..errors import CannotConnect, IdemError, RetryCause, TransientError
 from ..features import Features
 from ..keys import MAX_LENGTH
 
@@ -105,6 +105,30 @@ class Backend:
 
     def table_kwargs(self) -> dict[str, Any]:
         return {}
+
+    # --- connections ----------------------------------------------------------------------------------------
+
+    @contextmanager
+    def connect(self, engine: Engine) -> Iterator[Connection]:
+        """A connection from `engine`. Failing to open one raises what `connect_error` makes of it: CannotConnect
+        (no statement ran, so `run` retries it within its budget) or a ConnectionConfigError naming the fix."""
+        try:
+            conn = engine.connect()
+        except DBAPIError as exc:
+            problem = self.connect_error(exc)
+            if problem is None:
+                raise
+            raise problem from exc
+        with conn:
+            yield conn
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        """What a failure to open a connection means, by the driver's error class and codes: CannotConnect
+        (transient), ConnectionConfigError (no retry can fix it), or None (the error propagates as it is).
+        The portable default: an OperationalError nothing else classifies is transient."""
+        if isinstance(exc, OperationalError) and self.retry_cause(exc) is None:
+            return CannotConnect(self.name, exc)
+        return None
 
     # --- transactions and the clock --------------------------------------------------------------------------
 

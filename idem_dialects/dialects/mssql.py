@@ -35,7 +35,7 @@ from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import InvalidKey, RetryCause, WinnerNotVisible
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, InvalidKey, RetryCause, WinnerNotVisible
 from ..features import Features
 from .base import AnyRow, Backend
 from .types import Utf8Bytes
@@ -122,7 +122,8 @@ class InsertIfAbsent(Executable, ClauseElement):
 @compiles(InsertIfAbsent, "mssql")
 def _compile_insert_if_absent(element: InsertIfAbsent, compiler: SQLCompiler, **kw: Any) -> str:
     # Compile the INSERT as a nested statement (as inside a CTE): the batch, not the INSERT, is what executes, so
-    # SQLAlchemy must not treat the execution as an INSERT (which would discard the batch's result row).
+    # SQLAlchemy must not treat the execution as an INSERT (which would discard the batch's result row). `stack` has
+    # no public equivalent; tests/test_mssql.py::test_private_compiler_stack_still_exists fails loudly if it moves.
     compiler.stack.append({"correlate_froms": set(), "asfrom_froms": set(), "selectable": element.insert})
     try:
         insert = compiler.process(element.insert, **kw)
@@ -135,6 +136,36 @@ def _compile_insert_if_absent(element: InsertIfAbsent, compiler: SQLCompiler, **
         dup_constraint=ER_DUP_CONSTRAINT,
         dup_index=ER_DUP_INDEX,
     )
+
+
+# ODBC SQLSTATEs of a connection that could not be made now but may be in a moment.
+_CONNECT_TRANSIENT = frozenset({"08001", "08S01", "HYT00", "HYT01"})
+
+
+def odbc_sqlstate(exc: BaseException) -> str | None:
+    """The ODBC SQLSTATE pyodbc puts first in its error's args (e.g. IM002: driver manager found no driver)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    if len(args) >= 2 and isinstance(args[0], str) and len(args[0]) == 5:
+        return args[0]
+    return None
+
+
+def missing_driver(backend: str, named: object, host: object) -> ConnectionConfigError:
+    """The ODBC driver the URL names is not installed (or, without driver=, its host is no known DSN)."""
+    try:
+        import pyodbc
+
+        installed = ", ".join(pyodbc.drivers()) or "none"
+    except ImportError:
+        installed = "unknown (pyodbc is not importable)"
+    if named is None:
+        return ConnectionConfigError(backend, f"the URL names no ODBC driver and {host!r} is no configured DSN",
+                                     f"add ?driver=<name> to the URL (installed drivers: {installed})")
+    return ConnectionConfigError(
+        backend, f"the ODBC driver {named!r} named in the URL is not installed (installed: {installed})",
+        "install it (Microsoft's msodbcsql18, or apt-get install tdsodbc for FreeTDS) or set ?driver= to an"
+        " installed one")
 
 
 def native_error(exc: BaseException) -> int | None:
@@ -249,6 +280,16 @@ class MSSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        state = odbc_sqlstate(exc)
+        if state in ("IM002", "01000"):  # driver manager: no such driver/DSN; the driver's library cannot load
+            return missing_driver(self.name, self.engine.url.query.get("driver"), self.engine.url.host)
+        if state == "28000":
+            return ConnectionConfigError(self.name, "login failed (SQLSTATE 28000)", "check the user and password")
+        if state in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
+            return CannotConnect(self.name, exc)
+        return None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):

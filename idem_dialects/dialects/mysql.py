@@ -54,7 +54,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import RetryCause
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..keys import MAX_LENGTH
 from .base import Backend
@@ -67,6 +67,26 @@ ER_LOCK_DEADLOCK = 1213
 ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
 CR_SERVER_GONE_ERROR = 2006
 CR_SERVER_LOST = 2013
+ER_UNKNOWN_COM_ERROR = 1047  # Galera: "WSREP has not yet prepared node for application use" (node not ready)
+ER_SERVER_SHUTDOWN = 1053  # the server is shutting down
+ER_QUERY_INTERRUPTED = 1317  # KILL QUERY
+ER_CONNECTION_KILLED = 1927  # MariaDB: KILL [CONNECTION] of this session
+ER_STATEMENT_TIMEOUT = 1969  # MariaDB: max_statement_time exceeded
+ER_QUERY_TIMEOUT = 3024  # MySQL: max_execution_time exceeded
+# Opening a connection: what a retry can fix (nothing ran) and what only a changed configuration can.
+_CONNECT_TRANSIENT = frozenset({
+    2002, 2003,  # CR_CONNECTION_ERROR (socket), CR_CONN_HOST_ERROR (refused, unreachable)
+    CR_SERVER_GONE_ERROR, CR_SERVER_LOST,  # dropped during the handshake (server starting or stopping)
+    1040,  # ER_CON_COUNT_ERROR: too many connections
+    ER_UNKNOWN_COM_ERROR, ER_SERVER_SHUTDOWN,
+})
+_CONNECT_CONFIG = {
+    1045: ("access denied", "check the user and password in the URL"),
+    1698: ("access denied", "check the user and password in the URL (the account may need a password)"),
+    1044: ("access to the database denied", "grant the user access or use another database"),
+    1049: ("the database does not exist", "check the URL's database name or create it"),
+    2059: ("the authentication plugin cannot be loaded", "install PyMySQL[rsa] or change the account's plugin"),
+}
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
@@ -105,6 +125,13 @@ class MySQLBackend(Backend):
         ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
         CR_SERVER_GONE_ERROR: RetryCause.CONNECTION,
         CR_SERVER_LOST: RetryCause.CONNECTION,
+        ER_SERVER_SHUTDOWN: RetryCause.CONNECTION,
+        ER_CONNECTION_KILLED: RetryCause.CONNECTION,
+        ER_UNKNOWN_COM_ERROR: RetryCause.CONNECT,  # the node refused the statement: nothing ran
+        # A protocol statement cancelled while waiting on a key is contention (never retried for the effect's own).
+        ER_STATEMENT_TIMEOUT: RetryCause.CANCELLED,
+        ER_QUERY_TIMEOUT: RetryCause.CANCELLED,
+        ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
     }
 
     @classmethod
@@ -214,6 +241,15 @@ class MySQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        code = error_code(exc)
+        if code in _CONNECT_CONFIG:
+            problem, fix = _CONNECT_CONFIG[code]
+            return ConnectionConfigError(self.name, f"{problem} (error {code})", fix)
+        if code in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
+            return CannotConnect(self.name, exc)
+        return None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if not isinstance(exc, DBAPIError):

@@ -43,7 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from ..errors import InvalidPayload, RetryCause, WinnerNotVisible
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, InvalidPayload, RetryCause, WinnerNotVisible
 from ..features import Features
 from ..keys import MAX_LENGTH, check_identifier
 from .base import AnyRow, Backend, configured_isolation
@@ -62,6 +62,20 @@ _RETRYABLE = {
     ORA_RESOURCE_BUSY: RetryCause.BUSY,
     ORA_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
 }
+
+# Opening a connection: ORA numbers only a changed configuration fixes, and ones a retry may outlast.
+_CONNECT_CONFIG = {
+    1017: ("invalid user name or password (ORA-01017)", "check the user and password in the URL"),
+    28000: ("the account is locked (ORA-28000)", "unlock it or use another account"),
+    12514: ("the listener does not know the service (ORA-12514)", "check ?service_name= in the URL"),
+    12505: ("the listener does not know the SID (ORA-12505)", "check the SID or use ?service_name="),
+}
+_CONNECT_TRANSIENT = frozenset({
+    1033, 1034, 1089,  # starting up or shutting down, not available, immediate shutdown in progress
+    12170, 12516, 12519, 12520, 12528, 12537, 12541, 12543,  # timeouts, no handler, blocked, closed, no listener
+})
+# python-oracledb thin's own connect errors (code 0, full_code DPY-...): cannot connect, listener refused.
+_DPY_CONNECT = frozenset({"DPY-6005", "DPY-6000", "DPY-4011"})
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per code point
 _FIELDS = {"idem_key": "key"}  # column name -> the name InvalidKey reports (the API's)
@@ -178,6 +192,16 @@ class OracleBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        code = ora_code(exc)
+        if code in _CONNECT_CONFIG:
+            problem, fix = _CONNECT_CONFIG[code]
+            return ConnectionConfigError(self.name, problem, fix)
+        args = getattr(exc.orig, "args", None) or (None,)
+        if code in _CONNECT_TRANSIENT or getattr(args[0], "full_code", None) in _DPY_CONNECT:
+            return CannotConnect(self.name, exc)
+        return super().connect_error(exc)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """ORA-08177, ORA-00060, ORA-00054, ORA-30006 and lost connections. After ORA-00060 Oracle has rolled

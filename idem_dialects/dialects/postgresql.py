@@ -39,13 +39,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import RetryCause
+from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..keys import MAX_LENGTH
 from .base import Backend
 
@@ -58,6 +58,10 @@ _RETRYABLE = {
     "57P01": RetryCause.CONNECTION,  # admin_shutdown: pg_terminate_backend, fast shutdown
     "57P02": RetryCause.CONNECTION,  # crash_shutdown
     "57P03": RetryCause.CONNECTION,  # cannot_connect_now: server starting up or in recovery
+    "57014": RetryCause.CANCELLED,  # query_canceled: statement_timeout (never retried for the effect's statements)
+    # read_only_sql_transaction: the server reached is a read-only standby (after a failover); nothing was written,
+    # and a new connection (target_session_attrs=read-write) finds the new primary.
+    "25006": RetryCause.CONNECT,
 }
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 
@@ -168,6 +172,26 @@ class PostgreSQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        # libpq reports a failed connection without a SQLSTATE (refused, reset, "the database system is starting
+        # up", a read-only session under target_session_attrs=read-write, and also an unknown role or database):
+        # all are OperationalError, retried within the budget; the one code-level fact libpq gives is that the
+        # server asked for a password none was given for. Never classified by message text.
+        pgconn = getattr(exc.orig, "pgconn", None)
+        if getattr(pgconn, "needs_password", False) and not getattr(pgconn, "used_password", True):
+            return ConnectionConfigError(self.name, "the server asks for a password and none was given",
+                                         "put the password in the URL (postgresql+psycopg://USER:PASSWORD@HOST/DB)"
+                                         " or in ~/.pgpass")
+        code = sqlstate(exc)
+        if code is not None and code.startswith("28"):  # invalid_authorization_specification, invalid_password
+            return ConnectionConfigError(self.name, f"authentication failed (SQLSTATE {code})",
+                                         "check the user and password in the URL")
+        if code == "3D000":  # invalid_catalog_name
+            return ConnectionConfigError(self.name, "the database does not exist", "check the URL's database name")
+        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
+            return CannotConnect(self.name, exc)
+        return None
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)

@@ -22,13 +22,14 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
-from ..errors import IdemWarning, RetryCause
+from ..errors import ConnectionConfigError, IdemError, IdemWarning, RetryCause
 from ..features import Features
 from .base import Backend
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
+_SQLITE_CANTOPEN = 14
 # Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
 _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
 _SQLITE_CONSTRAINT_UNIQUE = 2067
@@ -112,6 +113,13 @@ class SQLiteBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
+
+    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+        # A file that cannot be opened (missing directory, no permission) stays so: no retry helps.
+        if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
+            return ConnectionConfigError(self.name, f"cannot open the database file {self.engine.url.database!r}",
+                                         "check that its directory exists and is writable")
+        return super().connect_error(exc)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):

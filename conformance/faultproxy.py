@@ -1,0 +1,282 @@
+"""A loopback-only TCP fault proxy for the conformance suite: it sits between a store and its database server,
+reads enough of the PostgreSQL or MySQL wire protocol to see each statement the client sends, and injects one
+fault at a chosen statement:
+
+- ``cut_before``: close both sides without forwarding the statement (a dropped COMMIT never reaches the server);
+- ``cut_after``: forward the statement, deliver its reply, then close (the next statement finds the link gone);
+- ``lose_reply``: forward the statement, wait for the server's reply and throw it away, then close (a COMMIT
+  that happened, whose acknowledgement the client never sees).
+
+Statements are what the client asks the server to run: PostgreSQL simple queries ('Q') and extended-protocol
+executes ('E', with the text of the 'P' parse its portal was bound to); MySQL COM_QUERY (0x03) and
+COM_STMT_EXECUTE (0x17, with the text of the COM_STMT_PREPARE it runs, the server numbering prepares 1, 2, ... per
+session). TLS is not spoken: point the client at the proxy without it (``sslmode=disable``; PyMySQL without ssl).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sqlalchemy import make_url
+from sqlalchemy.engine import URL
+
+Action = Literal["cut_before", "cut_after", "lose_reply"]
+_PG_SSL, _PG_GSSENC, _PG_CANCEL = 80877103, 80877104, 80877102
+_REPLY_WAIT = 10.0  # seconds to wait for the server's reply to a statement whose reply is to be lost or passed
+
+
+@dataclass
+class Fault:
+    """Fire `action` at the `nth` statement (counted over every connection) for which `match(sql)` is true."""
+
+    action: Action
+    match: Callable[[str], bool]
+    nth: int = 1
+    seen: int = 0
+    fired: str | None = field(default=None)  # the statement it fired at
+
+
+def statement(pattern: str) -> Callable[[str], bool]:
+    """A case-insensitive regex matched at the start of the statement (after leading blanks)."""
+    compiled = re.compile(r"\s*(?:" + pattern + ")", re.IGNORECASE)
+    return lambda sql: compiled.match(sql) is not None
+
+
+class _PostgreSQL:
+    """Splits the client's byte stream into messages; yields (statement or None, bytes, ends a round trip)."""
+
+    def __init__(self) -> None:
+        self.startup = True
+        self.parsed: dict[bytes, str] = {}
+        self.portals: dict[bytes, str] = {}
+
+    def split(self, buf: bytearray) -> list[tuple[str | None, bytes, bool]]:
+        out: list[tuple[str | None, bytes, bool]] = []
+        while True:
+            if self.startup:
+                if len(buf) < 8:
+                    return out
+                (length,) = struct.unpack("!i", buf[:4])
+                if len(buf) < length:
+                    return out
+                (code,) = struct.unpack("!i", buf[4:8])
+                self.startup = code in (_PG_SSL, _PG_GSSENC)  # the real startup message follows those
+                out.append((None, bytes(buf[:length]), False))
+                del buf[:length]
+                continue
+            if len(buf) < 5:
+                return out
+            kind = bytes(buf[:1])
+            (length,) = struct.unpack("!i", buf[1:5])
+            if len(buf) < 1 + length:
+                return out
+            message, body = bytes(buf[:1 + length]), bytes(buf[5:1 + length])
+            del buf[:1 + length]
+            sql: str | None = None
+            if kind == b"Q":
+                sql = body.rstrip(b"\0").decode("utf-8", "replace")
+            elif kind == b"P":
+                name, _, rest = body.partition(b"\0")
+                self.parsed[name] = rest.partition(b"\0")[0].decode("utf-8", "replace")
+            elif kind == b"B":
+                portal, _, rest = body.partition(b"\0")
+                self.portals[portal] = self.parsed.get(rest.partition(b"\0")[0], "")
+            elif kind == b"E":
+                sql = self.portals.get(body.partition(b"\0")[0], "")
+            out.append((sql, message, kind in (b"Q", b"S")))
+
+
+class _MySQL:
+    def __init__(self) -> None:
+        self.prepared: list[str] = []
+
+    def split(self, buf: bytearray) -> list[tuple[str | None, bytes, bool]]:
+        out: list[tuple[str | None, bytes, bool]] = []
+        while len(buf) >= 4:
+            length = buf[0] | buf[1] << 8 | buf[2] << 16
+            if len(buf) < 4 + length:
+                break
+            seq, payload, packet = buf[3], bytes(buf[4:4 + length]), bytes(buf[:4 + length])
+            del buf[:4 + length]
+            sql: str | None = None
+            if seq == 0 and payload[:1] == b"\x03":  # COM_QUERY (commands start a sequence; auth packets do not)
+                sql = payload[1:].decode("utf-8", "replace")
+            elif seq == 0 and payload[:1] == b"\x16":  # COM_STMT_PREPARE
+                self.prepared.append(payload[1:].decode("utf-8", "replace"))
+            elif seq == 0 and payload[:1] == b"\x17" and len(payload) >= 5:  # COM_STMT_EXECUTE
+                (stmt_id,) = struct.unpack("<I", payload[1:5])
+                sql = self.prepared[stmt_id - 1] if 0 < stmt_id <= len(self.prepared) else ""
+            out.append((sql, packet, True))
+        return out
+
+
+PROTOCOLS: dict[str, Callable[[], _PostgreSQL | _MySQL]] = {
+    "postgresql": _PostgreSQL, "mysql": _MySQL, "mariadb": _MySQL,
+}
+
+
+def upstream_of(url: URL) -> tuple[str, int] | str:
+    """Where the server of `url` listens: (host, port), or a PostgreSQL Unix socket path (host=/dir in the query)."""
+    backend = url.get_backend_name()
+    query_host = url.query.get("host")
+    if backend == "postgresql" and url.host is None and isinstance(query_host, str) and query_host.startswith("/"):
+        sockets = sorted(Path(query_host).glob(f".s.PGSQL.{url.port or '*'}"))
+        sockets = [p for p in sockets if not p.name.endswith(".lock")]
+        if not sockets:
+            raise OSError(f"no PostgreSQL socket in {query_host}")
+        return str(sockets[0])
+    default = 5432 if backend == "postgresql" else 3306
+    return (url.host or "127.0.0.1", url.port or default)
+
+
+class FaultProxy:
+    """Forwards 127.0.0.1:`port` to the server of `url`, injecting the armed fault (one at a time, once)."""
+
+    def __init__(self, url: str | URL) -> None:
+        url = make_url(url)
+        backend = url.get_backend_name()
+        if backend not in PROTOCOLS:
+            raise NotImplementedError(f"the fault proxy speaks the PostgreSQL and MySQL protocols, not {backend}'s")
+        self.url = url
+        self.protocol = PROTOCOLS[backend]
+        self.upstream = upstream_of(url)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._lock = threading.Lock()
+        self._fault: Fault | None = None
+        self._sockets: set[socket.socket] = set()
+        self._closed = False
+        self.statements: list[str] = []
+        threading.Thread(target=self._accept, daemon=True, name="faultproxy-accept").start()
+
+    def proxied_url(self) -> URL:
+        """`url` pointed at the proxy, without TLS (the proxy must read the protocol)."""
+        query = {k: v for k, v in self.url.query.items() if k not in ("host", "unix_socket", "ssl", "sslmode")}
+        if self.url.get_backend_name() == "postgresql":
+            query |= {"sslmode": "disable", "gssencmode": "disable"}
+        return self.url.set(host="127.0.0.1", port=self.port, query=query)
+
+    def arm(self, fault: Fault) -> Fault:
+        with self._lock:
+            self._fault = fault
+        return fault
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+        with self._lock:
+            for sock in list(self._sockets):
+                _close(sock)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                if isinstance(self.upstream, str):
+                    server = socket.socket(socket.AF_UNIX)
+                    server.connect(self.upstream)
+                else:
+                    server = socket.create_connection(self.upstream)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._sockets |= {client, server}
+            _Link(self, client, server).start()
+
+    def _due(self, sql: str) -> Fault | None:
+        """The armed fault if it fires at this statement (then disarmed)."""
+        with self._lock:
+            self.statements.append(sql)
+            fault = self._fault
+            if fault is None or not fault.match(sql):
+                return None
+            fault.seen += 1
+            if fault.seen < fault.nth:
+                return None
+            fault.fired = sql
+            self._fault = None
+            return fault
+
+
+class _Link:
+    """One client connection: client->server parsed and forwarded, server->client forwarded unless swallowed."""
+
+    def __init__(self, proxy: FaultProxy, client: socket.socket, server: socket.socket) -> None:
+        self.proxy, self.client, self.server = proxy, client, server
+        self.parser = proxy.protocol()
+        self.swallow = False
+        self.replied = threading.Event()
+        self.pending: Action | None = None  # a fault waiting for the end of the round trip it fired in
+
+    def start(self) -> None:
+        threading.Thread(target=self._upstream, daemon=True, name="faultproxy-up").start()
+        threading.Thread(target=self._downstream, daemon=True, name="faultproxy-down").start()
+
+    def _upstream(self) -> None:
+        buf = bytearray()
+        try:
+            while data := self.client.recv(65536):
+                buf += data
+                for sql, message, round_trip_end in self.parser.split(buf):
+                    fault = self.proxy._due(sql) if sql is not None else None
+                    if fault is not None and fault.action == "cut_before":
+                        return
+                    if fault is not None:
+                        self.pending = fault.action
+                        self.swallow = fault.action == "lose_reply"
+                    if self.pending is not None and round_trip_end:
+                        self.replied.clear()
+                        self.server.sendall(message)
+                        self.replied.wait(_REPLY_WAIT)  # the server answered: the statement ran (e.g. committed)
+                        return
+                    self.server.sendall(message)
+        except OSError:
+            return
+        finally:
+            self._close()
+
+    def _downstream(self) -> None:
+        try:
+            while data := self.server.recv(65536):
+                if not self.swallow:
+                    self.client.sendall(data)
+                if self.pending is not None:
+                    self.replied.set()
+        except OSError:
+            pass
+        finally:
+            self.replied.set()
+            self._close()
+
+    def _close(self) -> None:
+        for sock in (self.client, self.server):
+            _close(sock)
+        with self.proxy._lock:
+            self.proxy._sockets -= {self.client, self.server}
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

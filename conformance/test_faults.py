@@ -1,0 +1,307 @@
+"""Checks: faults around the effect and the protocol. The effect's own exception always reaches the caller unchanged
+and the effect never runs again because of an error that is not its own (a failing rollback); a leased run whose
+claim committed but whose reply was lost carries on as the owner; connections cut by a fault proxy at every protocol
+step, then every key re-sent, leave exactly one effect per key and no key blocked past its lease."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import OperationalError
+
+from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy
+from idem_dialects.engines import Unavailable
+from idem_dialects.engines.private import private_server
+
+from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement
+from .plugin import EngineUnderTest, unique_prefix
+from .support import Effects, stores
+
+REQ = {"amount": 100}
+Observe = Callable[[str, object], None]
+
+# How to end the effect's own session from another one, by backend (reading the id on the effect's connection).
+# A backend not named here gets its DBAPI connection closed under it, which makes the rollback fail everywhere.
+_KILL_SESSION: dict[str, tuple[str, str]] = {
+    "postgresql": ("SELECT pg_backend_pid()", "SELECT pg_terminate_backend({id})"),
+    "mariadb": ("SELECT CONNECTION_ID()", "KILL CONNECTION {id}"),
+    "mysql": ("SELECT CONNECTION_ID()", "KILL CONNECTION {id}"),
+}
+
+
+def _end_session(store: IdempotencyStore, conn: Connection) -> str:
+    """End the session `conn` runs on, so that its rollback fails; returns how."""
+    kill = _KILL_SESSION.get(store.backend.name)
+    if kill is None:
+        conn.connection.driver_connection.close()  # type: ignore[union-attr]
+        return "its DBAPI connection closed under it"
+    session_id = conn.exec_driver_sql(kill[0]).scalar_one()
+    with store.engine.connect() as other:
+        other.exec_driver_sql(kill[1].format(id=int(session_id)))
+        other.commit()
+    return "its session terminated from another session"
+
+
+@pytest.mark.parametrize("lease", [None, timedelta(seconds=30)], ids=["atomic", "leased"])
+def test_effect_error_wins_over_failed_rollback(idem_store: IdempotencyStore, idem_effects: Effects,
+                                                 idem_observe: Observe, lease: timedelta | None) -> None:
+    """When the effect's session is ended and the effect then raises, the caller gets the effect's own exception
+    (the failed rollback at most a note on it), the effect ran once, and nothing of it was stored."""
+    store, effects, observe = idem_store, idem_effects, idem_observe
+    calls: list[str] = []
+
+    def effect(conn: Connection) -> Any:
+        effects.apply(conn, "k")
+        calls.append(_end_session(store, conn))
+        raise ValueError("payment provider said no")
+
+    with pytest.raises(ValueError, match="payment provider said no") as err:
+        store.run(scope="s", operation="op", key="k", request=REQ, effect=effect, lease=lease,
+                  retry=RetryPolicy(total=5))
+    assert len(calls) == 1, f"the effect ran {len(calls)} times"
+    assert type(err.value) is ValueError
+    assert sum(store.retries.values()) == 0, dict(store.retries)
+    assert effects.count("k") == 0
+    notes = getattr(err.value, "__notes__", [])
+    observe(f"effect raises after {calls[0]} ({'leased' if lease else 'atomic'})",
+            f"caller got ValueError, effect ran once; {len(notes)} note(s) on it")
+    # The key is free again (atomic: nothing committed; leased: released, or the lease is the caller's to wait).
+    if lease is None:
+        result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"))
+        assert not result.replayed and effects.count("k") == 1
+
+
+def _lost_reply() -> OperationalError:
+    return OperationalError("COMMIT", {}, ConnectionError("server closed the connection unexpectedly"),
+                            connection_invalidated=True)
+
+
+def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: IdempotencyStore, idem_effects: Effects,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim token on
+    the in-flight record and carries on as the owner: the run completes and the effect ran once."""
+    store, effects = idem_store, idem_effects
+    real = store.transaction
+    lost: list[bool] = []
+
+    @contextmanager
+    def reply_lost_once() -> Iterator[Connection]:
+        with real() as conn:
+            yield conn
+        if not lost:  # the first transaction (the claim) committed; its reply "never arrived"
+            lost.append(True)
+            raise _lost_reply()
+
+    monkeypatch.setattr(store, "transaction", reply_lost_once)
+    result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+                       lease=timedelta(seconds=30), retry=RetryPolicy(total=5))
+    assert lost and not result.replayed
+    assert effects.count("k") == 1
+    again = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+                      lease=timedelta(seconds=30))
+    assert again.replayed and again.response == result.response and effects.count("k") == 1
+
+
+# --- faults injected on the wire ------------------------------------------------------------------------------------
+
+_LEASE = timedelta(seconds=2)
+# The protocol's steps, as the statements that carry them; (step, pattern, nth) for each mode.
+_STEPS = {
+    "atomic": [("claim", "INSERT INTO {records}", 1), ("effect", "INSERT INTO {fx}", 1),
+               ("complete", "UPDATE {records}", 1), ("commit", "COMMIT", 1)],
+    "leased": [("claim", "INSERT INTO {records}", 1), ("claim commit", "COMMIT", 1), ("effect", "INSERT INTO {fx}", 1),
+               ("complete", "UPDATE {records}", 1), ("effect commit", "COMMIT", 2)],
+}
+_FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
+
+
+@pytest.fixture
+def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
+    backend = idem_engine.backend
+    if backend not in PROTOCOLS:
+        reason = ("it is embedded: there is no connection to cut" if backend == "sqlite" else
+                  f"the fault proxy speaks the PostgreSQL and MySQL wire protocols, not {backend}'s")
+        pytest.skip(f"no wire faults on {idem_engine.name}: {reason}")
+    with FaultProxy(idem_engine.url) as started:
+        yield started
+
+
+def _table_pattern(pattern: str, store: IdempotencyStore) -> str:
+    names = {"records": store.tables.records.name, "fx": f"{store.table_prefix}fx"}
+    return pattern.format(**{k: f"[`\"]?{re.escape(v)}[`\"]?\\b" for k, v in names.items()})
+
+
+def _resend(store: IdempotencyStore, key: str, effects: Effects, lease: timedelta | None) -> Result:
+    """Re-send a key as a client must after a fault: the same key, waiting out a live lease (never longer)."""
+    deadline = time.monotonic() + (lease or timedelta(0)).total_seconds() + 5
+    while True:
+        try:
+            return store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key), lease=lease)
+        except RequestInFlight as exc:
+            assert time.monotonic() < deadline, f"key {key!r} still in flight past its lease"
+            time.sleep(min(exc.retry_after, 0.5) + 0.01)
+
+
+@pytest.mark.parametrize("mode", ["atomic", "leased"])
+def test_wire_faults_at_every_step(idem_make_store: Callable[..., IdempotencyStore], idem_fault_proxy: FaultProxy,
+                                   mode: str, idem_observe: Observe) -> None:
+    """Connections cut before or after each protocol statement, and COMMIT replies lost, through a fault proxy:
+    `run` absorbs each fault or reports it as an IdemError (never a raw driver error), and once every key is
+    re-sent there is exactly one effect per key and no key is blocked past its lease."""
+    proxy, observe = idem_fault_proxy, idem_observe
+    direct = idem_make_store()
+    effects = Effects(direct)
+    effects.create()
+    proxied = idem_make_store(proxy.proxied_url())
+    lease = _LEASE if mode == "leased" else None
+    keys = []
+    outcomes: dict[str, str] = {}  # "<fault> at <step>" -> what the caller saw
+    try:
+        for step, pattern, nth in _STEPS[mode]:
+            for action in _FAULTS:
+                key = f"{mode}-{step}-{action}"
+                keys.append(key)
+                fault = proxy.arm(Fault(action, statement(_table_pattern(pattern, direct)), nth))
+                try:
+                    result = proxied.run(scope="s", operation="op", key=key, request=REQ,
+                                         effect=effects.effect(key), lease=lease, retry=RetryPolicy(total=10))
+                    # Nobody else sends this key: even after a lost COMMIT reply the result is the caller's own.
+                    assert not result.replayed, f"{key}: its own first result came back as a replay"
+                    outcomes[f"{action} at {step}"] = "result"
+                except IdemError as exc:
+                    outcomes[f"{action} at {step}"] = type(exc).__name__
+                assert fault.fired is not None, f"{key}: the fault never fired ({proxy.statements[-8:]})"
+        for key in keys:
+            _resend(direct, key, effects, lease)
+        assert effects.per_key() == dict.fromkeys(keys, 1)
+        tally = ", ".join(f"{what} x{n}" for what, n in sorted(Counter(outcomes.values()).items()))
+        unusual = "; ".join(f"{where}: {what}" for where, what in outcomes.items() if what != "result")
+        observe(f"{mode} run under {len(keys)} wire faults (cut before/after each statement, COMMIT reply lost)",
+                f"caller saw {tally} ({unusual or 'no exception'}); re-sent: 1 effect per key")
+    finally:
+        effects.drop()
+
+
+def test_leased_claim_commit_reply_lost_on_the_wire(idem_make_store: Callable[..., IdempotencyStore],
+                                                    idem_fault_proxy: FaultProxy) -> None:
+    """The server commits a leased claim and its reply is lost on the wire: `run` completes as the owner (not
+    RequestInFlight for the whole lease) and the effect ran once."""
+    direct = idem_make_store()
+    effects = Effects(direct)
+    effects.create()
+    try:
+        proxied = idem_make_store(idem_fault_proxy.proxied_url())
+        fault = idem_fault_proxy.arm(Fault("lose_reply", statement("COMMIT")))
+        result = proxied.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
+                             lease=timedelta(seconds=60), retry=RetryPolicy(total=10))
+        assert fault.fired is not None and not result.replayed
+        assert effects.count("k") == 1 and proxied.retries[RetryCause.CONNECTION] >= 1
+    finally:
+        effects.drop()
+
+
+# --- a server restarted under load ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadReport:
+    """What callers saw while the server restarted: results and errors (raw or not), and the database's count."""
+
+    calls: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # keys whose acknowledged effect is not in the database
+    doubled: dict[str, int] = field(default_factory=dict)  # keys with more than one effect
+    retries: dict[str, int] = field(default_factory=dict)
+
+
+def restart_under_load(url: URL, restart: Callable[[], None], threads: int = 8, before: int = 40,
+                       after: int = 10) -> LoadReport:
+    """`threads` threads run keys (pairs of threads send the same keys, so duplicates race) with a retry budget
+    far longer than a restart; after `before` calls the server is restarted, and each thread runs `after` more."""
+    report = LoadReport()
+    policy = RetryPolicy(total=60)
+    lock, enough, restarted = threading.Lock(), threading.Event(), threading.Event()
+    acknowledged: list[tuple[str, str]] = []
+    with stores(url, unique_prefix()) as make:
+        store = make()
+        effects = Effects(store)
+        effects.create()
+
+        def worker(t: int) -> None:
+            extra = 0
+            for i in itertools.count():
+                key = f"k{t // 2}-{i}"
+                try:
+                    result = store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key),
+                                       retry=policy)
+                    with lock:
+                        acknowledged.append((key, result.response["effect"]))
+                except BaseException as exc:
+                    with lock:
+                        report.errors.append(exc)
+                with lock:
+                    report.calls += 1
+                    if report.calls >= before:
+                        enough.set()
+                if restarted.is_set():
+                    extra += 1
+                if extra >= after or i >= 5000:
+                    return
+
+        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for thread in pool:
+            thread.start()
+        try:
+            enough.wait(120)
+            restart()
+        finally:
+            restarted.set()
+            for thread in pool:
+                thread.join(180)
+        try:
+            with store.engine.connect() as conn:
+                stored = {row.id for row in conn.execute(select(effects.table.c.id))}
+            report.lost = [key for key, effect_id in acknowledged if effect_id not in stored]
+            report.doubled = {k: n for k, n in effects.per_key().items() if n > 1}
+            report.retries = dict(store.retries)
+        finally:
+            effects.drop()
+    return report
+
+
+def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
+    """A server restarted under 8-thread load, with a retry budget longer than the restart: no error reaches a
+    caller, no acknowledged effect is lost, none is doubled. The engine's own server if the suite started it, else
+    a private server of the same backend the suite starts (never a server that is not ours)."""
+    server, private = idem_engine.server, None
+    if server.restart is None:
+        try:
+            server = private = private_server(idem_engine.backend)
+        except Unavailable as exc:
+            pytest.skip(f"{idem_engine.name} is not a server this suite started ({server.how}) and {exc}")
+    try:
+        assert server.restart is not None
+        report = restart_under_load(server.url, server.restart)
+    finally:
+        if private is not None:
+            private.stop()
+    assert [f"{type(e).__name__}: {e}" for e in report.errors] == []
+    assert report.lost == [] and report.doubled == {}
+    assert report.retries, "the restart was absorbed without a single retry: it did not happen under load"
+    tally = ", ".join(f"{c} x{n}" for c, n in sorted(report.retries.items()))
+    where = f"a private {idem_engine.backend} server" if private is not None else "the engine's own server"
+    idem_observe("restart under 8-thread load", f"{where}: {report.calls} calls, 0 errors, 0 lost, 0 doubled"
+                 f" ({tally})")
