@@ -188,3 +188,15 @@ def test_a_named_engine_that_is_unavailable_stops_the_run_before_anything_is_mea
     code, out, err = run_bench(capsys, "--engine", "sqlite", "--engine", "oracle-23", "--requests", "2")
     assert code == 2 and out == ""
     assert "oracle-23 is unavailable" in err and "to provide it: set IDEM_URL_ORACLE_23=" in err
+
+
+def test_round_trips_count_the_pool_reset_where_the_driver_sends_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """MariaDB's driver sends the pool's reset ROLLBACK even after a commit: one more round trip per request."""
+    code, out, err = run_bench(capsys, "--engine", "mariadb", "--requests", "2", "--repetitions", "1", "--warmup",
+                               "0", "--format", "json")
+    if code == 2:
+        pytest.skip(f"mariadb is unavailable here: {err.strip()}")
+    assert code == 0, err
+    for mode, m in json.loads(out)["modes"].items():
+        st = m["statements"]
+        assert st["pool_resets"] >= 1 and st["round_trips"] == st["count"] + st["commits"] + st["pool_resets"], mode

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..store import IdempotencyStore
 from .plan import ACCOUNT_BASE
-from .statements import implicit_begin
+from .statements import implicit_begin, reset_reaches_server
 
 if TYPE_CHECKING:
     from .runner import Bench
@@ -36,6 +36,7 @@ def build_report(bench: Bench, engine_info: dict[str, Any], elapsed: float) -> d
     medians = {m: statistics.median(st.throughputs) for m, st in bench.stats.items() if st.throughputs}
     bare = bench.stats["bare"].throughputs
     extra_begin = 1 if implicit_begin(bench.store.engine) else 0
+    wire_reset = reset_reaches_server(bench.store.engine)
     modes: dict[str, Any] = {}
     for m, st in bench.stats.items():
         if not st.throughputs:
@@ -55,7 +56,8 @@ def build_report(bench: Bench, engine_info: dict[str, Any], elapsed: float) -> d
             "retries": dict(sorted(st.retries.items())),
             "statements": None if log is None else {
                 "count": len(log.statements), "kinds": log.kinds, "commits": log.commits,
-                "round_trips": len(log.statements) + log.commits + extra_begin},
+                "pool_resets": log.resets,
+                "round_trips": len(log.statements) + log.commits + extra_begin + (log.resets if wire_reset else 0)},
         }
     targets = []
     for name, num, den, minimum in TARGETS:

@@ -12,11 +12,13 @@ from sqlalchemy import Engine, event
 
 @dataclass
 class StatementLog:
-    """SQL the engine sent through cursors (BEGIN IMMEDIATE and SAVEPOINTs included) and driver-level commits."""
+    """SQL the engine sent through cursors (BEGIN IMMEDIATE and SAVEPOINTs included), driver-level commits and
+    rollbacks, and the pool's resets of a connection given back (a rollback the driver may send to the server)."""
 
     statements: list[str] = field(default_factory=list)
     commits: int = 0
     rollbacks: int = 0
+    resets: int = 0
 
     @property
     def kinds(self) -> list[str]:
@@ -53,8 +55,11 @@ def record_statements(engine: Engine) -> Iterator[StatementLog]:
     def on_rollback(conn: Any) -> None:
         log.rollbacks += 1
 
+    def on_reset(*args: Any) -> None:
+        log.resets += 1
+
     hooks: list[tuple[str, Callable[..., None]]] = [
-        ("before_cursor_execute", on_execute), ("commit", on_commit), ("rollback", on_rollback)]
+        ("before_cursor_execute", on_execute), ("commit", on_commit), ("rollback", on_rollback), ("reset", on_reset)]
     for name, fn in hooks:
         event.listen(engine, name, fn)
     try:
@@ -62,6 +67,12 @@ def record_statements(engine: Engine) -> Iterator[StatementLog]:
     finally:
         for name, fn in hooks:
             event.remove(engine, name, fn)
+
+
+def reset_reaches_server(engine: Engine) -> bool:
+    """Whether the pool's reset-on-return is a round trip: MySQL/MariaDB drivers send ROLLBACK even with no
+    transaction open; psycopg skips it when idle, and SQLite's is in-process."""
+    return engine.dialect.name in ("mysql", "mariadb")
 
 
 def implicit_begin(engine: Engine) -> str | None:

@@ -78,8 +78,8 @@ def render_side_by_side(items: Sequence[Mapping[str, Any]], skipped: Mapping[str
     else:
         out += ["", "retries: none in any mode on any engine"]
     out += [""]
-    notes = ["round trips = statements + commits per request (+ the BEGIN psycopg sends); client CPU = this"
-             " process's CPU time per request (SQLite runs inside it)"]
+    notes = ["round trips = statements + commits per request, + the BEGIN psycopg sends, + the pool's reset ROLLBACK"
+             " MySQL/MariaDB drivers send; client CPU = this process's CPU time per request (SQLite runs inside it)"]
     for name, run in zip(names, items, strict=True):
         x = run["exactly_once"]
         missed = [t["target"] for t in run["targets"] if not t["met"]]

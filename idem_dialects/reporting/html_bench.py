@@ -104,5 +104,6 @@ def _numbers(items: Sequence[Mapping[str, Any]], names: Sequence[str], modes: Se
             rows.append(row(MODE_TITLES.get(mode, mode), mode, cell))
         blocks.append(f"<tr><th colspan=\"{len(names) + 1}\">{escape(title)}</th></tr>" + "".join(rows))
     return ("<h3>The numbers</h3><table class=\"num\"><thead><tr><th>mode</th>" + head + "</tr></thead>"
-            + "".join(blocks) + "</table><p class=\"muted\">Round trips = statements + commits per request (+ the"
-            " BEGIN psycopg sends). Client CPU = this process's CPU time per request (SQLite runs inside it).</p>")
+            + "".join(blocks) + "</table><p class=\"muted\">Round trips = statements + commits per request, + the"
+            " BEGIN psycopg sends, + the pool's reset ROLLBACK MySQL/MariaDB drivers send. Client CPU = this"
+            " process's CPU time per request (SQLite runs inside it).</p>")
