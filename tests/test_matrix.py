@@ -114,3 +114,11 @@ def test_check_command_unreachable_url_exits_2() -> None:
     done = cli("check", "postgresql+psycopg://nobody@127.0.0.1:1/none")
     assert done.returncode == 2
     assert "cannot connect" in done.stderr
+
+
+def test_an_async_only_check_under_the_sync_api_is_left_out_not_a_crash() -> None:
+    """pytest parametrizes a check with no column (async-only, --api sync) with NOTSET: not a column of the report."""
+    done = cli("matrix", "--engine", "sqlite", "-k", "async_undeclared or first_request", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert "INTERNALERROR" not in done.stderr
+    assert [c["id"] for c in json.loads(done.stdout)["checks"]] == ["first_request_claims_and_runs_once"]

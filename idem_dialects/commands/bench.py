@@ -56,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
     parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--api", choices=["sync", "async"], default="sync",
+                        help="async: AsyncIdempotencyStore beside the sync store and the bare async effect, with the"
+                             " event-loop lag of a 10 ms heartbeat (idem_dialects.bench_async; one engine; uses"
+                             " --concurrency, --requests, --sleep, --driver, --format)")
+    parser.add_argument("--concurrency", type=int, default=20, metavar="N", help="--api async: concurrent tasks")
+    parser.add_argument("--sleep", type=float, default=0.2, metavar="S",
+                        help="--api async: what the sleep figure's effect awaits, in seconds (default 0.2)")
+    parser.add_argument("--driver", metavar="NAME", help="--api async: the async driver (default: the first installed)")
 
 
 class UsageError(Exception):
@@ -117,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
                      profile=args.profile)
         targets, lenient = _targets(args)
         backends = {t: _backend(t) for t in targets}
+        if args.api == "async" and len(targets) != 1:
+            raise UsageError("--api async measures one engine at a time")
         if args.profile and args.profile.startswith("plpgsql_"):
             others = [t for t, b in backends.items() if b != "postgresql"]
             if others:
@@ -150,6 +160,13 @@ def run(args: argparse.Namespace) -> int:
             print("idem-dialects bench: no engine available here: " + "; ".join(f"{k}: {v}" for k, v in
                                                                                skipped.items()), file=sys.stderr)
             return EXIT_UNAVAILABLE
+        if args.api == "async":  # its own bench, report and output (idem_dialects.bench_async)
+            from sqlalchemy import make_url
+
+            from ..bench_async import run as run_async
+
+            ((target, provided),) = servers.items()
+            return run_async(args, make_url(provided.url if provided else target), log)
         for target, provided in servers.items():
             try:
                 report, profile = _measure(target, provided.url if provided else target, cfg, log)

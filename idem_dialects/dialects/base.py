@@ -47,6 +47,8 @@ class Backend:
     # What this engine offers before anything is known of the server; `url_features` and `refine_features`
     # adjust it per database.
     base_features: ClassVar[Features] = Features()
+    # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
+    async_drivers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -42,6 +42,7 @@ def is_memory(url: URL) -> bool:
 
 class SQLiteBackend(Backend):
     name = "sqlite"
+    async_drivers = ("aiosqlite",)
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",))
 
@@ -78,7 +79,8 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
-        dbapi = conn.connection.driver_connection
+        # The DB-API connection: sqlite3 itself, or SQLAlchemy's adapter of aiosqlite, which forwards isolation_level.
+        dbapi = conn.connection.dbapi_connection
         lock = self._memory_lock if self._memory_lock is not None else nullcontext()
         with lock:
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
@@ -89,7 +91,8 @@ class SQLiteBackend(Backend):
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
                     yield
             finally:
-                dbapi.isolation_level = previous  # type: ignore[union-attr]
+                if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
+                    dbapi.isolation_level = previous  # type: ignore[union-attr]
 
     def now_plus(self, seconds: float) -> ColumnElement[datetime]:
         if seconds == 0:
