@@ -197,11 +197,11 @@ class IdempotencyStore:
         hold = req.lease or 0.0
         clock = {"created_at": 0.0, "locked_until": hold}
         token = req.token
+        values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
         for _ in range(_CLAIM_ROUNDS):
-            values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
-            if backend.insert_if_absent(conn, t, values, clock):
+            inserted, row = backend.claim_or_read(conn, t, values, clock, ident)
+            if inserted:
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
-            row = backend.read_row(conn, t, ident)
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
             if row.fingerprint != req.fingerprint:

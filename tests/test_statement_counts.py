@@ -32,8 +32,10 @@ EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
         "replay": (["BEGIN IMMEDIATE", "INSERT", "SELECT"], 1),
     },
     "postgresql": {
-        "first": (["INSERT", "UPDATE"], 1),
-        "replay": (["INSERT", "SELECT"], 1),
+        # The claim is one statement that inserts or returns the committed winner (WITH ins AS (INSERT ...)
+        # ... UNION ALL SELECT ...); a separate SELECT follows only when the winner committed after its snapshot.
+        "first": (["WITH", "UPDATE"], 1),
+        "replay": (["WITH"], 1),
     },
     "mariadb": {
         # The duplicate INSERT fails (1062); on the record table the primary key is the only unique key, so the
@@ -50,7 +52,8 @@ EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
     "oracle": {"first": (["INSERT", "UPDATE"], 1)},
 }
 
-LIVE = {"sqlite": "sqlite", "postgresql": "postgresql", "mariadb": "mariadb", "mysql": "mysql-8.4"}
+LIVE = {"sqlite": "sqlite", "postgresql": "postgresql", "postgresql-18": "postgresql-18", "mariadb": "mariadb",
+        "mysql": "mysql-8.4"}
 
 
 def _no_sql(conn: Any) -> dict[str, int]:

@@ -208,6 +208,17 @@ class Backend:
             raise
         return True
 
+    def claim_or_read(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
+        key: Mapping[str, str],
+    ) -> tuple[bool, AnyRow | None]:
+        """Insert the claim row unless its primary key `key` exists: (True, None) if this call inserted it, else
+        (False, the committed winner as `read_row` returns it, or None if it vanished). The portable default is
+        `insert_if_absent` then `read_row`; an engine that can do both in one statement overrides this."""
+        if self.insert_if_absent(conn, table, values, clock):
+            return True, None
+        return False, self.read_row(conn, table, key)
+
     def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
         """Read the row with this primary key as last committed (or written by this transaction), with the
         database's clock as `db_now`. Engines whose snapshot would hide a committed winner override this
