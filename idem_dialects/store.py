@@ -8,7 +8,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -21,6 +21,7 @@ from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import Backend, configured_isolation
+from .dialects.base import check_isolation as _check_isolation
 from .errors import (
     ClaimRaced,
     InvalidPayload,
@@ -28,7 +29,6 @@ from .errors import (
     RequestInFlight,
     RequestMismatch,
     RetryCause,
-    UnsupportedIsolation,
 )
 from .features import Features
 from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
@@ -51,12 +51,6 @@ class Reply:
 
     response: Any
     status: int = 200
-
-
-def _check_isolation(backend: Backend, level: str | None) -> None:
-    """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
-    if level is not None and level not in backend.features.isolation_levels:
-        raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
 
 
 def _check_status(status: object) -> int:
@@ -165,12 +159,15 @@ class IdempotencyStore:
 
     # --- the step-by-step API --------------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self) -> AbstractContextManager[Connection]:
         """A connection in a transaction begun the way the engine needs; commits on success."""
+        return self._transaction(self.backend.transaction)
+
+    @contextmanager
+    def _transaction(self, begin: Callable[[Connection], AbstractContextManager[None]]) -> Iterator[Connection]:
         with self.backend.connect(self.engine) as conn:
             self.backend.live_features(conn)
-            with self.backend.transaction(conn):
+            with begin(conn):
                 yield conn
 
     def claim(
@@ -313,7 +310,7 @@ class IdempotencyStore:
         return self.backend.retry_cause(exc)
 
     def _run_atomic(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
-        with self.transaction() as conn:
+        with self._transaction(self.backend.claim_transaction) as conn:
             outcome = self._claim(conn, req)
             if not isinstance(outcome, Claimed):
                 return self._finished(outcome, req)
@@ -322,7 +319,7 @@ class IdempotencyStore:
             return Result(response, code, replayed=False)
 
     def _run_leased(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
-        with self.transaction() as conn:
+        with self._transaction(self.backend.claim_transaction) as conn:
             outcome = self._claim(conn, req)
         if not isinstance(outcome, Claimed):
             return self._finished(outcome, req)

@@ -18,7 +18,7 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import CannotConnect, IdemError, RetryCause, TransientError
+from ..errors import CannotConnect, IdemError, RetryCause, TransientError, UnsupportedIsolation
 from ..features import Features
 from ..keys import MAX_LENGTH
 
@@ -28,6 +28,12 @@ AnyRow: TypeAlias = "Row[*tuple[Any, ...]]"
 S = TypeVar("S")
 # Statement shapes are few (tables x operations x lease lengths); the bound only protects against odd callers.
 _PREPARED_LIMIT = 512
+
+
+def check_isolation(backend: Backend, level: str | None) -> None:
+    """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
+    if level is not None and level not in backend.features.isolation_levels:
+        raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
 
 
 def configured_isolation(target: Connection | Engine) -> str | None:
@@ -136,6 +142,13 @@ class Backend:
     def transaction(self, conn: Connection) -> Iterator[None]:
         """Begin a transaction the way this engine needs for a claim (e.g. taking the write lock up front)."""
         with conn.begin():
+            yield
+
+    @contextmanager
+    def claim_transaction(self, conn: Connection) -> Iterator[None]:
+        """The transaction `run` claims in (the claim is its first statement): by default `transaction`. A backend
+        may begin it more cheaply, e.g. without the write lock a replay does not need (see `claim_or_read`)."""
+        with self.transaction(conn):
             yield
 
     def now(self) -> ColumnElement[datetime]:
