@@ -14,5 +14,6 @@ CHECK_MODULES = (
     "idem_dialects.conformance.test_integrity",
     "idem_dialects.conformance.test_retry",
     "idem_dialects.conformance.test_isolation",
+    "idem_dialects.conformance.test_async",  # async columns only (--idem-api async|both)
     "idem_dialects.conformance.test_faults",
 )

@@ -159,7 +159,9 @@ class FaultProxy:
     def proxied_url(self) -> URL:
         """`url` pointed at the proxy, without TLS (the proxy must read the protocol)."""
         query = {k: v for k, v in self.url.query.items() if k not in ("host", "unix_socket", "ssl", "sslmode")}
-        if self.url.get_backend_name() == "postgresql":
+        if self.url.get_driver_name() == "asyncpg":  # asyncpg's own spelling (no GSSAPI encryption to turn off)
+            query |= {"ssl": "disable"}
+        elif self.url.get_backend_name() == "postgresql":
             query |= {"sslmode": "disable", "gssencmode": "disable"}
         return self.url.set(host="127.0.0.1", port=self.port, query=query)
 

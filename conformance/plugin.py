@@ -8,6 +8,8 @@ Options: ``--idem-engine NAME`` (repeatable, or ``all``; default all; a family n
 ``mssql-*`` engine), ``--idem-url NAME=URL`` (repeatable; a name not in the catalogue defines an ad-hoc engine,
 e.g. a third-party backend), ``--idem-require NAME`` (repeatable, or ``all``): a required engine that cannot be
 provisioned fails its checks instead of skipping. A required engine is run even if ``--idem-engine`` omits it.
+``--idem-api sync|async|both`` (default sync) picks the store: ``async`` runs every check on AsyncIdempotencyStore
+once per installed async driver of the engine (columns ``<engine>-<driver>``, e.g. ``postgresql-18-asyncpg``).
 
 Each check is a ``test_<id>`` function; `check_id` and `check_statement` give its stable id and the one-line
 guarantee it proves (the docstring's first sentence). Checks record measured facts with the `idem_observe`
@@ -27,9 +29,11 @@ import pytest
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
+from idem_dialects.aio import installed_async_drivers
 from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
 from idem_dialects.features import Features
 
+from .bridge import async_url
 from .naming import PROVISIONED, check_id, observation_property
 from .support import Effects, effects_table, stores
 
@@ -38,12 +42,13 @@ _counter = itertools.count()
 
 @dataclass
 class EngineUnderTest:
-    name: str
+    name: str  # the matrix column: the engine, plus "-<driver>" for the async store (e.g. postgresql-18-asyncpg)
     server: Server
+    driver: str | None = None  # the async driver the checks run AsyncIdempotencyStore on; None: the sync store
 
     @property
     def url(self) -> URL:
-        return self.server.url
+        return self.server.url if self.driver is None else async_url(self.server.url, self.driver)
 
     @property
     def backend(self) -> str:
@@ -52,7 +57,7 @@ class EngineUnderTest:
     @functools.cached_property
     def features(self) -> Features:
         """The backend's features on this database, refined from the live server (one connection, once)."""
-        with IdempotencyStore.from_url(self.url) as store, store.engine.connect() as conn:
+        with IdempotencyStore.from_url(self.server.url) as store, store.engine.connect() as conn:
             return store.backend.live_features(conn)
 
 
@@ -96,6 +101,15 @@ class Sessions:
             hint = "an engine outside the catalogue needs --idem-url NAME=URL"
             raise pytest.UsageError(f"{exc.args[0]}; {hint}") from None
         self.names = list(dict.fromkeys(chosen + required))
+        # Matrix columns: engine -> (engine, None) for the sync store, engine-driver -> (engine, driver) for the async.
+        api = config.getoption("idem_api") or "sync"
+        self.columns: dict[str, tuple[str, str | None]] = {}
+        for name in self.names:
+            if api in ("sync", "both"):
+                self.columns[name] = (name, None)
+            if api in ("async", "both"):
+                backend = ENGINES[name].backend if name in ENGINES else self.urls[name].get_backend_name()
+                self.columns.update({f"{name}-{driver}": (name, driver) for driver in installed_async_drivers(backend)})
         self.required = set(self.names) if "all" in required_names else set(required)
         self._servers: dict[str, Server | Unavailable] = {}
         self._owned: set[str] = set()  # servers this session started, and so stops
@@ -136,10 +150,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--idem-url", action="append", metavar="NAME=URL", help="database URL for an engine (repeatable)")
     group.addoption("--idem-require", action="append", metavar="NAME",
                     help="fail instead of skipping if this engine cannot be provisioned (repeatable; 'all')")
+    group.addoption("--idem-api", choices=("sync", "async", "both"), default=None,
+                    help="run the checks on IdempotencyStore (sync, the default), on AsyncIdempotencyStore with each"
+                         " installed async driver of the engine (async), or both")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "idem_requires(*features): the backend features a check needs")
+    config.addinivalue_line("markers", "idem_api(name): a check of one API only (its columns only: 'sync'/'async')")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -154,9 +172,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "idem_engine" not in metafunc.fixturenames:
         return
     sessions = metafunc.config.stash[_SESSIONS]
-    names = sessions.names
+    marker = metafunc.definition.get_closest_marker("idem_api")
+    only = marker.args[0] if marker is not None else None
+    names = [c for c, (_, driver) in sessions.columns.items() if only is None or (driver is None) == (only == "sync")]
     if "idem_isolation_level" in metafunc.fixturenames:  # one variant per level each engine's backend declares
-        pairs = [(name, level) for name in names for level in declared_isolation_levels(name, sessions.urls.get(name))]
+        engine_of = {column: engine for column, (engine, _) in sessions.columns.items()}
+        pairs = [(name, level) for name in names
+                 for level in declared_isolation_levels(engine_of[name], sessions.urls.get(engine_of[name]))]
         metafunc.parametrize(("idem_engine", "idem_isolation_level"), pairs, indirect=["idem_engine"],
                              ids=[f"{name}-{level}" for name, level in pairs], scope="session")
     else:
@@ -166,9 +188,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def idem_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
     sessions = request.config.stash[_SESSIONS]
-    name: str = request.param
+    column: str = request.param
+    name, driver = sessions.columns[column]
     try:
-        return EngineUnderTest(name, sessions.server(name))
+        return EngineUnderTest(column, sessions.server(name), driver)
     except Unavailable as exc:
         if name in sessions.required:
             pytest.fail(f"required engine {name} is unavailable: {exc}", pytrace=False)
@@ -200,7 +223,8 @@ def unique_prefix() -> str:
 @pytest.fixture
 def idem_make_store(idem_engine: EngineUnderTest) -> Iterator[Callable[..., IdempotencyStore]]:
     """Stores on one set of fresh tables; extra keyword arguments go to create_engine (e.g. isolation_level)."""
-    with stores(idem_engine.url, unique_prefix()) as make:
+    sync_url = None if idem_engine.driver is None else idem_engine.server.url
+    with stores(idem_engine.url, unique_prefix(), sync_url) as make:
         yield make
 
 

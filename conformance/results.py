@@ -44,7 +44,9 @@ class Check:
 class Collector:
     """pytest plugin: per (check, variant, engine) outcomes and observations, with progress on stderr."""
 
-    def __init__(self, statuses: Mapping[str, EngineStatus], stream: TextIO | None) -> None:
+    def __init__(self, statuses: Mapping[str, EngineStatus], stream: TextIO | None,
+                 engines: Mapping[str, EngineStatus] | None = None) -> None:
+        """`statuses` per matrix column; `engines` per provisioned engine when columns differ (--idem-api async)."""
         self.statuses = statuses
         self.stream = stream
         self.checks: dict[str, Check] = {}
@@ -55,7 +57,7 @@ class Collector:
         self.done = 0
         self.errors: list[str] = []
         setattr(self, PROVISIONED, {name: s.server or Unavailable(s.reason or "unavailable")
-                                    for name, s in statuses.items()})
+                                    for name, s in (engines or statuses).items()})
 
     def pytest_collection_finish(self, session: Any) -> None:
         for item in session.items:  # after -k deselection
@@ -127,7 +129,8 @@ def _crash_message(report: Any) -> str:
 
 
 
-def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collector, select: str | None) -> int:
+def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collector, select: str | None,
+              api: str = "sync") -> int:
     """Run the shipped checks in-process on `names` (already provisioned: `collector` carries the servers); pytest's
     exit status."""
     import pytest  # the suite's runner, imported only when the suite runs
@@ -146,6 +149,7 @@ def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collecto
             args += ["--idem-engine", name]
             if name in urls:  # the plugin uses the server provisioned above; this only names the ad-hoc engine
                 args += ["--idem-url", f"{name}={urls[name].render_as_string(hide_password=False)}"]
+        args += ["--idem-api", api]
         if select:
             args += ["-k", select]
         # PYTEST_ADDOPTS belongs to whatever pytest run launched us (e.g. CI's --idem-require), not to this one.

@@ -15,17 +15,25 @@ from idem_dialects import IdempotencyStore
 
 
 @contextmanager
-def stores(url: URL, prefix: str) -> Iterator[Callable[..., IdempotencyStore]]:
+def stores(url: URL, prefix: str, sync_url: URL | None = None) -> Iterator[Callable[..., IdempotencyStore]]:
     """A factory of stores on one set of fresh tables (created by the first, dropped on exit); keyword arguments
-    go to create_engine (e.g. isolation_level), and `url=` points one store at another URL of the same database."""
-    made: list[IdempotencyStore] = []
+    go to create_engine (e.g. isolation_level), and `url=` points one store at another URL of the same database.
+    With `sync_url`, `url` names an async driver and the stores are AsyncIdempotencyStores behind the sync API
+    (bridge.BridgedStore), `sync_url` serving the checks' own reads."""
+    made: list[Any] = []
 
     def make(url_override: URL | None = None, **engine_options: Any) -> IdempotencyStore:
-        store = IdempotencyStore.from_url(url_override or url, table_prefix=prefix, **engine_options)
+        store: Any
+        if sync_url is None:
+            store = IdempotencyStore.from_url(url_override or url, table_prefix=prefix, **engine_options)
+        else:
+            from .bridge import BridgedStore
+
+            store = BridgedStore(url_override or url, sync_url, table_prefix=prefix, **engine_options)
         if not made:
             store.create_tables()
         made.append(store)
-        return store
+        return store  # type: ignore[no-any-return]
 
     try:
         yield make
@@ -33,7 +41,7 @@ def stores(url: URL, prefix: str) -> Iterator[Callable[..., IdempotencyStore]]:
         if made:
             made[0].drop_tables()
         for store in made:
-            store.engine.dispose()
+            store.close()
 
 
 def returning(value: Any) -> Callable[[Connection], Any]:

@@ -45,7 +45,7 @@ def _end_session(store: IdempotencyStore, conn: Connection) -> str:
     """End the session `conn` runs on, so that its rollback fails; returns how."""
     kill = _KILL_SESSION.get(store.backend.name)
     if kill is None:
-        conn.connection.driver_connection.close()  # type: ignore[union-attr]
+        conn.connection.dbapi_connection.close()  # type: ignore[union-attr]  # the async adapters await it
         return "its DBAPI connection closed under it"
     session_id = conn.exec_driver_sql(kill[0]).scalar_one()
     with store.engine.connect() as other:
@@ -88,6 +88,7 @@ def _lost_reply() -> OperationalError:
                             connection_invalidated=True)
 
 
+@pytest.mark.idem_api("sync")  # patches the sync store's transaction; test_async.py has the async store's twin
 def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: IdempotencyStore, idem_effects: Effects,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim token on
@@ -284,6 +285,7 @@ def restart_under_load(url: URL, restart: Callable[[], None], threads: int = 8, 
     return report
 
 
+@pytest.mark.idem_api("sync")  # its load is sync stores on the server's URL: one restart run per engine is enough
 def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """A server restarted under 8-thread load, with a retry budget longer than the restart: no error reaches a
     caller, no acknowledged effect is lost, none is doubled. The engine's own server if the suite started it, else

@@ -10,7 +10,6 @@ from sqlalchemy import Engine, create_engine, event
 from idem_dialects import IdempotencyStore, UnsupportedIsolation
 
 from .plugin import EngineUnderTest
-from .support import returning
 
 REQ = {"amount": 100}
 # Every level SQLAlchemy spells for some engine, plus AUTOCOMMIT (which no backend may declare).
@@ -30,7 +29,9 @@ def test_declared_isolation_levels_work(idem_make_store: Callable[..., Idempoten
         store = idem_make_store(isolation_level=level)
         with store.engine.connect() as conn:
             assert conn.get_isolation_level() == level
-        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=returning(level))
+        # The level the effect's own connection runs at (the async store's driver connection, under --idem-api async).
+        first = store.run(scope="s", operation="op", key=f"k{i}", request=REQ,
+                          effect=lambda conn: conn.get_isolation_level())
         again = store.run(scope="s", operation="op", key=f"k{i}", request=REQ, effect=lambda conn: "no")
         assert (first.replayed, again.replayed, again.response) == (False, True, level)
     idem_observe("isolation levels declared", ", ".join(levels))
@@ -43,6 +44,7 @@ def _count_connects(engine: Engine) -> list[object]:
     return connects
 
 
+@pytest.mark.idem_api("sync")  # the async store proves the same in test_async.py
 def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest, idem_store: IdempotencyStore,
                                                  idem_observe: Callable[[str, object], None]) -> None:
     """A store refuses an engine configured with AUTOCOMMIT or any isolation level its backend does not declare,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .aio import AsyncIdempotencyStore
 from .errors import (
+    AsyncMisuse,
     CannotConnect,
     ClaimRaced,
     ConfigurationError,
@@ -26,8 +28,9 @@ from .errors import (
 )
 from .features import Features
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .protocol import Reply
 from .retry import RetryPolicy
-from .store import IdempotencyStore, Reply
+from .store import IdempotencyStore
 
 try:
     __version__ = version("idem-dialects")
@@ -35,6 +38,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "AsyncIdempotencyStore",
+    "AsyncMisuse",
     "CannotConnect",
     "ClaimRaced",
     "Claimed",

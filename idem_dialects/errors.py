@@ -194,6 +194,11 @@ class UnsupportedEngine(ConfigurationError):
                          + (f"; {hint}" if hint else ""))
 
 
+class AsyncMisuse(ConfigurationError, TypeError):
+    """Sync and async were mixed: an async URL, engine or `async def` effect given to the sync store, or a sync one
+    to the async store. Raised before any SQL; the message names the class or form to use instead."""
+
+
 class UnsupportedIsolation(ConfigurationError):
     """The engine is configured with an isolation level the backend does not guarantee the protocol under."""
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import tenacity
 
@@ -128,6 +129,51 @@ def _call_with_retry(
     return _retry(policy, classify, fn, on_retry, started, first)
 
 
+class _Budget:
+    """One `run`'s retry state, shared by the sync and async retry loops: what tenacity is told (which errors,
+    how long to wait, when to stop) and how giving up is reported."""
+
+    def __init__(self, policy: RetryPolicy, classify: Callable[[BaseException], str | None],
+                 on_retry: Callable[[str], None], started: float) -> None:
+        self.policy, self.classify, self.on_retry, self.started = policy, classify, on_retry, started
+        self.causes: Counter[str] = Counter()
+
+    def cause_of(self, state: tenacity.RetryCallState) -> str:
+        exc = state.outcome.exception() if state.outcome else None
+        return (self.classify(exc) if exc is not None else None) or "unknown"
+
+    def out_of_budget(self, state: tenacity.RetryCallState) -> bool:
+        over = time.monotonic() - self.started + state.upcoming_sleep > self.policy.total
+        return over or (self.policy.max_attempts is not None and state.attempt_number >= self.policy.max_attempts)
+
+    def before_sleep(self, state: tenacity.RetryCallState) -> None:
+        cause = self.cause_of(state)
+        self.causes[cause] += 1
+        self.on_retry(cause)
+        log.info("retrying after %s (attempt %d failed; next in %.3fs)", cause, state.attempt_number,
+                 state.upcoming_sleep)
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "retry": tenacity.retry_if_exception(lambda exc: self.classify(exc) is not None),
+            "wait": tenacity.wait_random_exponential(multiplier=self.policy.initial, max=self.policy.max_wait),
+            "stop": self.out_of_budget,
+            "before_sleep": self.before_sleep,
+            "reraise": False,
+        }
+
+    def exhausted(self, err: tenacity.RetryError) -> RetriesExhausted:
+        failed = err.last_attempt.exception()
+        assert failed is not None
+        retried = Counter(self.causes)
+        self.causes[self.classify(failed) or "unknown"] += 1  # the final attempt is not followed by a sleep
+        attempts, elapsed = err.last_attempt.attempt_number, time.monotonic() - self.started
+        log.warning("giving up after %d attempts in %.2fs (%s)", attempts, elapsed,
+                    ", ".join(f"{c} x{n}" for c, n in sorted(self.causes.items())))
+        return RetriesExhausted(attempts=attempts, elapsed=elapsed, causes=self.causes, last=_unwrapped(failed),
+                                retried=retried)
+
+
 def _retry(
     policy: RetryPolicy,
     classify: Callable[[BaseException], str | None],
@@ -136,7 +182,7 @@ def _retry(
     started: float,
     first: tuple[BaseException, str],
 ) -> T:
-    causes: Counter[str] = Counter()
+    budget = _Budget(policy, classify, on_retry, started)
     pending: list[BaseException] = [first[0]]
 
     def attempt() -> T:
@@ -144,38 +190,56 @@ def _retry(
             raise pending.pop()
         return fn()
 
-    def cause_of(state: tenacity.RetryCallState) -> str:
-        exc = state.outcome.exception() if state.outcome else None
-        return (classify(exc) if exc is not None else None) or "unknown"
-
-    def out_of_budget(state: tenacity.RetryCallState) -> bool:
-        over = time.monotonic() - started + state.upcoming_sleep > policy.total
-        return over or (policy.max_attempts is not None and state.attempt_number >= policy.max_attempts)
-
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        cause = cause_of(state)
-        causes[cause] += 1
-        on_retry(cause)
-        log.info("retrying after %s (attempt %d failed; next in %.3fs)", cause, state.attempt_number,
-                 state.upcoming_sleep)
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception(lambda exc: classify(exc) is not None),
-        wait=tenacity.wait_random_exponential(multiplier=policy.initial, max=policy.max_wait),
-        stop=out_of_budget,
-        before_sleep=before_sleep,
-        sleep=time.sleep,
-        reraise=False,
-    )
     try:
-        return retrying(attempt)
+        return tenacity.Retrying(sleep=time.sleep, **budget.options())(attempt)
     except tenacity.RetryError as err:
-        failed = err.last_attempt.exception()
-        assert failed is not None
-        retried = Counter(causes)
-        causes[classify(failed) or "unknown"] += 1  # the final attempt is not followed by a sleep: count it here
-        attempts, elapsed = err.last_attempt.attempt_number, time.monotonic() - started
-        log.warning("giving up after %d attempts in %.2fs (%s)", attempts, elapsed,
-                    ", ".join(f"{c} x{n}" for c, n in sorted(causes.items())))
-        last = _unwrapped(failed)
-        raise RetriesExhausted(attempts=attempts, elapsed=elapsed, causes=causes, last=last, retried=retried) from last
+        exhausted = budget.exhausted(err)
+        raise exhausted from exhausted.last_error
+
+
+async def acall_with_retry(
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    fn: Callable[[], Awaitable[T]],
+    on_retry: Callable[[str], None] = lambda cause: None,
+) -> T:
+    """`call_with_retry` for coroutines: the same policy, classification, unwrapping of the effect's errors and
+    report, sleeping with `asyncio.sleep` so the event loop keeps running. Cancellation is never retried (it is
+    not an Exception) and propagates unchanged."""
+    failure: BaseException | None = None
+    try:
+        return await _acall_with_retry(policy, _classifier(classify), fn, on_retry)
+    except RetriesExhausted:
+        raise
+    except Exception as exc:
+        failure = _unwrapped(exc)
+        if failure is exc:
+            raise
+    raise failure
+
+
+async def _acall_with_retry(
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    fn: Callable[[], Awaitable[T]],
+    on_retry: Callable[[str], None],
+) -> T:
+    started = time.monotonic()
+    try:
+        return await fn()
+    except Exception as exc:
+        if classify(exc) is None:
+            raise
+        pending: list[BaseException] = [exc]
+    budget = _Budget(policy, classify, on_retry, started)
+
+    async def attempt() -> T:
+        if pending:
+            raise pending.pop()
+        return await fn()
+
+    try:
+        return await tenacity.AsyncRetrying(sleep=asyncio.sleep, **budget.options())(attempt)
+    except tenacity.RetryError as err:
+        exhausted = budget.exhausted(err)
+        raise exhausted from exhausted.last_error

@@ -5,11 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -21,19 +19,16 @@ from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import Backend, configured_isolation
-from .dialects.base import check_isolation as _check_isolation
-from .errors import (
-    ClaimRaced,
-    InvalidPayload,
-    LeaseLost,
-    RequestInFlight,
-    RequestMismatch,
-    RetryCause,
-)
+from .errors import AsyncMisuse, ClaimRaced, InvalidPayload, LeaseLost, RequestMismatch, RetryCause
 from .features import Features
-from .fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
+from .fingerprint import decode_response, encode_response, payload_fingerprint
 from .keys import check_identifier
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
+from .protocol import Request as _Request
+from .protocol import check_isolation as _check_isolation
+from .protocol import check_status as _check_status
+from .protocol import finished, is_async_dialect, refuse_async_effect, refuse_awaitable, reply
 from .retry import EffectFailed, RetryPolicy, call_with_retry, effect_failure
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 
@@ -45,60 +40,22 @@ _CLAIM_ROUNDS = 5
 log = logging.getLogger("idem_dialects")
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What an effect may return to store a status other than `run`'s default with its response."""
-
-    response: Any
-    status: int = 200
-
-
-def _check_status(status: object) -> int:
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise InvalidPayload("status", f"must be an int HTTP status 100-599, got {status!r}")
-    return status
-
-
-def _lease_seconds(lease: timedelta | None) -> float | None:
-    if lease is None:
-        return None
-    if not isinstance(lease, timedelta) or lease <= timedelta(0):
-        raise InvalidPayload("lease", f"must be a positive timedelta, got {lease!r}")
-    return lease.total_seconds()
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """A request validated and fingerprinted once, before any SQL, however many attempts it takes."""
-
-    scope: str
-    operation: str
-    key: str
-    fingerprint: str
-    lease: float | None
-    # One claim token for every attempt of one run: a leased retry that finds this token on an in-flight record
-    # knows the claim is its own (its COMMIT went through, the reply was lost) and carries on as the owner.
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    @classmethod
-    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> _Request:
-        return cls(check_identifier("scope", scope), check_identifier("operation", operation),
-                   check_identifier("key", key), fingerprint(request), _lease_seconds(lease))
-
-    @property
-    def ident(self) -> dict[str, str]:
-        return {"scope": self.scope, "operation": self.operation, "idem_key": self.key}
-
-
 class IdempotencyStore:
     """Idempotency records for one database. Thread-safe; share one per engine.
 
     A context manager: `close()` (or leaving the `with` block) disposes of an engine the store created itself
     (`from_url`) and leaves an engine the caller passed in alone."""
 
+    # True only for the async store's core, which runs these methods on an async driver through SQLAlchemy's
+    # greenlet bridge (AsyncConnection.run_sync).
+    _bridged = False
+
     def __init__(
         self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None
     ) -> None:
+        if not self._bridged and is_async_dialect(engine):  # an AsyncEngine, or an Engine on an asyncio driver
+            raise AsyncMisuse(f"IdempotencyStore needs a sync SQLAlchemy Engine, got {type(engine).__name__} on an"
+                              " asyncio driver; use idem_dialects.AsyncIdempotencyStore for an AsyncEngine")
         self.engine = engine
         self.table_prefix = check_prefix(table_prefix)
         self.retry = retry or RetryPolicy()
@@ -116,6 +73,9 @@ class IdempotencyStore:
     ) -> IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
         parsed = make_url(url)
+        if is_async_dialect(parsed):
+            raise AsyncMisuse(f"{parsed.drivername} is an asyncio driver: use"
+                              f" idem_dialects.AsyncIdempotencyStore.from_url for it, or a sync driver here")
         backend = dialects.load(parsed.get_backend_name())
         parsed = backend.resolve_url(parsed)
         engine = create_engine(parsed, **backend.engine_options(parsed, engine_options))
@@ -297,6 +257,7 @@ class IdempotencyStore:
         # Validate everything before the first connection, so bad input never costs a round trip.
         req = _Request.check(scope, operation, key, request, lease)
         _check_status(status)
+        refuse_async_effect(effect)
         run_once = self._run_atomic if lease is None else self._run_leased
         return call_with_retry(retry or self.retry, self.retry_cause, lambda: run_once(req, effect, status),
                                self._count_retry)
@@ -348,40 +309,18 @@ class IdempotencyStore:
         except BaseException as exc:
             # Marked as the effect's: a rollback that fails after it cannot take its place (see EffectFailed).
             raise EffectFailed(exc) from exc
-        if isinstance(response, Reply):
-            return response.response, _check_status(response.status)
-        return response, status
+        refuse_awaitable(response)
+        return reply(response, status)
 
-    @staticmethod
-    def _finished(outcome: Outcome, req: _Request) -> Result:
-        if isinstance(outcome, Replayed):
-            return Result(outcome.response, outcome.status, replayed=not outcome.own)
-        ident = (req.scope, req.operation, req.key)
-        if isinstance(outcome, Mismatch):
-            raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
-        assert isinstance(outcome, InFlight)
-        raise RequestInFlight(*ident, outcome.retry_after)
+    _finished = staticmethod(finished)
 
     # --- retention -------------------------------------------------------------------------------------------
 
     def purge(self, older_than: timedelta, batch_size: int = 1000) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
         messages as old, in batches of one transaction each. A live in-flight claim is never touched."""
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise InvalidPayload("older_than", f"must be a non-negative timedelta, got {older_than!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidPayload("batch_size", f"must be a positive int, got {batch_size!r}")
-        cutoff = self.backend.now_plus(-older_than.total_seconds())
-        r, m = self.tables.records.c, self.tables.messages.c
-        targets = [
-            (self.tables.records, or_(
-                and_(r.completed_at.is_not(None), r.completed_at < cutoff),
-                and_(r.completed_at.is_(None), r.locked_until < self.backend.now(), r.created_at < cutoff),
-            )),
-            (self.tables.messages, m.processed_at < cutoff),
-        ]
         total = 0
-        for table, condition in targets:
+        for table, condition in self._purge_targets(older_than, batch_size):
             while True:
                 batch = functools.partial(self._purge_batch, table, condition, batch_size)
                 deleted = call_with_retry(self.retry, self.retry_cause, batch, self._count_retry)
@@ -389,6 +328,22 @@ class IdempotencyStore:
                 if deleted < batch_size:
                     break
         return total
+
+    def _purge_targets(self, older_than: timedelta, batch_size: int) -> list[tuple[Table, ColumnElement[bool]]]:
+        """What purge deletes, table by table (validated first; shared with the async store)."""
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidPayload("older_than", f"must be a non-negative timedelta, got {older_than!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidPayload("batch_size", f"must be a positive int, got {batch_size!r}")
+        cutoff = self.backend.now_plus(-older_than.total_seconds())
+        r, m = self.tables.records.c, self.tables.messages.c
+        return [
+            (self.tables.records, or_(
+                and_(r.completed_at.is_not(None), r.completed_at < cutoff),
+                and_(r.completed_at.is_(None), r.locked_until < self.backend.now(), r.created_at < cutoff),
+            )),
+            (self.tables.messages, m.processed_at < cutoff),
+        ]
 
     def _purge_batch(self, table: Table, condition: ColumnElement[bool], batch_size: int) -> int:
         # Each batch is its own short transaction, retried like run's (busy, serialization failure, deadlock).

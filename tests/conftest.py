@@ -1,3 +1,15 @@
 """The project's own tests opt in to the shipped conformance plugin, exactly as a third-party project would."""
 
+from typing import Any
+
+import pytest
+
 pytest_plugins = ["idem_dialects.conformance.plugin"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before the plugin's own pytest_configure reads the option
+def pytest_configure(config: Any) -> None:
+    """The project proves both stores: the conformance suite runs on the sync and the async store unless the command
+    line picks one (``--idem-api sync``); a third party's suite keeps the plugin's default (sync)."""
+    if getattr(config.option, "idem_api", "unset") is None:
+        config.option.idem_api = "both"

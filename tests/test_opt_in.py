@@ -59,3 +59,20 @@ def test_unknown_feature_is_a_collection_error(tmp_path: Path) -> None:
     assert "ERROR collecting test_typo.py" in done.stdout
     known = ", ".join(sorted(Features.flags()))  # concurrent_connections, exclusive_claim, processes, ...
     assert f"unknown feature(s) 'no_such_feature'; known features: {known}" in done.stdout
+
+
+def test_expected_failures_are_strict_xfails(tmp_path: Path) -> None:
+    """A check a backend's Features list as expected to fail is a strict xfail there: passing it is reported."""
+    (tmp_path / "conftest.py").write_text(
+        OPT_IN
+        + "from idem_dialects.dialects import register\n"
+        "from idem_dialects.dialects.sqlite import SQLiteBackend\n\n"
+        "class Known(SQLiteBackend):\n"
+        "    base_features = SQLiteBackend.base_features.replace(\n"
+        "        expected_failures=(('first_request_claims_and_runs_once', 'known to fail here'),))\n\n"
+        "register('sqlite', Known)\n", encoding="utf-8")
+    (tmp_path / "test_conformance.py").write_text(
+        "from idem_dialects.conformance.test_protocol import *  # noqa: F403\n", encoding="utf-8")
+    done = pytest_in(tmp_path, "--idem-engine", "sqlite", "-k", "first_request or retry_replays", "-rX")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed, 1 passed" in done.stdout and "[XPASS(strict)] known to fail here" in done.stdout

@@ -47,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "json"], default="table",
                         help="table for people, json (schema idem-dialects-bench/1, see BENCHMARKS.md) for tools")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--api", choices=["sync", "async"], default="sync",
+                        help="async: AsyncIdempotencyStore beside the sync store and the bare async effect, with the"
+                             " event-loop lag of a 10 ms heartbeat (idem_dialects.bench_async; uses --concurrency,"
+                             " --requests, --sleep, --driver, --format)")
+    parser.add_argument("--concurrency", type=int, default=20, metavar="N", help="--api async: concurrent tasks")
+    parser.add_argument("--sleep", type=float, default=0.2, metavar="S",
+                        help="--api async: what the sleep figure's effect awaits, in seconds (default 0.2)")
+    parser.add_argument("--driver", metavar="NAME", help="--api async: the async driver (default: the first installed)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         url = server.url
         log(f"{server.engine}: {server.how}")
     try:
+        if args.api == "async":
+            from ..bench_async import run as run_async
+
+            return run_async(args, make_url(url), log)
         options: dict[str, Any] = {}
         parsed = make_url(url)
         if not (parsed.get_backend_name() == "sqlite" and is_memory(parsed)):

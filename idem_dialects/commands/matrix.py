@@ -9,10 +9,12 @@ version 1, documented in README).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="database URL for an engine (repeatable); a NAME outside the catalogue adds an engine")
     parser.add_argument("--require", action="append", metavar="NAME", default=[],
                         help="exit 2 if this engine cannot be provisioned (repeatable; 'all'; families expand)")
+    parser.add_argument("--api", choices=("sync", "async", "both"), default="sync",
+                        help="the store the checks run on: IdempotencyStore (sync, the default), AsyncIdempotencyStore"
+                             " on each installed async driver (one column per engine x driver), or both")
     add_output_arguments(parser)
 
 
@@ -55,14 +60,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     names = list(dict.fromkeys(names + required))
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
-                      output=args.output, quiet=args.quiet)
+                      output=args.output, quiet=args.quiet, api=args.api)
 
 
 # --- running --------------------------------------------------------------------------------------------------
 
 
 def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Sequence[str], fmt: str = "table",
-               select: str | None = None, output: str | None = None, quiet: bool = False) -> int:
+               select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync") -> int:
     """Provision `names`, run the suite on those available, print the report; the exit status as documented."""
     stream = None if quiet else sys.stderr
     statuses: dict[str, EngineStatus] = {}
@@ -84,9 +89,10 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
                     print(f"  to provide it: {status.hint}", file=sys.stderr)
             return EXIT_UNAVAILABLE
         started = time.perf_counter()
-        collector = Collector(statuses, stream)
-        pytest_status = run_suite(list(statuses), urls, collector, select)
-        report = build_report(statuses, collector, time.perf_counter() - started)
+        columns = api_columns(statuses, api)
+        collector = Collector(columns, stream, engines=statuses)
+        pytest_status = run_suite(list(statuses), urls, collector, select, api)
+        report = build_report(columns, collector, time.perf_counter() - started)
     finally:
         for status in statuses.values():
             if status.server is not None:
@@ -113,6 +119,36 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
         sys.stdout.write(text)
         sys.stdout.flush()
     return code
+
+
+@dataclass
+class ColumnStatus(EngineStatus):
+    """An engine run on AsyncIdempotencyStore with one async driver: the column `<engine>-<driver>`."""
+
+    engine: str = ""
+    driver: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        base = dataclasses.replace(self, name=self.engine)
+        return {**EngineStatus.as_json(base), "api": "async", "driver": self.driver}
+
+
+def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, EngineStatus]:
+    """The matrix's columns: each engine for the sync store, each engine x installed async driver for the async."""
+    from ..aio import installed_async_drivers
+
+    columns: dict[str, EngineStatus] = {}
+    for name, status in statuses.items():
+        if api in ("sync", "both"):
+            columns[name] = status
+        spec = ENGINES.get(name)
+        backend = status.server.url.get_backend_name() if status.server else spec.backend if spec else None
+        if api in ("async", "both") and backend is not None:
+            for driver in installed_async_drivers(backend):
+                column = f"{name}-{driver}"
+                columns[column] = ColumnStatus(**{f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
+                                               | {"name": column, "engine": name, "driver": driver})
+    return columns
 
 
 # --- the report -----------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import CannotConnect, IdemError, RetryCause, TransientError, UnsupportedIsolation
+from ..errors import CannotConnect, IdemError, RetryCause, TransientError
 from ..features import Features
 from ..keys import MAX_LENGTH
 
@@ -28,12 +28,6 @@ AnyRow: TypeAlias = "Row[*tuple[Any, ...]]"
 S = TypeVar("S")
 # Statement shapes are few (tables x operations x lease lengths); the bound only protects against odd callers.
 _PREPARED_LIMIT = 512
-
-
-def check_isolation(backend: Backend, level: str | None) -> None:
-    """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
-    if level is not None and level not in backend.features.isolation_levels:
-        raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
 
 
 def configured_isolation(target: Connection | Engine) -> str | None:
@@ -53,6 +47,8 @@ class Backend:
     # What this engine offers before anything is known of the server; `url_features` and `refine_features`
     # adjust it per database.
     base_features: ClassVar[Features] = Features()
+    # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
+    async_drivers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

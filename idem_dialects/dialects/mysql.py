@@ -143,6 +143,8 @@ class MySQLFeatures(Features):
 
 class MySQLBackend(Backend):
     name = "mysql"
+    # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
+    async_drivers: ClassVar[tuple[str, ...]] = ("asyncmy",)
     base_features: ClassVar[Features] = MySQLFeatures()
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,

@@ -126,6 +126,7 @@ def _guard_identity(table: Table, values: Mapping[str, Any]) -> None:
 
 class OracleBackend(Backend):
     name = "oracle"
+    async_drivers = ("oracledb",)  # python-oracledb serves both; create_async_engine picks its async mode
     base_features = Features(isolation_levels=("READ COMMITTED", "SERIALIZABLE"))  # the only two Oracle has
 
     # --- column types ----------------------------------------------------------------------------------------

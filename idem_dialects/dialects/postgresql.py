@@ -90,6 +90,7 @@ def sqlstate(exc: BaseException) -> str | None:
 
 class PostgreSQLBackend(Backend):
     name = "postgresql"
+    async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
 
     @classmethod
     def resolve_url(cls, url: URL) -> URL:

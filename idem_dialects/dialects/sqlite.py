@@ -49,6 +49,7 @@ def is_memory(url: URL) -> bool:
 
 class SQLiteBackend(Backend):
     name = "sqlite"
+    async_drivers = ("aiosqlite",)
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",))
 
@@ -99,7 +100,8 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def _begin(self, conn: Connection, begin: str) -> Iterator[None]:
-        dbapi = conn.connection.driver_connection
+        # The DB-API connection: sqlite3 itself, or SQLAlchemy's adapter of aiosqlite, which forwards isolation_level.
+        dbapi = conn.connection.dbapi_connection
         lock = self._memory_lock if self._memory_lock is not None else nullcontext()
         with lock:
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
@@ -110,7 +112,8 @@ class SQLiteBackend(Backend):
                     conn.exec_driver_sql(begin)
                     yield
             finally:
-                dbapi.isolation_level = previous  # type: ignore[union-attr]
+                if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
+                    dbapi.isolation_level = previous  # type: ignore[union-attr]
 
     def claim_or_read(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],

@@ -1,0 +1,134 @@
+"""The engine- and I/O-neutral pieces both stores share: request validation, what an effect may return, how an
+outcome becomes a Result or an error, and the guards that keep sync and async from being mixed."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from .dialects.base import Backend
+from .errors import AsyncMisuse, InvalidPayload, RequestInFlight, RequestMismatch, UnsupportedIsolation
+from .fingerprint import fingerprint
+from .keys import check_identifier
+from .outcomes import InFlight, Mismatch, Outcome, Replayed, Result
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What an effect may return to store a status other than `run`'s default with its response."""
+
+    response: Any
+    status: int = 200
+
+
+def check_isolation(backend: Backend, level: str | None) -> None:
+    """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
+    if level is not None and level not in backend.features.isolation_levels:
+        raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
+
+
+def check_status(status: object) -> int:
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise InvalidPayload("status", f"must be an int HTTP status 100-599, got {status!r}")
+    return status
+
+
+def lease_seconds(lease: timedelta | None) -> float | None:
+    if lease is None:
+        return None
+    if not isinstance(lease, timedelta) or lease <= timedelta(0):
+        raise InvalidPayload("lease", f"must be a positive timedelta, got {lease!r}")
+    return lease.total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A request validated and fingerprinted once, before any SQL, however many attempts it takes."""
+
+    scope: str
+    operation: str
+    key: str
+    fingerprint: str
+    lease: float | None
+    # One claim token for every attempt of one run: a leased retry that finds this token on an in-flight record
+    # knows the claim is its own (its COMMIT went through, the reply was lost) and carries on as the owner.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None) -> Request:
+        return cls(check_identifier("scope", scope), check_identifier("operation", operation),
+                   check_identifier("key", key), fingerprint(request), lease_seconds(lease))
+
+    @property
+    def ident(self) -> dict[str, str]:
+        return {"scope": self.scope, "operation": self.operation, "idem_key": self.key}
+
+
+def reply(response: Any, status: int) -> tuple[Any, int]:
+    """(response, status) to store for what an effect returned: a `Reply` carries its own status."""
+    if isinstance(response, Reply):
+        return response.response, check_status(response.status)
+    return response, status
+
+
+def finished(outcome: Outcome, req: Request) -> Result:
+    """What `run` answers for an outcome other than Claimed: the replayed Result, or the error it maps to."""
+    if isinstance(outcome, Replayed):
+        return Result(outcome.response, outcome.status, replayed=not outcome.own)
+    ident = (req.scope, req.operation, req.key)
+    if isinstance(outcome, Mismatch):
+        raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
+    assert isinstance(outcome, InFlight)
+    raise RequestInFlight(*ident, outcome.retry_after)
+
+
+# --- keeping sync and async apart ----------------------------------------------------------------------------------
+
+def is_async_callable(fn: object) -> bool:
+    """An `async def` function, a partial of one, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
+def refuse_async_effect(effect: object) -> None:
+    if is_async_callable(effect):
+        raise AsyncMisuse("effect is an `async def` function: the sync IdempotencyStore calls its effect"
+                          " synchronously; use AsyncIdempotencyStore (idem_dialects.AsyncIdempotencyStore) for"
+                          " async effects, or pass a plain function")
+    if not callable(effect):
+        raise InvalidPayload("effect", f"must be callable, got {type(effect).__name__}")
+
+
+def refuse_sync_effect(effect: object) -> None:
+    if not callable(effect):
+        raise InvalidPayload("effect", f"must be an `async def` function, got {type(effect).__name__}")
+    if not is_async_callable(effect):
+        raise AsyncMisuse("effect must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
+                          " awaits it); for a sync function write `async def effect(conn): return await"
+                          " conn.run_sync(sync_effect)`, or use the sync IdempotencyStore")
+
+
+def refuse_awaitable(response: object) -> None:
+    """A sync effect that returned an awaitable (e.g. a lambda calling an async function) never ran its body."""
+    if inspect.isawaitable(response):
+        close = getattr(response, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning: the error below says what happened
+        raise AsyncMisuse("the effect returned an awaitable: the sync IdempotencyStore does not await it; use"
+                          " AsyncIdempotencyStore for async effects")
+
+
+def is_async_dialect(target: Engine | URL) -> bool:
+    """True for an engine or URL whose driver is asyncio-only (asyncpg, aiosqlite, asyncmy, ...)."""
+    if isinstance(target, URL):
+        try:
+            return bool(getattr(target.get_dialect(), "is_async", False))
+        except (NoSuchModuleError, ArgumentError):
+            return False  # an unknown dialect or driver: reported where the engine is built, as before
+    return bool(getattr(target.dialect, "is_async", False))

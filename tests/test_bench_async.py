@@ -1,0 +1,46 @@
+"""`idem-dialects bench --api async` on SQLite with tiny numbers: the report's shape and exactly-once (no timings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from idem_dialects.commands import bench
+
+
+def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([url, "--api", "async", "--concurrency", "2", "--requests", "4", "--sleep", "0.01",
+                              "--format", "json", "--quiet"])
+    assert bench.run(args) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "idem-dialects-bench-async/1"
+    assert (report["engine"]["driver"], report["engine"]["sync_driver"]) == ("aiosqlite", "pysqlite")
+    assert list(report["modes"]) == ["bare", "first", "replay", "contention", "sync_first", "sync_replay",
+                                     "sleep_async", "sleep_sync_in_loop", "sleep_sync_to_thread"]
+    modes = report["modes"]
+    assert modes["first"]["replayed"] == 0 and modes["replay"]["replayed"] == modes["replay"]["requests"] == 4
+    assert modes["contention"]["replayed"] == 2  # both tasks send each key at the same moment: one replays
+    assert all(m["heartbeat_worst_lag_ms"] >= 0 for m in modes.values())
+    assert set(report["sleep_figure"]) == {"sleep_async", "sleep_sync_in_loop", "sleep_sync_to_thread"}
+    assert report["exactly_once"]["distinct_keys"] == 4 + 2 + 4 + 3 * 2  # first, contention, sync, three sleeps
+    assert [t["target"] for t in report["targets"]][1] == "heartbeat worst lag < 50 ms"
+    assert inspect(create_engine(url)).get_table_names() == []  # the bench dropped its tables
+
+
+def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from idem_dialects import bench_async
+
+    monkeypatch.setattr(bench_async, "installed_async_drivers", lambda backend: ())
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.run(parser.parse_args(["sqlite:///x.db", "--api", "async", "--quiet"])) == 2
+    assert "no async driver for sqlite" in capsys.readouterr().err
