@@ -222,7 +222,8 @@ class Backend:
         key: Mapping[str, str],
     ) -> tuple[bool, AnyRow | None]:
         """Insert the claim row unless its primary key `key` exists: (True, None) if this call inserted it, else
-        (False, the committed winner as `read_row` returns it, or None if it vanished). The portable default is
+        (False, the committed winner, or None if it vanished). The winner row needs fingerprint, claim_token,
+        locked_until, completed_at, status, response and db_now (as `read_row` gives them). The portable default is
         `insert_if_absent` then `read_row`; an engine that can do both in one statement overrides this."""
         if self.insert_if_absent(conn, table, values, clock):
             return True, None
