@@ -23,4 +23,5 @@ def run(args: argparse.Namespace) -> int:
     with IdempotencyStore.from_url(url) as store, store.backend.connect(store.engine):
         pass
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
-                      select=args.select, output=args.output, quiet=args.quiet)
+                      select=args.select, output=args.output, quiet=args.quiet, html=args.html,
+                      show_skipped=args.show_skipped)
