@@ -158,7 +158,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "idem_requires(*features): the backend features a check needs")
     config.addinivalue_line("markers", "idem_api(name): a check of one API only (its columns only: 'sync'/'async')")
+    config.addinivalue_line("markers", "idem_disruptive: a check that breaks its server for good (kills a node or"
+                                       " the primary); runs after every other check")
     config.stash[_SESSIONS] = Sessions(config)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest grouped the checks by engine column
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Servers are shared by every column of an engine (sync and async stores): a check that kills a node or the
+    # primary must come after all the others, whatever the column or module order (a stable sort keeps the rest).
+    items.sort(key=lambda item: item.get_closest_marker("idem_disruptive") is not None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
