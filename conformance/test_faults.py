@@ -119,10 +119,12 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: Idempoten
 
 _LEASE = timedelta(seconds=2)
 # The protocol's steps, as the statements that carry them; (step, pattern, nth) for each mode.
+# The claim may be an INSERT inside a CTE that also returns the winner (PostgreSQL's claim_or_read).
+_CLAIM = r"(?:WITH \w+ AS\s*\(\s*)?INSERT INTO {records}"
 _STEPS = {
-    "atomic": [("claim", "INSERT INTO {records}", 1), ("effect", "INSERT INTO {fx}", 1),
+    "atomic": [("claim", _CLAIM, 1), ("effect", "INSERT INTO {fx}", 1),
                ("complete", "UPDATE {records}", 1), ("commit", "COMMIT", 1)],
-    "leased": [("claim", "INSERT INTO {records}", 1), ("claim commit", "COMMIT", 1), ("effect", "INSERT INTO {fx}", 1),
+    "leased": [("claim", _CLAIM, 1), ("claim commit", "COMMIT", 1), ("effect", "INSERT INTO {fx}", 1),
                ("complete", "UPDATE {records}", 1), ("effect commit", "COMMIT", 2)],
 }
 _FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")

@@ -31,6 +31,12 @@ extra retryable error  -                                      1020 (``innodb_sna
                                                               default from MariaDB 11.6)
 =====================  =====================================  ==============================================
 
+Returning a connection to the pool sends no ROLLBACK when no transaction is open: engines built by `from_url` get
+``pool_reset_on_return=None`` and a pool ``reset`` hook (`_reset_unless_clean`) that rolls back unless the store's
+own transaction just committed on that connection and the driver's last server status shows no transaction open.
+A connection application code returns mid-transaction is still rolled back (a Connection rolls back its own; a raw
+DBAPI connection gets the ROLLBACK from the hook). An engine the caller built keeps its own reset.
+
 Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
 `run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
@@ -50,11 +56,13 @@ from datetime import datetime
 from importlib.util import find_spec
 from typing import Any, ClassVar
 
-from sqlalchemy import Select, UniqueConstraint, func, literal, literal_column, select, text, type_coerce
+from sqlalchemy import Engine, Select, UniqueConstraint, event, func, literal, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.pool import PoolResetState
+from sqlalchemy.pool.base import ResetStyle  # not re-exported; tests/test_statement_counts.py fails if it moves
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
@@ -102,6 +110,22 @@ _STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag i
 # write set committed anywhere before it began, so a claim never misses a record acknowledged on another node
 # (without bit 4 the INSERT succeeds locally, the effect callable runs, and only certification stops it).
 GALERA_SYNC_WAIT = 1 | 2 | 4
+# Set in Connection.info (the pool record's) once the store's COMMIT succeeded; the pool's reset hook pops it.
+_COMMITTED_CLEAN = "idem_dialects.committed_clean"
+SERVER_STATUS_IN_TRANS = 1  # the server's status flag (OK/EOF packets): a transaction is open on the session
+
+
+def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
+    """The pool's reset on return, minus the ROLLBACK round trip when the connection is known to be clean: the
+    store's own transaction committed last and (where the driver reports it, as PyMySQL does) the server's last
+    status shows no transaction open. Anything else (application code, a failed commit) is rolled back."""
+    clean = record is not None and record.info.pop(_COMMITTED_CLEAN, False)
+    if state.terminate_only or state.transaction_was_reset or not state.asyncio_safe:
+        return  # discarded, or the Connection already rolled its transaction back
+    status = getattr(dbapi_connection, "server_status", None)
+    if clean and not (isinstance(status, int) and status & SERVER_STATUS_IN_TRANS):
+        return
+    dbapi_connection.rollback()
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -148,6 +172,20 @@ class MySQLBackend(Backend):
         ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
     }
 
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        pool = getattr(engine, "pool", None)
+        # pool_reset_on_return=None (what engine_options asks for): no reset at all unless this hook does it.
+        if pool is not None and getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none:
+            event.listen(pool, "reset", _reset_unless_clean)
+
+    @classmethod
+    def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = dict(options)
+        # A ROLLBACK on every return is one round trip per request; _reset_unless_clean sends it only when needed.
+        opts.setdefault("pool_reset_on_return", None)
+        return opts
+
     @classmethod
     def resolve_url(cls, url: URL) -> URL:
         # A bare mysql:// or mariadb:// means mysqlclient to SQLAlchemy; the [mysql] extra installs PyMySQL instead.
@@ -178,6 +216,7 @@ class MySQLBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
+        conn.info.pop(_COMMITTED_CLEAN, None)
         if not conn.info.get(_STRICT_CHECKED) and not conn.in_transaction():
             # Session settings first, outside the transaction: Galera waits for other nodes' commits (wsrep_sync_wait)
             # only at a transaction's first statement, which should be the claim itself.
@@ -186,6 +225,7 @@ class MySQLBackend(Backend):
         with conn.begin():
             self.ensure_strict(conn)
             yield
+        conn.info[_COMMITTED_CLEAN] = True  # reached only once the COMMIT succeeded
 
     def now_plus(self, seconds: float) -> ColumnElement[datetime]:
         micros = round(seconds * 1_000_000)
