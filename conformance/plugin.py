@@ -158,6 +158,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "idem_requires(*features): the backend features a check needs")
     config.addinivalue_line("markers", "idem_api(name): a check of one API only (its columns only: 'sync'/'async')")
+    config.addinivalue_line("markers", "idem_disruptive: a check that breaks its server for good (kills a node or"
+                                       " the primary); runs after every other check")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -185,13 +187,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("idem_engine", names, indirect=True, ids=names, scope="session")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest grouped the checks by engine column
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect a check of one API (``idem_api``) when no column of this run uses that API, rather than leave an
-    empty-parameter skip in the report."""
+    empty-parameter skip in the report; run checks that break their server (``idem_disruptive``) last."""
     unused = [item for item in items if not isinstance(_engine_param(item), str | type(None))]
     if unused:
         config.hook.pytest_deselected(items=unused)
         items[:] = [item for item in items if item not in unused]
+    # Servers are shared by every column of an engine (sync and async stores): a check that kills a node or the
+    # primary must come after all the others, whatever the column or module order (a stable sort keeps the rest).
+    items.sort(key=lambda item: item.get_closest_marker("idem_disruptive") is not None)
 
 
 def _engine_param(item: pytest.Item) -> object:

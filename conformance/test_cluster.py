@@ -54,6 +54,7 @@ def _race_round(threads: int, call: Callable[[int], Any]) -> list[Any]:
     return out
 
 
+@pytest.mark.idem_api("sync")
 @pytest.mark.idem_requires("multi_primary")
 def test_cluster_race_spread_over_nodes(idem_make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
                                         idem_observe: Observe) -> None:
@@ -95,6 +96,7 @@ def test_cluster_race_spread_over_nodes(idem_make_store: Callable[..., Idempoten
         idem_observe("spread race: cluster", idem_engine.server.controls.facts())
 
 
+@pytest.mark.idem_api("sync")
 @pytest.mark.idem_requires("multi_primary")
 def test_cluster_replay_on_another_node(idem_make_store: Callable[..., IdempotencyStore],
                                         idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
@@ -129,6 +131,8 @@ def test_cluster_replay_on_another_node(idem_make_store: Callable[..., Idempoten
     idem_observe("replay on another node: retries absorbed", dict(retried) or "none")
 
 
+@pytest.mark.idem_api("sync")  # one kill per cluster: the async store's columns share the same servers
+@pytest.mark.idem_disruptive
 def test_cluster_node_killed_mid_load(idem_make_store: Callable[..., IdempotencyStore],
                                       idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """A node (Galera) or the primary (then the standby is promoted) is killed under 8 threads of load: no error

@@ -226,7 +226,10 @@ def galera_cluster(spec: EngineSpec) -> Server:
         cluster.stop()
         raise
     assert cluster.proxy is not None
-    url = _url(cluster.proxy.port)
+    # Behind a load balancer every session should wait for the other nodes' commits (DDL included: a table created
+    # through one node must exist on the next), not only the backend's claim connections; the node URLs keep the
+    # server default, so the cross-node replay check proves the backend's own setting.
+    url = _url(cluster.proxy.port).update_query_dict({"init_command": "SET SESSION wsrep_sync_wait = 7"})
     ports = ", ".join(str(n.port) for n in cluster.nodes)
     how = (f"3-node Galera cluster (galera-4, rsync SST) on 127.0.0.1 ports {ports}, one pool spread over the"
            f" nodes by a round-robin proxy on port {cluster.proxy.port}; started in {cluster.started_in:.1f} s")

@@ -118,7 +118,7 @@ class PgFailoverPair:
     def url(self) -> URL:
         hosts = (f"127.0.0.1:{self.primary.port}", f"127.0.0.1:{self.standby.port}")
         return URL.create("postgresql+psycopg", "postgres", None, None, None, "postgres",
-                          query={"host": hosts, "target_session_attrs": "read-write", "connect_timeout": "3"})
+                          query={"host": hosts, "target_session_attrs": "read-write"})
 
     def stop(self) -> None:
         import signal
