@@ -111,7 +111,8 @@ def test_cancelled_run_leaves_key_free(idem_engine: EngineUnderTest, step: str, 
 
             def trigger(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
                 text = statement.lstrip().upper()
-                hit = ((step == "after-claim" and text.startswith("INSERT") and records.upper() in text)
+                # The claim: an INSERT, or (PostgreSQL's claim_or_read) the CTE that wraps it.
+                hit = ((step == "after-claim" and text.startswith(("INSERT", "WITH INS")) and records.upper() in text)
                        or (step == "during-complete" and text.startswith("UPDATE") and records.upper() in text))
                 if hit and (task := asyncio.current_task()) is not None and task.get_name() in armed:
                     armed.discard(task.get_name())

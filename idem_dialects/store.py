@@ -7,7 +7,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -119,12 +119,15 @@ class IdempotencyStore:
 
     # --- the step-by-step API --------------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self) -> AbstractContextManager[Connection]:
         """A connection in a transaction begun the way the engine needs; commits on success."""
+        return self._transaction(self.backend.transaction)
+
+    @contextmanager
+    def _transaction(self, begin: Callable[[Connection], AbstractContextManager[None]]) -> Iterator[Connection]:
         with self.backend.connect(self.engine) as conn:
             self.backend.live_features(conn)
-            with self.backend.transaction(conn):
+            with begin(conn):
                 yield conn
 
     def claim(
@@ -151,11 +154,11 @@ class IdempotencyStore:
         hold = req.lease or 0.0
         clock = {"created_at": 0.0, "locked_until": hold}
         token = req.token
+        values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
         for _ in range(_CLAIM_ROUNDS):
-            values = dict(ident, fingerprint=req.fingerprint, claim_token=token)
-            if backend.insert_if_absent(conn, t, values, clock):
+            inserted, row = backend.claim_or_read(conn, t, values, clock, ident)
+            if inserted:
                 return Claimed(req.scope, req.operation, req.key, req.fingerprint, token, leased)
-            row = backend.read_row(conn, t, ident)
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
             if row.fingerprint != req.fingerprint:
@@ -268,7 +271,7 @@ class IdempotencyStore:
         return self.backend.retry_cause(exc)
 
     def _run_atomic(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
-        with self.transaction() as conn:
+        with self._transaction(self.backend.claim_transaction) as conn:
             outcome = self._claim(conn, req)
             if not isinstance(outcome, Claimed):
                 return self._finished(outcome, req)
@@ -277,7 +280,7 @@ class IdempotencyStore:
             return Result(response, code, replayed=False)
 
     def _run_leased(self, req: _Request, effect: Callable[[Connection], Any], status: int) -> Result:
-        with self.transaction() as conn:
+        with self._transaction(self.backend.claim_transaction) as conn:
             outcome = self._claim(conn, req)
         if not isinstance(outcome, Claimed):
             return self._finished(outcome, req)

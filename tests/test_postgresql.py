@@ -69,18 +69,20 @@ def test_ddl_is_byte_exact_and_timezone_aware() -> None:
     assert 'message_id VARCHAR(255) COLLATE "C" NOT NULL' in messages
 
 
-def test_claim_is_insert_then_separate_read(store: IdempotencyStore) -> None:
-    """A losing claim runs exactly two statements: the ON CONFLICT insert, then a separate SELECT of the winner
-    (a new statement, so under READ COMMITTED a new snapshot that sees the committed winner)."""
+def test_losing_claim_is_one_statement(store: IdempotencyStore) -> None:
+    """A losing claim whose winner is visible runs exactly one statement: the ON CONFLICT insert in a CTE whose
+    other branch returns the committed winner. (The separate read, for a winner committed after the statement's
+    snapshot, is proven by test_claim_waiting_on_uncommitted_winner under READ COMMITTED.)"""
     store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "first")
     statements: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(" ".join(a[2].split())))
     with store.transaction() as conn:
         outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
     assert isinstance(outcome, Replayed) and outcome.response == "first"
-    assert len(statements) == 2, statements
+    assert len(statements) == 1, statements
+    assert statements[0].startswith("WITH ins AS (INSERT ")
     assert "ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING" in statements[0]
-    assert statements[1].startswith("SELECT ") and "ON CONFLICT" not in statements[1]
+    assert "UNION ALL SELECT" in statements[0] and "NOT (EXISTS (SELECT 1 FROM ins))" in statements[0]
 
 
 # --- error classification ------------------------------------------------------------------------------------------

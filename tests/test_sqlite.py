@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, event, text
+from sqlalchemy.exc import OperationalError
 
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
+from idem_dialects.benchmark import statement_kind
 from idem_dialects.errors import RetryCause
 
 
@@ -48,10 +50,44 @@ def hold_write_lock(db: Path, seconds: float) -> threading.Thread:
 
 
 def test_transaction_takes_write_lock_at_begin(store: IdempotencyStore) -> None:
+    """store.transaction() begins with the write lock; run's claim reads first and takes the lock before any
+    write by restarting as BEGIN IMMEDIATE (never by upgrading its read transaction)."""
     statements: list[str] = []
-    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(statement_kind(a[2])))
+    with store.transaction():
+        pass
+    assert statements == ["BEGIN IMMEDIATE"]
+    statements.clear()
     store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1)
-    assert statements[0] == "BEGIN IMMEDIATE"
+    first_write = next(i for i, kind in enumerate(statements) if kind in ("INSERT", "UPDATE"))
+    assert statements[:first_write] == ["BEGIN", "SELECT", "ROLLBACK", "BEGIN IMMEDIATE"]
+
+
+def test_replay_runs_beside_a_writer(store: IdempotencyStore, db: Path) -> None:
+    """A replay takes no write lock: with another connection holding it (and a busy timeout of 50 ms, no retries)
+    the replay still answers, from WAL."""
+    store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "first")
+    writer = hold_write_lock(db, 0.5)
+    try:
+        again = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "second",
+                          retry=RetryPolicy(max_attempts=1))
+    finally:
+        writer.join()
+    assert (again.response, again.replayed) == ("first", True)
+
+
+def test_read_only_database_replays(store: IdempotencyStore, db: Path) -> None:
+    """A read-only connection to the database (mode=ro) replays a stored response; a new key fails to claim."""
+    store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "first")
+    with store.engine.connect():  # keep the -wal/-shm files a read-only connection needs
+        ro = IdempotencyStore.from_url(f"sqlite:///file:{db}?mode=ro&uri=true")
+        try:
+            again = ro.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "second")
+            assert (again.response, again.replayed) == ("first", True)
+            with pytest.raises(OperationalError, match=r"readonly database"):
+                ro.run(scope="s", operation="op", key="new", request={}, effect=lambda conn: "x")
+        finally:
+            ro.close()
 
 
 def test_file_database_uses_wal(store: IdempotencyStore) -> None:

@@ -28,16 +28,21 @@ from idem_dialects.outcomes import Claimed
 # (psycopg's BEGIN) is not in the list: it is one more round trip per transaction on PostgreSQL.
 EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
     "sqlite": {
-        "first": (["BEGIN IMMEDIATE", "INSERT", "UPDATE"], 1),
-        "replay": (["BEGIN IMMEDIATE", "INSERT", "SELECT"], 1),
+        # `run` begins deferred and reads first: a replay takes no write lock; a first-time request restarts as
+        # BEGIN IMMEDIATE once the read found nothing (in-process statements, no round trips).
+        "first": (["BEGIN", "SELECT", "ROLLBACK", "BEGIN IMMEDIATE", "INSERT", "UPDATE"], 1),
+        "replay": (["BEGIN", "SELECT"], 1),
     },
     "postgresql": {
-        "first": (["INSERT", "UPDATE"], 1),
-        "replay": (["INSERT", "SELECT"], 1),
+        # The claim is one statement that inserts or returns the committed winner (WITH ins AS (INSERT ...)
+        # ... UNION ALL SELECT ...); a separate SELECT follows only when the winner committed after its snapshot.
+        "first": (["WITH", "UPDATE"], 1),
+        "replay": (["WITH"], 1),
     },
     "mariadb": {
         # The duplicate INSERT fails (1062); on the record table the primary key is the only unique key, so the
-        # 1062 is the claim's own duplicate and the next statement is the locking read of the winner.
+        # 1062 is the claim's own duplicate and the next statement is the locking read of the winner. The pool sends
+        # no reset ROLLBACK after the store's COMMIT (test_pool_reset_rolls_back_only_what_is_open counts it).
         "first": (["INSERT", "UPDATE"], 1),
         "replay": (["INSERT", "SELECT"], 1),
     },
@@ -50,7 +55,8 @@ EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
     "oracle": {"first": (["INSERT", "UPDATE"], 1)},
 }
 
-LIVE = {"sqlite": "sqlite", "postgresql": "postgresql", "mariadb": "mariadb", "mysql": "mysql-8.4"}
+LIVE = {"sqlite": "sqlite", "postgresql": "postgresql", "postgresql-18": "postgresql-18", "mariadb": "mariadb",
+        "mysql": "mysql-8.4"}
 
 
 def _no_sql(conn: Any) -> dict[str, int]:
@@ -104,8 +110,8 @@ def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
     try:
         assert _counted(store, lambda: work.bare(1, "")) == (["BEGIN IMMEDIATE", "UPDATE", "SELECT"], 1)
         assert _counted(store, lambda: work.via_run(1, "k")) == (
-            ["BEGIN IMMEDIATE", "INSERT", "UPDATE", "SELECT", "UPDATE"], 1)
-        assert _counted(store, lambda: work.via_run(1, "k")) == (["BEGIN IMMEDIATE", "INSERT", "SELECT"], 1)
+            ["BEGIN", "SELECT", "ROLLBACK", "BEGIN IMMEDIATE", "INSERT", "UPDATE", "SELECT", "UPDATE"], 1)
+        assert _counted(store, lambda: work.via_run(1, "k")) == (["BEGIN", "SELECT"], 1)
     finally:
         work.drop()
         store.engine.dispose()
@@ -184,3 +190,55 @@ def test_first_time_compiled_without_server(backend: str, url: str) -> None:
 def test_replay_needs_a_server(backend: str) -> None:
     pytest.skip(f"{backend}: the replay path reads the stored record back, which needs a live server"
                 f" (set {engines.env_var(backend + '-2022' if backend == 'mssql' else backend + '-23')})")
+
+
+# --- MySQL/MariaDB: the pool's reset ROLLBACK only when a transaction may be open -----------------------------------
+
+
+@pytest.mark.parametrize("name", ["mariadb", "mysql-8.4"])
+def test_pool_reset_rolls_back_only_what_is_open(name: str) -> None:
+    """A store built by from_url returns its connections after its own COMMIT without the pool's ROLLBACK (counted
+    by the server: Com_rollback of the one pooled session), while a connection application code returns
+    mid-transaction, through a Connection or as a raw DBAPI connection, is still rolled back: its row is never
+    committed, not even by the next transaction on the same session."""
+    spec = engines.get(name)
+    try:
+        server = spec.provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{spec.name}: {exc}")
+    store = IdempotencyStore.from_url(server.url, table_prefix=f"sc_{uuid.uuid4().hex[:6]}_", pool_size=1,
+                                      max_overflow=0)
+    app = f"{store.table_prefix}app"
+    other = create_engine(store.engine.url)
+    try:
+        store.create_tables()
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {app} (id INT PRIMARY KEY) ENGINE=InnoDB")
+
+        def rollbacks() -> int:
+            with store.transaction() as conn:  # the one pooled session
+                return int(conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_rollback'").one()[1])
+
+        call = lambda: store.run(scope="s", operation="op", key="k", request={}, effect=_no_sql)  # noqa: E731
+        call()
+        before = rollbacks()
+        call(), call()  # two replays
+        assert rollbacks() == before  # no ROLLBACK on the session: nothing was open when the store returned it
+
+        conn = store.engine.connect()
+        conn.exec_driver_sql(f"INSERT INTO {app} VALUES (1)")
+        conn.close()  # mid-transaction: the Connection rolls back its own transaction
+        raw = store.engine.raw_connection()
+        raw.cursor().execute(f"INSERT INTO {app} VALUES (2)")
+        raw.close()  # mid-transaction, under the Connection's radar: the pool's reset hook must roll back
+        assert rollbacks() == before + 2
+        call()  # the next transaction on the same session commits only its own work
+        with other.connect() as check:
+            assert check.exec_driver_sql(f"SELECT COUNT(*) FROM {app}").scalar_one() == 0
+    finally:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {app}")
+        store.drop_tables()
+        store.close()
+        other.dispose()
+        server.stop()

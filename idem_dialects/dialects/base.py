@@ -140,6 +140,13 @@ class Backend:
         with conn.begin():
             yield
 
+    @contextmanager
+    def claim_transaction(self, conn: Connection) -> Iterator[None]:
+        """The transaction `run` claims in (the claim is its first statement): by default `transaction`. A backend
+        may begin it more cheaply, e.g. without the write lock a replay does not need (see `claim_or_read`)."""
+        with self.transaction(conn):
+            yield
+
     def now(self) -> ColumnElement[datetime]:
         """The database's current time, in the same representation as the timestamp columns."""
         return self.now_plus(0.0)
@@ -209,6 +216,18 @@ class Backend:
                 return False
             raise
         return True
+
+    def claim_or_read(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
+        key: Mapping[str, str],
+    ) -> tuple[bool, AnyRow | None]:
+        """Insert the claim row unless its primary key `key` exists: (True, None) if this call inserted it, else
+        (False, the committed winner, or None if it vanished). The winner row needs fingerprint, claim_token,
+        locked_until, completed_at, status, response and db_now (as `read_row` gives them). The portable default is
+        `insert_if_absent` then `read_row`; an engine that can do both in one statement overrides this."""
+        if self.insert_if_absent(conn, table, values, clock):
+            return True, None
+        return False, self.read_row(conn, table, key)
 
     def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
         """Read the row with this primary key as last committed (or written by this transaction), with the

@@ -1,10 +1,10 @@
 """PostgreSQL: the reference backend (psycopg 3 via ``postgresql+psycopg://``; psycopg2 works the same).
 
-The claim is ``INSERT ... ON CONFLICT (<primary key>) DO NOTHING RETURNING`` naming its conflict target, and the
-winner is read by a *separate* statement. Why not one statement: under READ COMMITTED, ON CONFLICT waits for a
-concurrent inserter and then skips the row, but the statement's own snapshot still predates the winner, so a CTE
-that tries to return the existing row in the same statement can come back empty. A new statement takes a new
-snapshot and sees the committed winner.
+The claim is ``INSERT ... ON CONFLICT (<primary key>) DO NOTHING RETURNING`` naming its conflict target, in a CTE
+whose outer SELECT also returns the existing row when the insert skipped it (`claim_or_read`): a replay is one
+statement. That statement can come back empty: under READ COMMITTED, ON CONFLICT waits for a concurrent inserter
+and then skips the row, but the statement's own snapshot still predates the winner, so the read branch does not
+see it. Only then is the winner read by a *separate* statement, whose new snapshot sees the committed winner.
 
 Under REPEATABLE READ and SERIALIZABLE the transaction keeps its first snapshot, so a separate read could not see
 a winner committed after it. PostgreSQL does not let that happen silently: ON CONFLICT DO NOTHING raises
@@ -19,7 +19,7 @@ usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK viol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from importlib.util import find_spec
 from typing import Any
@@ -31,11 +31,16 @@ from sqlalchemy import (
     String,
     any_,
     delete,
+    exists,
+    false,
     func,
     literal,
     literal_column,
+    null,
     select,
+    true,
     type_coerce,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection
@@ -43,11 +48,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
+from sqlalchemy.sql.selectable import CompoundSelect
 from sqlalchemy.types import TypeEngine
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
+from ..features import Features
 from ..keys import MAX_LENGTH
-from .base import Backend
+from .base import AnyRow, Backend
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
@@ -63,6 +70,7 @@ _RETRYABLE = {
     # and a new connection (target_session_attrs=read-write) finds the new primary.
     "25006": RetryCause.CONNECT,
 }
+_SYNCHRONOUS = ("on", "remote_write", "remote_apply")  # synchronous_commit levels that wait for the standby
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 
 
@@ -90,8 +98,23 @@ class PostgreSQLBackend(Backend):
     def resolve_url(cls, url: URL) -> URL:
         # A bare postgresql:// means psycopg2 to SQLAlchemy; the [postgresql] extra installs psycopg 3 instead.
         if url.drivername == "postgresql" and find_spec("psycopg2") is None and find_spec("psycopg") is not None:
-            return url.set(drivername="postgresql+psycopg")
+            url = url.set(drivername="postgresql+psycopg")
+        # Multi-host (failover) URLs: SQLAlchemy understands ?host=a:p1&host=b:p2 and ?host=a,b&port=p1,p2, but
+        # passes ?host=a:p1,b:p2 to libpq as port=',' (every connection fails). Rewrite it to the first form.
+        host = url.query.get("host")
+        if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
+            url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
+
+    def refine_features(self, conn: Connection, features: Features) -> Features:
+        refined = super().refine_features(conn, features)
+        began = not conn.in_transaction()
+        # Acknowledged only once a standby has the commit: what lets a promoted standby keep every acknowledged key.
+        names, level = conn.exec_driver_sql(
+            "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')").one()
+        if began:  # end the transaction this read autobegan: the caller begins its own
+            conn.rollback()
+        return refined.replace(synchronous_standby=bool(str(names).strip()) and str(level) in _SYNCHRONOUS)
 
     # --- column types ----------------------------------------------------------------------------------------
 
@@ -145,6 +168,37 @@ class PostgreSQLBackend(Backend):
     ) -> bool:
         stmt = self.insert_statement(table, values, clock)
         return conn.execute(stmt, self.params(values)).first() is not None
+
+    def claim_or_read(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
+        key: Mapping[str, str],
+    ) -> tuple[bool, AnyRow | None]:
+        """``WITH ins AS (INSERT ... ON CONFLICT DO NOTHING RETURNING ...) SELECT <inserted> FROM ins UNION ALL
+        SELECT <row> FROM t WHERE <pk> AND NOT EXISTS (SELECT FROM ins)``: the claim, or the winner, in one round
+        trip. Neither branch returns a row when the winner committed after this statement's snapshot (see the
+        module docstring): then a separate read, with a snapshot of its own, finds it."""
+        stmt = self.prepared(("claim or read", table, tuple(values), tuple(sorted(clock.items())), tuple(key)),
+                             lambda: self._claim_or_read_statement(table, values, clock, key))
+        row = conn.execute(stmt, self.params(values) | self.params(key, "k_")).first()
+        if row is None:
+            return False, self.read_row(conn, table, key)
+        return (True, None) if row.inserted else (False, row)
+
+    def _claim_or_read_statement(
+        self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float], key: Iterable[str]
+    ) -> CompoundSelect[Any]:
+        pk = list(table.primary_key.columns)
+        ins = (pg_insert(table).values(**self.insert_values(table, values, clock))
+               .on_conflict_do_nothing(index_elements=[c.name for c in pk]).returning(pk[0]).cte("ins"))
+        # The inserted branch returns only the flag: a first-time request needs nothing of the row; the other branch
+        # only what a replay reads (the key is the caller's; fewer columns are less row processing per request).
+        wanted = [c for c in table.c if c.name not in key and c.name != "created_at"]
+        claimed = select(true().label("inserted"), *(type_coerce(null(), c.type).label(c.name) for c in wanted),
+                         type_coerce(null(), DateTime(timezone=True)).label("db_now")).select_from(ins)
+        where = [table.c[name] == bind for name, bind in self.binds(table, key, "k_").items()]
+        existing = select(false().label("inserted"), *wanted, self.now().label("db_now")).where(
+            *where, ~exists(select(literal_column("1")).select_from(ins)))
+        return union_all(claimed, existing)
 
     def purge_statement(self, table: Table, condition: ColumnElement[bool], limit: int) -> Delete:
         """``DELETE ... WHERE ctid = ANY(ARRAY(SELECT ctid ... LIMIT n FOR UPDATE SKIP LOCKED)) AND <condition>``.

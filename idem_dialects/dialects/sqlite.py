@@ -3,6 +3,11 @@
 A deferred transaction (the sqlite3 default) that reads and then writes can fail with SQLITE_BUSY at once,
 without waiting, when another connection wrote in between; BEGIN IMMEDIATE makes claimers queue on the lock
 instead (within the busy timeout), and `run` retries what still comes back busy.
+
+`run`'s claim is the exception (`claim_transaction`): it begins deferred and reads the record first, so a replay
+takes no write lock (it runs beside a writer in WAL mode, and a read-only database still replays). When the claim
+must write (no record yet, or a claim whose lease is over), nothing but that read ran, so the transaction restarts
+as BEGIN IMMEDIATE and claims as usual; it never upgrades a read transaction to a write.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from sqlalchemy.sql.schema import Table
 
 from ..errors import ConnectionConfigError, IdemError, IdemWarning, RetryCause
 from ..features import Features
-from .base import Backend
+from .base import AnyRow, Backend
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
 _SQLITE_BUSY = 5
@@ -33,6 +38,8 @@ _SQLITE_CANTOPEN = 14
 # Extended constraint codes: only these two are duplicates; NOT NULL (1299), CHECK (275), FK (787) are not.
 _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
 _SQLITE_CONSTRAINT_UNIQUE = 2067
+# Set by claim_transaction in Connection.info: the claim reads before it takes the write lock.
+_READ_FIRST = "idem_dialects.sqlite_read_first"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
 
 
@@ -79,6 +86,20 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
+        with self._begin(conn, "BEGIN IMMEDIATE"):
+            yield
+
+    @contextmanager
+    def claim_transaction(self, conn: Connection) -> Iterator[None]:
+        with self._begin(conn, "BEGIN"):
+            conn.info[_READ_FIRST] = True
+            try:
+                yield
+            finally:
+                conn.info.pop(_READ_FIRST, None)
+
+    @contextmanager
+    def _begin(self, conn: Connection, begin: str) -> Iterator[None]:
         # The DB-API connection: sqlite3 itself, or SQLAlchemy's adapter of aiosqlite, which forwards isolation_level.
         dbapi = conn.connection.dbapi_connection
         lock = self._memory_lock if self._memory_lock is not None else nullcontext()
@@ -88,11 +109,24 @@ class SQLiteBackend(Backend):
             dbapi.isolation_level = None  # type: ignore[union-attr]
             try:
                 with conn.begin():
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                    conn.exec_driver_sql(begin)
                     yield
             finally:
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
                     dbapi.isolation_level = previous  # type: ignore[union-attr]
+
+    def claim_or_read(
+        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
+        key: Mapping[str, str],
+    ) -> tuple[bool, AnyRow | None]:
+        if conn.info.pop(_READ_FIRST, False):  # the first statement of claim_transaction's deferred transaction
+            row = self.read_row(conn, table, key)
+            # Replayed, mismatched or in flight under a live lease: answered without writing.
+            if row is not None and (row.completed_at is not None or row.locked_until > row.db_now):
+                return False, row
+            conn.exec_driver_sql("ROLLBACK")  # only the read ran: restart as a writer rather than upgrade
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        return super().claim_or_read(conn, table, values, clock, key)
 
     def now_plus(self, seconds: float) -> ColumnElement[datetime]:
         if seconds == 0:
