@@ -51,6 +51,7 @@ def test_table_summarises_unavailable_engines_in_one_line() -> None:
     assert "Not available here, every check skipped (2): mssql-2022, mssql-2025." in out
     header = next(line for line in out.splitlines() if line.startswith("check "))
     assert header.split() == ["check", "sqlite"]  # no column per unavailable engine
+    assert max(len(line) for line in out.splitlines()) <= 120  # the default table fits a 120-column terminal
     assert "Behaviour" in out and "server version" in out
 
 
