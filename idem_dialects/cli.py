@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 from . import __version__
@@ -21,58 +20,35 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _demo() -> Command:
-    from .commands import demo
-
-    return demo
-
-
-def _engines() -> Command:
-    from .commands import engines
-
-    return engines
-
-
-def _matrix() -> Command:
-    from .commands import matrix
-
-    return matrix
-
-
-def _check() -> Command:
-    from .commands import check
-
-    return check
+def load(name: str) -> Command:
+    """The module of subcommand `name`, imported only now. Explicit imports (not import_module), so mypy checks
+    that each module really provides add_arguments and run."""
+    module: Command
+    if name == "demo":
+        from .commands import demo as module
+    elif name == "engines":
+        from .commands import engines as module
+    elif name == "matrix":
+        from .commands import matrix as module
+    elif name == "check":
+        from .commands import check as module
+    elif name == "bench":
+        from .commands import bench as module
+    elif name == "report":
+        from .commands import report as module
+    else:
+        raise KeyError(f"unknown subcommand {name!r}")
+    return module
 
 
-def _bench() -> Command:
-    from .commands import bench
-
-    return bench
-
-
-def _report() -> Command:
-    from .commands import report
-
-    return report
-
-
-@dataclass(frozen=True)
-class Subcommand:
-    help: str
-    load: Callable[[], Command]
-
-
-# The registry of subcommands: a one-line help (enough for `idem-dialects --help`) and how to load the module.
-COMMANDS: dict[str, Subcommand] = {
-    "demo": Subcommand("run seed 000's reference example on an embedded SQLite database, step by step", _demo),
-    "engines": Subcommand("list every engine: available here or not, how, and what would enable it", _engines),
-    "matrix": Subcommand("run the conformance suite across engines and compare their behaviour", _matrix),
-    "check": Subcommand("run the conformance suite against one database URL", _check),
-    "bench": Subcommand("measure what idempotency costs on one or several databases, beside the bare effect",
-                        _bench),
-    "report": Subcommand("render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML"
-                         " file", _report),
+# The registry of subcommands and their one-line help (enough for `idem-dialects --help`); `load` imports one.
+COMMANDS: dict[str, str] = {
+    "demo": "run seed 000's reference example on an embedded SQLite database, step by step",
+    "engines": "list every engine: available here or not, how, and what would enable it",
+    "matrix": "run the conformance suite across engines and compare their behaviour",
+    "check": "run the conformance suite against one database URL",
+    "bench": "measure what idempotency costs on one or several databases, beside the bare effect",
+    "report": "render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML file",
 }
 
 
@@ -98,10 +74,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, spec in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=spec.help, description=spec.help)
+    for name, help_text in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            spec.load().add_arguments(sub_parser)
+            load(name).add_arguments(sub_parser)
     return parser
 
 
@@ -109,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = chosen_command(argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
-    return COMMANDS[args.command].load().run(args)
+    return load(args.command).run(args)
 
 
 if __name__ == "__main__":
