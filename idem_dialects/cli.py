@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
 
@@ -27,79 +26,44 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _demo() -> Command:
-    from .commands import demo
-
-    return demo
-
-
-def _engines() -> Command:
-    from .commands import engines
-
-    return engines
-
-
-def _matrix() -> Command:
-    from .commands import matrix
-
-    return matrix
-
-
-def _check() -> Command:
-    from .commands import check
-
-    return check
-
-
-def _bench() -> Command:
-    from .commands import bench
-
-    return bench
+def load(name: str) -> Command:
+    """The module of subcommand `name`, imported only now. Explicit imports (not import_module), so mypy checks
+    that each module really provides add_arguments and run."""
+    module: Command
+    if name == "demo":
+        from .commands import demo as module
+    elif name == "engines":
+        from .commands import engines as module
+    elif name == "matrix":
+        from .commands import matrix as module
+    elif name == "check":
+        from .commands import check as module
+    elif name == "bench":
+        from .commands import bench as module
+    elif name == "report":
+        from .commands import report as module
+    elif name == "init":
+        from .commands import init as module
+    elif name == "ddl":
+        from .commands import ddl as module
+    elif name == "purge":
+        from .commands import purge as module
+    else:
+        raise KeyError(f"unknown subcommand {name!r}")
+    return module
 
 
-def _report() -> Command:
-    from .commands import report
-
-    return report
-
-
-def _init() -> Command:
-    from .commands import init
-
-    return init
-
-
-def _ddl() -> Command:
-    from .commands import ddl
-
-    return ddl
-
-
-def _purge() -> Command:
-    from .commands import purge
-
-    return purge
-
-
-@dataclass(frozen=True)
-class Subcommand:
-    help: str
-    load: Callable[[], Command]
-
-
-# The registry of subcommands: a one-line help (enough for `idem-dialects --help`) and how to load the module.
-COMMANDS: dict[str, Subcommand] = {
-    "demo": Subcommand("run seed 000's reference example on an embedded SQLite database, step by step", _demo),
-    "engines": Subcommand("list every engine: available here or not, how, and what would enable it", _engines),
-    "matrix": Subcommand("run the conformance suite across engines and compare their behaviour", _matrix),
-    "check": Subcommand("run the conformance suite against one database URL", _check),
-    "bench": Subcommand("measure what idempotency costs on one or several databases, beside the bare effect",
-                        _bench),
-    "report": Subcommand("render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML"
-                         " file", _report),
-    "init": Subcommand("create the idempotency tables in the database at URL (idempotent)", _init),
-    "ddl": Subcommand("print the CREATE statements for a database URL or backend, without connecting", _ddl),
-    "purge": Subcommand("delete records completed longer ago than --older-than, in batches, with progress", _purge),
+# The registry of subcommands and their one-line help (enough for `idem-dialects --help`); `load` imports one.
+COMMANDS: dict[str, str] = {
+    "demo": "run seed 000's reference example on an embedded SQLite database, step by step",
+    "engines": "list every engine: available here or not, how, and what would enable it",
+    "matrix": "run the conformance suite across engines and compare their behaviour",
+    "check": "run the conformance suite against one database URL",
+    "bench": "measure what idempotency costs on one or several databases, beside the bare effect",
+    "report": "render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML file",
+    "init": "create the idempotency tables in the database at URL (idempotent)",
+    "ddl": "print the CREATE statements for a database URL or backend, without connecting",
+    "purge": "delete records completed longer ago than --older-than, in batches, with progress",
 }
 
 
@@ -129,10 +93,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, spec in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=spec.help, description=spec.help)
+    for name, help_text in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            spec.load().add_arguments(sub_parser)
+            load(name).add_arguments(sub_parser)
     return parser
 
 
@@ -201,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("  fix: give --output a file in an existing, writable directory", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return COMMANDS[args.command].load().run(args)
+        return load(args.command).run(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -124,7 +124,8 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
     connections); a single MariaDB server keeps exclusive claims and its session setting."""
     if idem_engine.backend != "mariadb":
         pytest.skip(f"{idem_engine.name} is not a MariaDB engine")
-    store = IdempotencyStore.from_url(idem_engine.server.url, table_prefix="idem_probe_")  # the sync store
+    # The server's sync URL: an async column (mariadb-asyncmy) runs on the same server through the async store.
+    store = IdempotencyStore.from_url(idem_engine.server.url, table_prefix="idem_probe_")
     try:
         with store.transaction() as conn:
             features = store.features
