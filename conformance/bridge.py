@@ -1,10 +1,10 @@
 """The sync API over AsyncIdempotencyStore, so every sync check also proves the async store (``--idem-api async``).
 
-`BridgedStore` runs an event loop in a thread of its own; each call submits the async store's coroutine to it and
-waits. A check's sync effect runs on the async driver through `AsyncConnection.run_sync`, and a check's threads
-race as tasks on that one loop. `engine` is a sync engine on the same database for the checks' own reads; the async
-engine's statements are also announced to its ``before_cursor_execute`` listeners, so "no SQL before validation"
-checks see the async store's SQL.
+`BridgedStore` uses an event loop running in a thread of its own (one for the process); each call submits the
+async store's coroutine to it and waits. A check's sync effect runs on the async driver through
+`AsyncConnection.run_sync`, and a check's threads race as tasks on that one loop. `engine` is a sync engine on the
+same database for the checks' own reads; the async engine's statements are also announced to its
+``before_cursor_execute`` listeners, so "no SQL before validation" checks see the async store's SQL.
 """
 
 from __future__ import annotations
@@ -29,20 +29,28 @@ def async_url(url: URL, driver: str) -> URL:
 
 
 class _Loop:
-    """An event loop running in its own daemon thread until `close`."""
+    """An event loop running in a daemon thread of its own for the rest of the process, shared by every bridged
+    store. It is never stopped: SQLAlchemy's greenlets belong to this thread, and an exception a check keeps
+    (pytest.raises) still references them from its traceback; freed later from another thread, a greenlet of a live
+    thread is handed back to it, while one of a thread that has ended is a known way to crash the interpreter."""
+
+    _shared: _Loop | None = None
+    _lock = threading.Lock()
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="idem-bridge-loop", daemon=True)
         self.thread.start()
 
+    @classmethod
+    def shared(cls) -> _Loop:
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 class BridgedConnection:
@@ -91,12 +99,8 @@ class BridgedStore:
     """IdempotencyStore's sync API, every call served by an AsyncIdempotencyStore."""
 
     def __init__(self, url: URL, sync_url: URL, *, table_prefix: str, **engine_options: Any) -> None:
-        self._loop = _Loop()
-        try:
-            self.aio = self._loop.call(_make(url, table_prefix, engine_options))
-        except BaseException:
-            self._loop.close()
-            raise
+        self._loop = _Loop.shared()
+        self.aio = self._loop.call(_make(url, table_prefix, engine_options))
         # The checks' own reads and DDL of their business table, at the isolation level the store was given.
         self.engine = create_engine(sync_url, **{k: v for k, v in engine_options.items() if k == "isolation_level"})
         event.listen(self.aio.engine.sync_engine, "before_cursor_execute",
@@ -126,7 +130,6 @@ class BridgedStore:
         try:
             self._loop.call(self.aio.close())
         finally:
-            self._loop.close()
             self.engine.dispose()
 
     @contextmanager

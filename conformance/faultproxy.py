@@ -132,6 +132,15 @@ def upstream_of(url: URL) -> tuple[str, int] | str:
         if not sockets:
             raise OSError(f"no PostgreSQL socket in {query_host}")
         return str(sockets[0])
+    if backend == "postgresql" and url.host is None and query_host:
+        # A multi-host (failover) URL, ?host=a:p1&host=b:p2 or ?host=a,b&port=p1,p2: the first host (the primary
+        # until a failover; the proxy never follows one).
+        first = (query_host if isinstance(query_host, str) else query_host[0]).split(",")[0]
+        host, _, port = first.partition(":")
+        ports = url.query.get("port")
+        if not port and ports:
+            port = (ports if isinstance(ports, str) else ports[0]).split(",")[0]
+        return (host or "127.0.0.1", int(port or 5432))
     default = 5432 if backend == "postgresql" else 3306
     return (url.host or "127.0.0.1", url.port or default)
 

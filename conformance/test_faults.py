@@ -44,7 +44,7 @@ _KILL_SESSION: dict[str, tuple[str, str]] = {
 def _end_session(store: IdempotencyStore, conn: Connection) -> str:
     """End the session `conn` runs on, so that its rollback fails; returns how."""
     kill = _KILL_SESSION.get(store.backend.name)
-    if kill is None:
+    if kill is None or store.features.multi_primary:  # on a cluster another session may land on another node
         conn.connection.dbapi_connection.close()  # type: ignore[union-attr]  # the async adapters await it
         return "its DBAPI connection closed under it"
     session_id = conn.exec_driver_sql(kill[0]).scalar_one()

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
 from .containers import docker_reachable, image_var
+from .controls import ClusterControls
 from .provision import EngineStatus, parse_named_urls, probe, provision
 from .servers import Server, Unavailable, env_var
 
 __all__ = [
     "ENGINES",
+    "ClusterControls",
     "EngineSpec",
     "EngineStatus",
     "EngineUnavailable",

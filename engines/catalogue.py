@@ -9,6 +9,18 @@ from .containers import container
 from .servers import Provider, Server, Unavailable, embedded_postgres, env_var, from_env, local_service, sqlite_file
 
 
+def galera(spec: EngineSpec) -> Server:
+    from .galera import galera_cluster  # started only when this engine is asked for
+
+    return galera_cluster(spec)
+
+
+def postgresql_ha(spec: EngineSpec) -> Server:
+    from .pg_ha import postgresql_ha as start
+
+    return start(spec)
+
+
 class EngineUnavailable(Unavailable):
     """Every provider of an engine failed: `reasons` (one per provider, in order) and `hint` (how to enable)."""
 
@@ -69,6 +81,15 @@ ENGINES: dict[str, EngineSpec] = {
                    [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
                    "or run a server on 127.0.0.1:3306 (user root, database test)",
                    "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
+        # Clusters the project runs itself from Debian packages (engines/galera.py, engines/pg_ha.py). A URL from
+        # the environment reaches a cluster of yours, but then the checks that need node controls skip.
+        EngineSpec("galera", "mariadb", "MariaDB Galera cluster (3 nodes)", [galera],
+                   "or apt-get install galera-4 rsync mariadb-server (3 nodes then run on loopback ports)",
+                   "mariadb+pymysql://USER:PASSWORD@LOAD_BALANCER:3306/DB?charset=utf8mb4"),
+        EngineSpec("postgresql-ha", "postgresql", "PostgreSQL primary + synchronous standby", [postgresql_ha],
+                   "or apt-get install postgresql-15 (initdb, pg_basebackup: a primary and a standby then run on"
+                   " loopback ports)",
+                   "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"),
         EngineSpec("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                    url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         EngineSpec("mssql-2022", "mssql", "SQL Server 2022", [container("mcr.microsoft.com/mssql/server:2022-latest")],

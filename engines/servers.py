@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
+from .controls import ClusterControls
+
 if TYPE_CHECKING:
     from .catalogue import EngineSpec
 
@@ -26,13 +28,15 @@ class Unavailable(Exception):
 @dataclass
 class Server:
     """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
-    `restart` (only for a server this process started) stops and starts it again, returning once it answers."""
+    `restart` (only for a server this process started) stops and starts it again, returning once it answers;
+    `controls` (clusters only) reach single nodes, kill a node or the primary, promote the standby."""
 
     engine: str
     url: URL
     how: str
     stop: Callable[[], None] = lambda: None
     restart: Callable[[], None] | None = None
+    controls: ClusterControls | None = None
 
 
 Provider = Callable[["EngineSpec"], Server]

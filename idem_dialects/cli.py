@@ -51,6 +51,12 @@ def _bench() -> Command:
     return bench
 
 
+def _report() -> Command:
+    from .commands import report
+
+    return report
+
+
 @dataclass(frozen=True)
 class Subcommand:
     help: str
@@ -63,7 +69,10 @@ COMMANDS: dict[str, Subcommand] = {
     "engines": Subcommand("list every engine: available here or not, how, and what would enable it", _engines),
     "matrix": Subcommand("run the conformance suite across engines and compare their behaviour", _matrix),
     "check": Subcommand("run the conformance suite against one database URL", _check),
-    "bench": Subcommand("measure what idempotency costs on one database, beside the bare effect", _bench),
+    "bench": Subcommand("measure what idempotency costs on one or several databases, beside the bare effect",
+                        _bench),
+    "report": Subcommand("render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML"
+                         " file", _report),
 }
 
 

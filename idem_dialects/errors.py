@@ -22,6 +22,8 @@ class RetryCause(StrEnum):
     CLAIM_RACE = "claim race"  # the record kept changing between our insert and our read
     CONNECT = "connect"  # a connection could not be opened (refused, server starting, read-only standby, ...)
     CANCELLED = "cancelled"  # the server cancelled one of the protocol's own statements (statement timeout)
+    CERTIFICATION = "certification failure"  # a multi-primary cluster (Galera) let another node's commit win
+    NODE_NOT_READY = "node not ready"  # a cluster node is joining or outside the primary component (Galera 1047)
 
 
 class IdemWarning(UserWarning):

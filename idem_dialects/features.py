@@ -30,6 +30,11 @@ class Features:
     exclusive_claim: bool = flag(
         "an atomic claim excludes every other claimer of the key before it commits, so an atomic effect callable"
         " runs once per key (False on multi-primary clusters that certify at commit, such as Galera)")
+    multi_primary: bool = flag(
+        "a cluster whose every node takes writes, so one pool may spread over the nodes (Galera)", default=False)
+    synchronous_standby: bool = flag(
+        "a commit is acknowledged only once a synchronous standby has it, so a promoted standby has every"
+        " acknowledged key (PostgreSQL with synchronous_standby_names and synchronous_commit on)", default=False)
     max_identity_bytes: int | None = dataclasses.field(
         default=None, metadata={"doc": "UTF-8 bytes scope + operation + key may hold together (None: every valid"
                                        " identity fits)"})

@@ -93,7 +93,7 @@ def test_tables_are_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize("argv", [["--duplicates", "1.0"], ["--workers", "0"], ["--workers", "4", "--requests", "2"]])
 def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, _, err = run_bench(capsys, sqlite_url(tmp_path), *argv)
-    assert code == 2 and "idem-dialects bench:" in err
+    assert code == 64 and "idem-dialects bench:" in err  # usage
 
 
 def test_contention_plan_overlaps_keys() -> None:
@@ -103,3 +103,100 @@ def test_contention_plan_overlaps_keys() -> None:
     # The two copies of each key go to different workers at the same position in their queues.
     first_round = [tasks[0][1] for tasks in s.per_worker]
     assert first_round == ["c0-0", "c0-0", "c0-1", "c0-1"]
+
+
+def test_plpgsql_profile_outside_postgresql_is_a_usage_error(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything runs: no database file is even created."""
+    url = sqlite_url(tmp_path)
+    code, out, err = run_bench(capsys, url, "--profile", "plpgsql_first")
+    assert code == 64 and out == ""  # usage
+    assert "--profile plpgsql_first needs PostgreSQL" in err and url in err
+    assert not (tmp_path / "bench.db").exists()
+    code, _, err = run_bench(capsys, "--engine", "sqlite", "--engine", "mariadb", "--profile", "plpgsql_replay")
+    assert code == 64 and "not on sqlite, mariadb" in err
+
+
+def test_several_engines_in_one_run_print_one_side_by_side_table(capsys: pytest.CaptureFixture[str]) -> None:
+    live = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
+    code, out, err = run_bench(capsys, *(a for n in live for a in ("--engine", n)), "--requests", "6",
+                               "--repetitions", "1", "--warmup", "0", "--workers", "2")
+    if code == 2 and "unavailable" in err.lower():
+        pytest.skip(f"one of the four live engines is unavailable here: {err.strip()}")
+    assert code == 0, err
+    lines = out.splitlines()
+    headers = [line.split() for line in lines if line.startswith(("requests/s", "latency p50"))]
+    assert headers == [["requests/s", "(x", "bare)", *live], ["latency", "p50", "/", "p99", "ms", *live]]
+    assert out.count("idem-dialects bench") == 1  # one report, not four
+    for name in live:
+        assert f"{name}: exactly-once verified" in out
+    assert max(len(line) for line in lines) <= 120
+
+
+def test_several_engines_json_is_a_set_of_single_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "bench.html"
+    code, out, err = run_bench(capsys, "--engine", "sqlite", "--requests", "4", "--repetitions", "1", "--warmup",
+                               "0", "--format", "json", "--output", str(tmp_path / "b.json"), "--html", str(html))
+    assert code == 0 and out == "", err
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["schema"] == "idem-dialects-bench/1" and report["engine"]["name"] == "sqlite"
+    assert report["machine"]["cpus"] and report["machine"]["python"]
+    first = report["modes"]["first"]
+    assert first["cpu_ms_per_request"] > 0
+    assert first["statements"]["round_trips"] == first["statements"]["count"] + first["statements"]["commits"]
+    assert 'id="chart-throughput"' in html.read_text()
+
+
+def test_bare_effect_uses_the_stores_bounded_retry(tmp_path: Path) -> None:
+    """Held write lock: the bare effect retries as `busy` within the store's budget, then raises RetriesExhausted."""
+    import sqlite3
+
+    from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
+
+    db = tmp_path / "bare.db"
+    store = IdempotencyStore.from_url(f"sqlite:///{db}", table_prefix="bare_", retry=RetryPolicy(total=0.3),
+                                      connect_args={"timeout": 0.01})
+    work = benchmark.Workload(store)
+    work.create([1], plpgsql=False)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(RetriesExhausted) as caught:
+            work.bare(1, "")
+        assert caught.value.causes["busy"] >= 2 and work.retries["busy"] >= 1
+        holder.execute("ROLLBACK")
+        assert work.bare(1, "") == "applied"
+        assert work.balances([1]) == {1: 1}  # the failed attempts debited nothing
+    finally:
+        holder.close()
+        work.drop()
+        store.close()
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg://nobody@127.0.0.1:1/none", "nosuchdb://x"])
+def test_unreachable_or_unknown_database_is_reported_without_traceback(capsys: pytest.CaptureFixture[str],
+                                                                       url: str) -> None:
+    code, out, err = run_bench(capsys, url)
+    assert code == 2 and out == ""
+    assert err.startswith(f"idem-dialects bench: {url}: ") and "Traceback" not in err
+
+
+def test_a_named_engine_that_is_unavailable_stops_the_run_before_anything_is_measured(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IDEM_URL_ORACLE_23", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/idem-dialects-test/docker.sock")
+    code, out, err = run_bench(capsys, "--engine", "sqlite", "--engine", "oracle-23", "--requests", "2")
+    assert code == 2 and out == ""
+    assert "oracle-23 is unavailable" in err and "to provide it: set IDEM_URL_ORACLE_23=" in err
+
+
+def test_round_trips_count_the_pool_reset_where_the_driver_sends_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """MariaDB's driver sends the pool's reset ROLLBACK even after a commit: one more round trip per request."""
+    code, out, err = run_bench(capsys, "--engine", "mariadb", "--requests", "2", "--repetitions", "1", "--warmup",
+                               "0", "--format", "json")
+    if code == 2:
+        pytest.skip(f"mariadb is unavailable here: {err.strip()}")
+    assert code == 0, err
+    for mode, m in json.loads(out)["modes"].items():
+        st = m["statements"]
+        assert st["pool_resets"] >= 1 and st["round_trips"] == st["count"] + st["commits"] + st["pool_resets"], mode

@@ -8,3 +8,7 @@ from idem_dialects.conformance.test_isolation import *  # noqa: F403
 from idem_dialects.conformance.test_keys import *  # noqa: F403
 from idem_dialects.conformance.test_protocol import *  # noqa: F403
 from idem_dialects.conformance.test_retry import *  # noqa: F403
+
+# isort: split
+# Last: the cluster checks end by killing a node (or the primary), so every other check runs on the whole cluster.
+from idem_dialects.conformance.test_cluster import *  # noqa: F403

@@ -32,7 +32,7 @@ def test_env_var_naming() -> None:
 
 def test_catalogue_has_every_engine() -> None:
     assert set(ENGINES) == {"sqlite", "postgresql-18", "postgresql", "mariadb", "mysql-8.4", "mssql-2022",
-                            "mssql-2025", "oracle-23", "oracle-26"}
+                            "mssql-2025", "oracle-23", "oracle-26", "galera", "postgresql-ha"}
 
 
 def test_families_expand() -> None:

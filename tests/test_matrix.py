@@ -43,14 +43,26 @@ def test_json_report_schema() -> None:
     assert "[" in done.stderr and "passed" in done.stderr  # progress lines
 
 
-def test_table_lists_unavailable_engines_with_reason() -> None:
+def test_table_summarises_unavailable_engines_in_one_line() -> None:
     done = cli("matrix", "--engine", "sqlite", "--engine", "mssql", "-k", "first_request")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "first_request_claims_and_runs_once" in out and "✓" in out
-    assert "mssql-2022" in out and "mssql-2025" in out and "skipped" in out
-    assert "Docker engine not reachable" in out or "testcontainers is not installed" in out  # with/without [containers]
+    assert "Not available here, every check skipped (2): mssql-2022, mssql-2025." in out
+    header = next(line for line in out.splitlines() if line.startswith("check "))
+    assert header.split() == ["check", "sqlite"]  # no column per unavailable engine
     assert "Behaviour" in out and "server version" in out
+
+
+def test_show_skipped_lists_unavailable_engines_with_reason() -> None:
+    done = cli("matrix", "--engine", "sqlite", "--engine", "mssql", "-k", "first_request", "--show-skipped")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "mssql-2022" in out and "mssql-2025" in out and "skip" in out
+    assert "Docker engine not reachable" in out or "testcontainers is not installed" in out  # with/without [containers]
+    header = next(line for line in out.splitlines() if line.startswith("check "))
+    assert header.split() == ["check", "sqlite", "mssql-2022", "mssql-2025"]
+    assert max(len(line) for line in out.splitlines()) <= 120
 
 
 def test_markdown_format() -> None:
@@ -102,3 +114,11 @@ def test_check_command_unreachable_url_exits_2() -> None:
     done = cli("check", "postgresql+psycopg://nobody@127.0.0.1:1/none")
     assert done.returncode == 2
     assert "cannot connect" in done.stderr
+
+
+def test_an_async_only_check_under_the_sync_api_is_left_out_not_a_crash() -> None:
+    """pytest parametrizes a check with no column (async-only, --api sync) with NOTSET: not a column of the report."""
+    done = cli("matrix", "--engine", "sqlite", "-k", "async_undeclared or first_request", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert "INTERNALERROR" not in done.stderr
+    assert [c["id"] for c in json.loads(done.stdout)["checks"]] == ["first_request_claims_and_runs_once"]

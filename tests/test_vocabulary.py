@@ -68,7 +68,8 @@ def test_every_backend_classifies_the_library_transient_errors(backend: str) -> 
 def test_unknown_feature_names_the_known_ones() -> None:
     features = Features()
     assert features.has("concurrent_connections")
-    with pytest.raises(KeyError, match="known features: concurrent_connections, exclusive_claim, processes"):
+    with pytest.raises(KeyError, match="known features: concurrent_connections, exclusive_claim, multi_primary,"
+                                       " processes, synchronous_standby"):
         features.has("no_such_feature")
 
 

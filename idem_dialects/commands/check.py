@@ -26,4 +26,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"idem-dialects check: not a database URL: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
-                      select=args.select, output=args.output, quiet=args.quiet)
+                      select=args.select, output=args.output, quiet=args.quiet, html=args.html,
+                      show_skipped=args.show_skipped)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from ..engines import ENGINES, env_var, expand, provision
+from ..engines import expand, provision
+from ..reporting import render
 from . import EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", metavar="NAME", help="only these engines (repeatable)")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,16 +28,5 @@ def run(args: argparse.Namespace) -> int:
         if status.server is not None:
             status.server.stop()
         found[name] = status.as_json()
-    if args.format == "json":
-        print(json.dumps({"version": 1, "engines": found}, indent=2, ensure_ascii=False))
-        return EXIT_OK
-    for name, info in found.items():
-        title = ENGINES[name].title
-        if info["available"]:
-            print(f"{name:<14} available    {title}: {info['how']} ({info['server_version']})")
-        else:
-            print(f"{name:<14} unavailable  {title}: {info['reason']}")
-            print(f"{'':<14} to enable:   {info['hint'] or 'set ' + env_var(name) + '=<SQLAlchemy URL>'}")
-    print(f"\nURLs come from IDEM_URL_<NAME> (e.g. {env_var('mssql-2022')}); `idem-dialects matrix` runs the suite"
-          " on every available engine.")
+    print(render({"version": 1, "engines": found}, args.format), end="")
     return EXIT_OK

@@ -3,14 +3,13 @@
 Engines are provisioned once, up front (so a required engine that cannot be had stops the run at once, exit 2);
 the suite then runs in-process under pytest with the conformance package's collector (idem_dialects.conformance
 .results), printing progress to stderr. The report goes to stdout as a table, GitHub markdown or JSON (schema
-version 1, documented in README).
+version 1, documented in README), rendered by idem_dialects.reporting; `--html` also writes the HTML page.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -20,11 +19,12 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..conformance.results import FAILED, PASSED, SKIPPED, Collector, build_report, run_suite
+from ..conformance.results import FAILED, Collector, build_report, run_suite
 from ..engines import ENGINES, EngineStatus, expand, parse_named_urls, provision
+from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
-FORMATS = ("table", "markdown", "json")
+FORMATS = ("table", "markdown", "json", "html")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,10 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument("-k", dest="select", metavar="EXPR",
                         help="only the checks matching this pytest -k expression (e.g. 'keys or purge')")
-    parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
+    parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
+    parser.add_argument("--show-skipped", action="store_true",
+                        help="table/markdown: a column and a line (reason, how to enable) per unavailable engine")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -60,14 +63,16 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     names = list(dict.fromkeys(names + required))
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
-                      output=args.output, quiet=args.quiet, api=args.api)
+                      output=args.output, quiet=args.quiet, api=args.api, html=args.html,
+                      show_skipped=args.show_skipped)
 
 
 # --- running --------------------------------------------------------------------------------------------------
 
 
 def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Sequence[str], fmt: str = "table",
-               select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync") -> int:
+               select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync",
+               html: str | None = None, show_skipped: bool = False) -> int:
     """Provision `names`, run the suite on those available, print the report; the exit status as documented."""
     stream = None if quiet else sys.stderr
     statuses: dict[str, EngineStatus] = {}
@@ -112,7 +117,9 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
     if failures or collector.errors or pytest_status not in (0, 1):
         code = EXIT_FAILED
     report["summary"]["exit_status"] = code
-    text = render(report, fmt)
+    text = render(report, fmt, show_skipped=show_skipped)
+    if html:
+        Path(html).write_text(render_html([report]), encoding="utf-8")
     if output:
         Path(output).write_text(text, encoding="utf-8")
     else:
@@ -149,97 +156,3 @@ def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, Eng
                 columns[column] = ColumnStatus(**{f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
                                                | {"name": column, "engine": name, "driver": driver})
     return columns
-
-
-# --- the report -----------------------------------------------------------------------------------------------
-
-
-SYMBOL = {PASSED: "✓", FAILED: "✗", SKIPPED: "skip"}
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
-def render(report: Mapping[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-    markdown = fmt == "markdown"
-    engines = report["engines"]
-    ran = [name for name, e in engines.items() if e["available"]]
-    not_run = [name for name, e in engines.items() if not e["available"]]
-    notes: list[str] = []
-
-    def note(text: str) -> str:
-        if text not in notes:
-            notes.append(text)
-        return f"[{notes.index(text) + 1}]"
-
-    out: list[str] = []
-
-    def heading(title: str) -> str:
-        return f"## {title}" if markdown else f"{title}\n{'=' * len(title)}"
-
-    out += [heading("Engines"), ""]
-    rows = [[name, "available", f"{e['how']} — {e['server_version']}"] for name, e in engines.items() if e["available"]]
-    rows += [[name, "skipped", f"{e['reason']}" + (f" (to enable: {e['hint']})" if e["hint"] else "")]
-             for name, e in engines.items() if not e["available"]]
-    out += _table(["engine", "status", "how / why not"], rows, markdown, wrap=not markdown)
-    out += ["", heading(f"Checks ({len(report['checks'])}) x engines"), ""]
-    grid = []
-    for check in report["checks"]:
-        row = [check["id"]] + ([check["statement"]] if markdown else [])
-        for name in ran:
-            cell = check["results"].get(name)
-            if cell is None:
-                row.append("—")
-                continue
-            text = SYMBOL[cell["outcome"]]
-            if cell["reason"]:
-                text += " " + note(f"{check['id']} on {name}: {cell['reason']}")
-            row.append(text)
-        grid.append(row)
-    out += _table(["check"] + (["guarantee"] if markdown else []) + ran, grid, markdown)
-    if notes:
-        out += [""] + [f"{'- ' if markdown else ''}[{i}] {text}" for i, text in enumerate(notes, 1)]
-    if not_run:
-        out += ["", f"Not run (unavailable here, every check skipped): {', '.join(not_run)} — see Engines above."]
-    out += ["", heading("Behaviour (measured in this run)"), ""]
-    names: list[str] = []
-    for name in ran:
-        names += [k for k in report["observations"].get(name, {}) if k not in names]
-    behaviour = [[obs] + [_show(report["observations"].get(e, {}).get(obs)) for e in ran] for obs in names]
-    out += _table(["observation", *ran], behaviour, markdown, limit=None if markdown else 48)
-    summary = report["summary"]
-    out += ["", f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped"
-            f" (check x engine) in {summary['duration']}s; exit status {summary['exit_status']}"]
-    return "\n".join(out) + "\n"
-
-
-def _table(header: list[str], rows: list[list[str]], markdown: bool, *, limit: int | None = None,
-           wrap: bool = False) -> list[str]:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        return lines + ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |"
-                        for row in rows]
-    if limit:
-        rows = [[c if len(c) <= limit else c[: limit - 1] + "…" for c in row] for row in rows]
-    if wrap:  # the last column carries long reasons: give it its own indented lines
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
-        lines = []
-        for row in rows:
-            lead = "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True))
-            lines.append(f"{lead}  {row[-1]}" if len(lead) + len(row[-1]) < 120 else f"{lead}\n    {row[-1]}")
-        return lines
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt_row(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    return [fmt_row(header), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in rows]

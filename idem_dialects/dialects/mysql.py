@@ -40,6 +40,11 @@ DBAPI connection gets the ROLLBACK from the hook). An engine the caller built ke
 Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
 `run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
+
+On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
+exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect);
+claim connections set ``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a
+certification failure and 1047 (node not ready) as its own cause.
 """
 
 from __future__ import annotations
@@ -100,6 +105,11 @@ KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 _STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
+# Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
+# nodes' write sets asynchronously; with these bits a statement first waits until this node has applied every
+# write set committed anywhere before it began, so a claim never misses a record acknowledged on another node
+# (without bit 4 the INSERT succeeds locally, the effect callable runs, and only certification stops it).
+GALERA_SYNC_WAIT = 1 | 2 | 4
 # Set in Connection.info (the pool record's) once the store's COMMIT succeeded; the pool's reset hook pops it.
 _COMMITTED_CLEAN = "idem_dialects.committed_clean"
 SERVER_STATUS_IN_TRANS = 1  # the server's status flag (OK/EOF packets): a transaction is open on the session
@@ -139,6 +149,8 @@ class MySQLFeatures(Features):
     # The server's spelling of a shared locking read: FOR SHARE (MySQL 8.0.1+) or LOCK IN SHARE MODE (MariaDB,
     # older MySQL; a mysql:// URL may reach either, so the live server decides).
     share_lock: str = "FOR SHARE"
+    # A Galera node (wsrep_on): claims certify at commit, so two nodes can both hold a claim until one commits.
+    wsrep: bool = False
 
 
 class MySQLBackend(Backend):
@@ -205,6 +217,11 @@ class MySQLBackend(Backend):
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
         conn.info.pop(_COMMITTED_CLEAN, None)
+        if not conn.info.get(_STRICT_CHECKED) and not conn.in_transaction():
+            # Session settings first, outside the transaction: Galera waits for other nodes' commits (wsrep_sync_wait)
+            # only at a transaction's first statement, which should be the claim itself.
+            self.ensure_strict(conn)
+            conn.commit()
         with conn.begin():
             self.ensure_strict(conn)
             yield
@@ -226,14 +243,26 @@ class MySQLBackend(Backend):
             conn.exec_driver_sql(
                 "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
             )
+        if getattr(self.live_features(conn), "wsrep", False):  # keeps whatever bits the session already has
+            conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | {GALERA_SYNC_WAIT}")
         conn.info[_STRICT_CHECKED] = True
 
     def refine_features(self, conn: Connection, features: Features) -> Features:
         dialect = conn.dialect
         version = tuple(getattr(dialect, "server_version_info", None) or ())
         old = getattr(dialect, "is_mariadb", False) or version[:3] < (8, 0, 1)
-        return super().refine_features(conn, features).replace(share_lock="LOCK IN SHARE MODE" if old else
-                                                               "FOR SHARE")
+        refined = super().refine_features(conn, features).replace(share_lock="LOCK IN SHARE MODE" if old else
+                                                                  "FOR SHARE")
+        # SHOW, not @@wsrep_on: MySQL has no such variable (and would raise), MariaDB without Galera says OFF.
+        began = not conn.in_transaction()
+        row = conn.exec_driver_sql("SHOW VARIABLES LIKE 'wsrep_on'").first()
+        if began:  # end the transaction this read autobegan: the caller begins its own the way it needs
+            conn.rollback()
+        if row is not None and str(row[1]).upper() == "ON":
+            # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
+            # effect callable may run on several nodes for one key; its database writes still land once.
+            refined = refined.replace(wsrep=True, exclusive_claim=False, multi_primary=True)
+        return refined
 
     def share_lock(self, conn: Connection) -> str:
         """The locking-read clause this server understands (a feature the live server decides)."""
@@ -297,6 +326,11 @@ class MySQLBackend(Backend):
         if not isinstance(exc, DBAPIError):
             return super().retry_cause(exc)  # the library's own transient errors
         code = error_code(exc)
+        galera = getattr(getattr(self, "features", self.base_features), "wsrep", False)
+        if galera and code in (ER_LOCK_DEADLOCK, ER_UNKNOWN_COM_ERROR):
+            # Galera reports a lost certification (another node's commit of the same key won) and a brute-force
+            # abort by an applier as 1213, and a node outside the primary component (joining, partitioned) as 1047.
+            return RetryCause.CERTIFICATION if code == ER_LOCK_DEADLOCK else RetryCause.NODE_NOT_READY
         cause = None if code is None else self.retryable.get(code)
         # Otherwise only a connection SQLAlchemy invalidated (its own disconnect detection): a fresh one is safe.
         return cause or super().retry_cause(exc)

@@ -52,6 +52,7 @@ from sqlalchemy.sql.selectable import CompoundSelect
 from sqlalchemy.types import TypeEngine
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
+from ..features import Features
 from ..keys import MAX_LENGTH
 from .base import AnyRow, Backend
 
@@ -69,6 +70,7 @@ _RETRYABLE = {
     # and a new connection (target_session_attrs=read-write) finds the new primary.
     "25006": RetryCause.CONNECT,
 }
+_SYNCHRONOUS = ("on", "remote_write", "remote_apply")  # synchronous_commit levels that wait for the standby
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 
 
@@ -96,8 +98,23 @@ class PostgreSQLBackend(Backend):
     def resolve_url(cls, url: URL) -> URL:
         # A bare postgresql:// means psycopg2 to SQLAlchemy; the [postgresql] extra installs psycopg 3 instead.
         if url.drivername == "postgresql" and find_spec("psycopg2") is None and find_spec("psycopg") is not None:
-            return url.set(drivername="postgresql+psycopg")
+            url = url.set(drivername="postgresql+psycopg")
+        # Multi-host (failover) URLs: SQLAlchemy understands ?host=a:p1&host=b:p2 and ?host=a,b&port=p1,p2, but
+        # passes ?host=a:p1,b:p2 to libpq as port=',' (every connection fails). Rewrite it to the first form.
+        host = url.query.get("host")
+        if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
+            url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
+
+    def refine_features(self, conn: Connection, features: Features) -> Features:
+        refined = super().refine_features(conn, features)
+        began = not conn.in_transaction()
+        # Acknowledged only once a standby has the commit: what lets a promoted standby keep every acknowledged key.
+        names, level = conn.exec_driver_sql(
+            "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')").one()
+        if began:  # end the transaction this read autobegan: the caller begins its own
+            conn.rollback()
+        return refined.replace(synchronous_standby=bool(str(names).strip()) and str(level) in _SYNCHRONOUS)
 
     # --- column types ----------------------------------------------------------------------------------------
 

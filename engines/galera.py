@@ -1,0 +1,233 @@
+"""`galera`: a 3-node MariaDB Galera cluster on loopback ports, from Debian's mariadbd + galera-4 + rsync.
+
+Node 1 is initialised with mariadb-install-db and bootstraps the cluster (--wsrep-new-cluster); nodes 2 and 3
+start on empty data dirs and receive node 1's state by rsync SST. Every node runs with --no-defaults (the
+machine's own MariaDB configuration never applies) as the `mysql` user when we are root: mariadbd drops to it
+before the SST script starts its rsync daemon, so the daemon writes the joiner's data dir as its owner (an rsync
+daemon started by root would drop to `nobody`). One connection pool spreads over the three nodes through a
+round-robin TCP proxy of ours; `Server.url` points at the proxy, `controls.node_urls()` at each node.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import URL
+
+from .catalogue import EngineSpec
+from .local import RoundRobinProxy, chown_tree, free_ports, log_tail, run_as, spawn, stop_group, unprivileged_user
+from .local import wait_until as _wait_until
+from .servers import Server, Unavailable
+
+MARIADBD = Path("/usr/sbin/mariadbd")
+INSTALL_DB = ("mariadb-install-db", "mysql_install_db")
+PROVIDERS = (Path("/usr/lib/galera/libgalera_smm.so"), Path("/usr/lib/libgalera_smm.so"),
+             Path("/usr/lib64/galera-4/libgalera_smm.so"))
+HINT = "apt-get install galera-4 rsync mariadb-server (a 3-node cluster then runs on loopback ports)"
+NODES = 3
+
+
+def _provider() -> Path:
+    missing = []
+    if not MARIADBD.exists():
+        missing.append(f"{MARIADBD} (mariadb-server)")
+    provider = next((p for p in PROVIDERS if p.exists()), None)
+    if provider is None:
+        missing.append("libgalera_smm.so (galera-4)")
+    for tool in ("rsync", "wsrep_sst_rsync"):
+        if shutil.which(tool) is None:
+            missing.append(f"{tool} ({'rsync' if tool == 'rsync' else 'mariadb-server'})")
+    if not any(shutil.which(t) for t in INSTALL_DB):
+        missing.append("mariadb-install-db (mariadb-server)")
+    if missing:
+        raise Unavailable(f"missing {', '.join(missing)}")
+    assert provider is not None
+    return provider
+
+
+def _client(port: int) -> object:
+    import pymysql  # the [mysql] extra; checked before any node starts
+
+    return pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=2,
+                           autocommit=True)
+
+
+def _status(port: int) -> dict[str, str]:
+    conn = _client(port)
+    try:
+        with conn.cursor() as cur:  # type: ignore[attr-defined]
+            cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_local_state_comment',"
+                        " 'wsrep_cluster_size', 'wsrep_local_cert_failures', 'wsrep_local_bf_aborts')")
+            return {str(k): str(v) for k, v in cur.fetchall()}
+    finally:
+        conn.close()  # type: ignore[attr-defined]
+
+
+@dataclass
+class Node:
+    index: int
+    port: int
+    gcomm: int
+    ist: int
+    sst: int
+    datadir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    killed: bool = False
+
+    @property
+    def log(self) -> Path:
+        return self.datadir.parent / f"node{self.index}.log"
+
+    def alive(self) -> str | None:
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"node {self.index} exited with {self.proc.returncode}: {log_tail(self.log)}"
+
+
+@dataclass
+class GaleraCluster:
+    """Three nodes, the proxy in front of them, and the controls the cluster checks use."""
+
+    root: Path
+    user: str | None
+    provider: Path
+    nodes: list[Node] = field(default_factory=list)
+    proxy: RoundRobinProxy | None = None
+    kind: str = "multi-primary"
+    started_in: float = 0.0
+
+    def args(self, node: Node, bootstrap: bool) -> list[str]:
+        peers = ",".join(f"127.0.0.1:{n.gcomm}" for n in self.nodes)
+        args = [
+            str(MARIADBD), "--no-defaults", f"--datadir={node.datadir}", f"--port={node.port}",
+            "--bind-address=127.0.0.1", f"--socket={node.datadir}/mysqld.sock", f"--pid-file={node.datadir}/pid",
+            f"--log-error={node.log}", "--skip-name-resolve", "--performance-schema=OFF",
+            "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M", "--max-connections=200",
+            "--character-set-server=utf8mb4", "--binlog-format=ROW", "--default-storage-engine=InnoDB",
+            "--innodb-autoinc-lock-mode=2", "--innodb-flush-log-at-trx-commit=2",
+            "--wsrep-on=ON", f"--wsrep-provider={self.provider}", "--wsrep-cluster-name=idem-dialects",
+            f"--wsrep-cluster-address=gcomm://{peers}", f"--wsrep-node-name=node{node.index}",
+            f"--wsrep-node-address=127.0.0.1:{node.gcomm}", "--wsrep-sst-method=rsync",
+            f"--wsrep-sst-receive-address=127.0.0.1:{node.sst}",
+            f"--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{node.gcomm};"
+            f"ist.recv_addr=127.0.0.1:{node.ist};gcache.size=64M;evs.suspect_timeout=PT3S;"
+            "evs.inactive_timeout=PT6S;pc.wait_prim_timeout=PT10S",
+        ]
+        if self.user is not None:
+            args.append(f"--user={self.user}")
+        if bootstrap:
+            args.append("--wsrep-new-cluster")
+        return args
+
+    def start(self) -> None:
+        started = time.monotonic()
+        ports = free_ports(4 * NODES)
+        for i in range(NODES):
+            datadir = self.root / f"node{i + 1}"
+            datadir.mkdir()
+            port, gcomm, ist, sst = ports[4 * i:4 * i + 4]
+            self.nodes.append(Node(i + 1, port, gcomm, ist, sst, datadir))
+        first = self.nodes[0]
+        install = next(shutil.which(t) for t in INSTALL_DB if shutil.which(t))
+        assert install is not None
+        chown_tree(self.root, self.user)
+        run_as([install, "--no-defaults", f"--datadir={first.datadir}", "--auth-root-authentication-method=normal",
+                "--skip-test-db", *([f"--user={self.user}"] if self.user else [])], None,
+               "mariadb-install-db for Galera node 1")
+        chown_tree(self.root, self.user)
+        first.proc = spawn(self.args(first, bootstrap=True), first.log)
+        self.wait_synced(first, 60)
+        for node in self.nodes[1:]:
+            node.proc = spawn(self.args(node, bootstrap=False), node.log)
+        for node in self.nodes[1:]:
+            self.wait_synced(node, 120)
+        self.proxy = RoundRobinProxy([("127.0.0.1", n.port) for n in self.nodes])
+        self.started_in = time.monotonic() - started
+
+    def wait_synced(self, node: Node, timeout: float) -> None:
+        def ready() -> bool:
+            status = _status(node.port)
+            return status.get("wsrep_ready") == "ON" and status.get("wsrep_local_state_comment") == "Synced"
+
+        _wait_until(ready, timeout, f"Galera node {node.index} did not become Synced", node.alive)
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+        threads = [threading.Thread(target=stop_group, args=(n.proc,)) for n in self.nodes if n.proc is not None]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- ClusterControls -----------------------------------------------------------------------------------
+
+    def node_urls(self) -> list[URL]:
+        return [_url(n.port) for n in self.nodes if not n.killed]
+
+    def kill(self) -> str:
+        """SIGKILL the last live node that is not node 1 (with its SST helpers): a crash, not a shutdown."""
+        victim = next(n for n in reversed(self.nodes) if not n.killed)
+        assert victim.proc is not None
+        from .local import kill_group
+
+        kill_group(victim.proc)
+        victim.proc.wait(10)
+        victim.killed = True
+        return f"node {victim.index} (port {victim.port}) killed with SIGKILL"
+
+    def promote(self) -> None:
+        """Every Galera node takes writes: the survivors go on as a primary component of 2 of 3."""
+
+    def facts(self) -> dict[str, object]:
+        live = [n for n in self.nodes if not n.killed]
+        facts: dict[str, object] = {"nodes": f"{len(live)} of {len(self.nodes)} live",
+                                    "cold start (s)": round(self.started_in, 1)}
+        if self.proxy is not None:
+            facts["proxy connections per node"] = list(self.proxy.connections)
+        try:
+            cert = sum(int(_status(n.port).get("wsrep_local_cert_failures", 0)) for n in live)
+            facts["certification failures (all nodes)"] = cert
+        except Exception as exc:  # a fact for a report; a node going away must not fail the check
+            facts["certification failures (all nodes)"] = f"unreadable: {exc}"
+        return facts
+
+
+def _url(port: int) -> URL:
+    return URL.create("mariadb+pymysql", "root", None, "127.0.0.1", port, "test", query={"charset": "utf8mb4"})
+
+
+def galera_cluster(spec: EngineSpec) -> Server:
+    provider = _provider()
+    try:
+        import pymysql  # noqa: F401
+    except ImportError:
+        raise Unavailable("PyMySQL is not installed (pip install 'idem-dialects[mysql]')") from None
+    user = unprivileged_user("mysql")
+    root = Path(tempfile.mkdtemp(prefix="idem-galera-"))
+    root.chmod(0o755)
+    cluster = GaleraCluster(root, user, provider)
+    try:
+        cluster.start()
+        conn = _client(cluster.nodes[0].port)
+        try:
+            with conn.cursor() as cur:  # type: ignore[attr-defined]
+                cur.execute("CREATE DATABASE IF NOT EXISTS test")
+        finally:
+            conn.close()  # type: ignore[attr-defined]
+    except BaseException:
+        cluster.stop()
+        raise
+    assert cluster.proxy is not None
+    url = _url(cluster.proxy.port)
+    ports = ", ".join(str(n.port) for n in cluster.nodes)
+    how = (f"3-node Galera cluster (galera-4, rsync SST) on 127.0.0.1 ports {ports}, one pool spread over the"
+           f" nodes by a round-robin proxy on port {cluster.proxy.port}; started in {cluster.started_in:.1f} s")
+    return Server(spec.name, url, how, cluster.stop, controls=cluster)

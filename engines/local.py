@@ -1,0 +1,199 @@
+"""Helpers for servers the catalogue runs itself from local binaries: free loopback ports, child processes in
+their own process group (so stopping one leaves nothing behind), and a round-robin TCP proxy that spreads one
+connection pool over the nodes of a cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .servers import Unavailable
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports nobody listens on now (held together while chosen, so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def unprivileged_user(name: str) -> str | None:
+    """The system user to run a server as when we are root (servers refuse root or drop privileges); None when
+    we are not root (the server runs as us)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise Unavailable(f"running as root and there is no {name!r} system user to run the server as") from None
+    return name
+
+
+def chown_tree(path: Path, user: str | None) -> None:
+    if user is None:
+        return
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    for root, dirs, files in os.walk(path):
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
+
+
+def spawn(args: Sequence[str], log: Path, user: str | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a server process as the leader of a new process group (its helpers - backends, SST scripts, rsync
+    daemons - join that group), output to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, user=user, cwd=cwd)
+
+
+def run_as(args: Sequence[str], user: str | None, what: str, timeout: float = 120) -> str:
+    """Run a setup command (initdb, mariadb-install-db, pg_basebackup); Unavailable with its output on failure."""
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, user=user,
+                              stdin=subprocess.DEVNULL, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"{what} failed: {exc}") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise Unavailable(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}")
+    return done.stdout
+
+
+def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Signal a process group we started (the server and every helper it spawned)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 20.0, sig: int = signal.SIGTERM) -> None:
+    """Signal the server to shut down cleanly (`sig`: SIGTERM for mariadbd, SIGINT - fast shutdown - for
+    postgres), SIGKILL its group if it outlives `grace`; leave no process behind."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc)  # helpers left behind (an orphaned backend, an rsync daemon) go with the group
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None]) -> None:
+    """Poll `ready()` until true; Unavailable when `alive()` reports the process died (its reason) or on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if ready():
+                return
+        except Exception:  # not accepting connections yet
+            pass
+        dead = alive()
+        if dead is not None:
+            raise Unavailable(f"{what}: {dead}")
+        if time.monotonic() > deadline:
+            raise Unavailable(f"{what}: not ready after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def log_tail(path: Path, lines: int = 4) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    wanted = [line for line in text if "ERROR" in line or "FATAL" in line] or text
+    return " | ".join(line.strip()[-200:] for line in wanted[-lines:])
+
+
+class RoundRobinProxy:
+    """A loopback TCP proxy handing each new client connection to the next backend that accepts one, so one
+    connection pool spreads over every node; a node that refuses (killed) is skipped."""
+
+    def __init__(self, backends: Sequence[tuple[str, int]]) -> None:
+        self.backends = list(backends)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port: int = self._listener.getsockname()[1]
+        self._next = 0
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+        self.connections = [0] * len(self.backends)  # client connections handed to each backend
+        threading.Thread(target=self._accept, name="idem-rr-proxy", daemon=True).start()
+
+    def _upstream(self) -> socket.socket | None:
+        with self._lock:
+            start = self._next
+            self._next = (self._next + 1) % len(self.backends)
+        for step in range(len(self.backends)):
+            index = (start + step) % len(self.backends)
+            try:
+                sock = socket.create_connection(self.backends[index], timeout=2)
+            except OSError:
+                continue
+            sock.settimeout(None)
+            with self._lock:
+                self.connections[index] += 1
+            return sock
+        return None
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = self._upstream()
+            if upstream is None:
+                client.close()
+                continue
+            with self._lock:
+                self._open.update((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):  # one side gone: close both, so the other side sees the disconnect
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with self._lock:
+                self._open.difference_update((src, dst))
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            pending = list(self._open)
+        for sock in pending:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

@@ -1,0 +1,45 @@
+"""Flask on SQLite: POST /payments runs once per Idempotency-Key; every retry gets the stored answer.
+
+    python examples/flask_sqlite.py            # http://127.0.0.1:5000
+    curl -X POST localhost:5000/payments -H 'X-Account: 1' -H 'Idempotency-Key: "pay-42"' \\
+         -H 'Content-Type: application/json' -d '{"amount": 100}'
+
+The payment row and the idempotency record commit in one transaction (`current_connection()`).
+X-Account stands in for your authentication: the scope must come from who the caller is, never from the body.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flask import Flask, request
+from sqlalchemy import text
+
+from idem_dialects import IdempotencyStore
+from idem_dialects.http import IdempotencyPolicy, current_connection
+from idem_dialects.http.flask import idempotent_view
+
+
+def create_app(url: str = "sqlite:///payments.db") -> Flask:
+    store = IdempotencyStore.from_url(url)
+    store.create_tables()
+    with store.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS payments"
+                          " (id INTEGER PRIMARY KEY, account TEXT NOT NULL, amount INTEGER NOT NULL)"))
+    idempotent = idempotent_view(store, IdempotencyPolicy(scope=lambda r: r.header("x-account")))
+    app = Flask(__name__)
+
+    @app.post("/payments")
+    @idempotent
+    def pay() -> tuple[dict[str, int], int, dict[str, str]]:
+        amount = int(request.get_json()["amount"])
+        payment_id = current_connection().execute(
+            text("INSERT INTO payments (account, amount) VALUES (:account, :amount) RETURNING id"),
+            {"account": request.headers["X-Account"], "amount": amount}).scalar_one()
+        return {"id": payment_id, "amount": amount}, 201, {"Location": f"/payments/{payment_id}"}
+
+    return app
+
+
+if __name__ == "__main__":
+    create_app(os.environ.get("DATABASE_URL", "sqlite:///payments.db")).run()

@@ -1,0 +1,51 @@
+"""`idem-dialects report`: render saved JSON reports of `matrix` and `bench` as a table, markdown or one HTML file.
+
+`--format` defaults to html when `-o` names a .html file (markdown for .md), else table. Several files: text formats
+render each in turn; html puts them all on one self-contained page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import EXIT_OK, EXIT_USAGE
+
+FORMATS = ("table", "markdown", "html", "json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="JSON report of `matrix --format json` or `bench --format json` (repeatable)")
+    parser.add_argument("--format", choices=FORMATS,
+                        help="table, markdown, html (one self-contained page) or json; default: from -o's suffix"
+                             " (.html, .md), else table")
+    parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
+    parser.add_argument("--show-skipped", action="store_true",
+                        help="table/markdown: a column and a line (reason, how to enable) per unavailable engine")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..reporting import load, render, render_html
+
+    fmt = args.format or {".html": "html", ".htm": "html", ".md": "markdown"}.get(
+        Path(args.output).suffix.lower() if args.output else "", "table")
+    try:
+        reports = load(args.files)
+    except ValueError as exc:
+        print(f"idem-dialects report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if fmt == "html":
+        text = render_html(reports, [Path(f).name for f in args.files])
+    elif fmt == "json" and len(reports) > 1:  # one JSON document: the reports in a list
+        text = json.dumps(reports, indent=2, ensure_ascii=False) + "\n"
+    else:
+        text = "\n".join(render(r, fmt, show_skipped=args.show_skipped) for r in reports)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return EXIT_OK

@@ -1,0 +1,64 @@
+"""A Flask view decorator on the sync IdempotencyStore (imports Flask; install the [http] extra).
+
+    idempotent = idempotent_view(store, IdempotencyPolicy(scope=lambda r: r.header("x-account")))
+
+    @app.post("/payments")
+    @idempotent
+    def pay():
+        current_connection().execute(...)     # atomic mode: the record's transaction
+        return {"id": 7}, 201, {"Location": "/payments/7"}
+
+A view that raises (or calls `abort`) leaves nothing behind: its writes roll back with the claim, and Flask answers
+the error as usual; such responses are not stored.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import flask
+
+from ..store import IdempotencyStore
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .driver import Idempotency
+from .problems import HttpResponse
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def request_from_flask(req: flask.Request, max_bytes: int) -> HttpRequest:
+    too_large = (req.content_length or 0) > max_bytes
+    return HttpRequest(method=req.method, path=req.path, headers=[(k.lower(), v) for k, v in req.headers.items()],
+                       native=req, body=b"" if too_large else req.get_data(cache=True), body_too_large=too_large,
+                       query=req.query_string.decode("latin-1"))
+
+
+def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Callable[[F], F]:
+    """A decorator making Flask views idempotent under `policy` (methods outside `policy.methods` pass through)."""
+    idempotency = Idempotency(store, policy)
+
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> flask.Response:
+            req = flask.request
+            keyless = not policy.require_key and policy.header not in req.headers
+            if not policy.applies(req.method, req.path) or keyless:
+                return flask.make_response(view(*args, **kwargs))
+
+            def handler(conn: object) -> HttpResponse:
+                rv = flask.make_response(view(*args, **kwargs))
+                if (rv.content_length or 0) > policy.max_response_bytes:
+                    raise ResponseTooLarge(rv.content_length)
+                body = rv.get_data()
+                if len(body) > policy.max_response_bytes:
+                    raise ResponseTooLarge(len(body))
+                return HttpResponse(rv.status_code, list(rv.headers.items()), body)
+
+            resp = idempotency.handle(request_from_flask(req, policy.max_request_bytes), handler)
+            return flask.Response(resp.body, status=resp.status, headers=resp.headers)
+
+        return cast(F, wrapper)
+
+    return decorate

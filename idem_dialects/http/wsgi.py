@@ -1,0 +1,123 @@
+"""WSGI middleware (Flask, Django or any WSGI app) on the sync IdempotencyStore.
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store, IdempotencyPolicy(scope=account_of))
+
+In atomic mode the handler finds the record's transaction connection in `environ["idem_dialects.connection"]` and
+through `idem_dialects.http.current_connection()`.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from ..store import IdempotencyStore
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .driver import Idempotency
+from .problems import HttpResponse
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+CONNECTION_KEY = "idem_dialects.connection"
+
+
+def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
+    """The core's view of a WSGI request; reads the body unless its Content-Length is over `max_bytes`."""
+    headers = [(k[5:].replace("_", "-").lower(), str(v)) for k, v in environ.items() if k.startswith("HTTP_")]
+    for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(key):
+            headers.append((key.replace("_", "-").lower(), str(environ[key])))
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    too_large = length > max_bytes
+    body = b"" if too_large or length <= 0 else environ["wsgi.input"].read(length)
+    return HttpRequest(method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
+                       path=str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", "")),
+                       headers=headers, native=environ, body=body, body_too_large=too_large,
+                       query=str(environ.get("QUERY_STRING", "")))
+
+
+def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpResponse:
+    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`)."""
+    env = dict(environ)
+    env["wsgi.input"] = io.BytesIO(body)
+    env["CONTENT_LENGTH"] = str(len(body))
+    chunks: list[bytes] = []
+    size = [0]
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def add(data: bytes) -> None:
+        size[0] += len(data)
+        if size[0] > limit:
+            raise ResponseTooLarge(size[0])
+        chunks.append(bytes(data))
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+                       ) -> Callable[[bytes], object]:
+        if exc_info is not None and started:
+            raise exc_info[1].with_traceback(exc_info[2])
+        started[:] = [(status, list(headers))]
+        return add
+
+    result = app(env, start_response)
+    try:
+        for chunk in result:
+            add(chunk)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    if not started:
+        raise RuntimeError("the WSGI application returned without calling start_response")
+    status, headers = started[0]
+    return HttpResponse(int(status.split(" ", 1)[0]), headers, b"".join(chunks))
+
+
+def send(resp: HttpResponse, start_response: StartResponse) -> Iterator[bytes]:
+    headers = list(resp.headers)
+    if resp.header("content-length") is None:
+        headers.append(("content-length", str(len(resp.body))))
+    start_response(status_line(resp.status), headers)
+    yield resp.body
+
+
+def status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+class IdempotencyMiddleware:
+    """Wrap a WSGI app: requests the policy selects are claimed, run once, stored and replayed."""
+
+    def __init__(self, app: WSGIApp, store: IdempotencyStore, policy: IdempotencyPolicy) -> None:
+        self.app = app
+        self.idempotency = Idempotency(store, policy)
+        self.policy = policy
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        method = str(environ.get("REQUEST_METHOD", "GET"))
+        path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        header = "HTTP_" + self.policy.header.upper().replace("-", "_")
+        if not self.policy.applies(method, path) or (not self.policy.require_key and header not in environ):
+            return self.app(environ, start_response)
+        req = request_from_environ(environ, self.policy.max_request_bytes)
+
+        def handler(conn: Connection | None) -> HttpResponse:
+            env = dict(environ)
+            if conn is not None:
+                env[CONNECTION_KEY] = conn
+            return run_wsgi(self.app, env, req.body, self.policy.max_response_bytes)
+
+        # The handler's own error propagates unchanged to the server (after the transaction rolled back).
+        return send(self.idempotency.handle(req, handler), start_response)

@@ -1,0 +1,137 @@
+"""The HTTP-neutral core: header parsing, the request fingerprint, what is stored and replayed, problems."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from idem_dialects import ConfigurationError, LeaseLost, RequestInFlight, RequestMismatch, RetriesExhausted
+from idem_dialects.http import HttpRequest, HttpResponse, IdempotencyPolicy, KeyHeaderError, parse_key_header, prepare
+from idem_dialects.http.core import Call, body_digest, decode_stored, encode_stored
+from idem_dialects.http.problems import error_problem
+
+POLICY = IdempotencyPolicy(scope=lambda r: r.header("x-account"))
+
+
+@pytest.mark.parametrize(("value", "key"), [
+    ('"8e03978e-40d5-43e8-bc93-6894a57f9324"', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+    ('  "a b"  ', "a b"),
+    (r'"quote \" and backslash \\"', 'quote " and backslash \\'),
+    ('"k";v=1;flag', "k"),  # RFC 8941 parameters are ignored
+])
+def test_structured_field_strings_parse(value: str, key: str) -> None:
+    assert parse_key_header([value]) == key
+
+
+@pytest.mark.parametrize("value", ["bare-token", '"open', '"a", "b"', r'"bad \n escape"', '"tab\there"', '"é"',
+                                   "", '"k" trailing'])
+def test_malformed_keys_are_refused(value: str) -> None:
+    with pytest.raises(KeyHeaderError):
+        parse_key_header([value])
+
+
+def test_bare_token_only_when_configured_and_two_field_lines_refused() -> None:
+    assert parse_key_header(["abc-123:x/y"], allow_token=True) == "abc-123:x/y"
+    assert parse_key_header([]) is None
+    with pytest.raises(KeyHeaderError, match="more than once"):
+        parse_key_header(['"a"', '"b"'])
+
+
+def test_json_bodies_compare_canonically_and_others_by_bytes() -> None:
+    assert body_digest("application/json", b'{"a": 1, "b": [1.0, "x"]}') == \
+        body_digest("application/json; charset=utf-8", b'{"b":[1,"x"],"a":1}')
+    assert body_digest("application/merge-patch+json", b'{"a":1}') == body_digest("application/json", b'{ "a" : 1 }')
+    assert body_digest("text/plain", b'{"a":1}') != body_digest("text/plain", b'{ "a":1}')
+    assert "bytes" in body_digest("application/json", b"[" * 100_000)  # too deep to parse: compared as bytes
+    # Beyond what JCS represents: compared as bytes rather than refused.
+    assert body_digest("application/json", b'{"n": 18446744073709551617}') == {
+        "bytes": body_digest("text/plain", b'{"n": 18446744073709551617}')["bytes"]}
+
+
+def test_the_fingerprint_covers_method_path_and_chosen_headers() -> None:
+    policy = IdempotencyPolicy(scope=lambda r: "s", fingerprint_headers=("X-Currency",))
+
+    def call(method: str, path: str, currency: str) -> Call:
+        req = HttpRequest(method, path, [("idempotency-key", '"k"'), ("x-currency", currency),
+                                          ("content-type", "application/json")], body=b"{}")
+        out = prepare(policy, req)
+        assert isinstance(out, Call)
+        return out
+
+    base = call("POST", "/pay", "EUR")
+    assert base.request == {"method": "POST", "path": "/pay", "headers": {"x-currency": "EUR"},
+                            "body": body_digest("application/json", b"{}")}
+    assert call("PATCH", "/pay", "EUR").request != base.request
+    assert call("POST", "/pay/2", "EUR").request != base.request
+    assert call("POST", "/pay", "USD").request != base.request
+    with_query = prepare(policy, HttpRequest("POST", "/pay", [("idempotency-key", '"k"'), ("x-currency", "EUR"),
+                                                              ("content-type", "application/json")], body=b"{}",
+                                             query="dry_run=1"))
+    assert isinstance(with_query, Call) and with_query.request["path"] == "/pay?dry_run=1"
+
+
+def test_scope_is_required_unless_global() -> None:
+    with pytest.raises(ConfigurationError, match="scope="):
+        IdempotencyPolicy()
+    glob = prepare(IdempotencyPolicy(global_scope=True), HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
+    assert isinstance(glob, Call) and glob.scope == "global"
+    numeric = prepare(IdempotencyPolicy(scope=lambda r: 42), HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
+    assert isinstance(numeric, Call) and numeric.scope == "42"
+    anonymous = prepare(POLICY, HttpRequest("POST", "/", [("idempotency-key", '"k"')]))
+    assert isinstance(anonymous, HttpResponse) and anonymous.status == 401
+
+
+def test_missing_key_and_oversized_body_are_problems() -> None:
+    missing = prepare(POLICY, HttpRequest("POST", "/pay", [("x-account", "1")]))
+    assert isinstance(missing, HttpResponse) and missing.status == 400
+    doc = json.loads(missing.body)
+    assert doc["type"] == "urn:idem-dialects:problem:missing-key" and missing.header("content-type") == \
+        "application/problem+json"
+    optional = IdempotencyPolicy(scope=lambda r: "s", require_key=False)
+    assert prepare(optional, HttpRequest("POST", "/pay", [])) is None
+    big = prepare(POLICY, HttpRequest("POST", "/", [("idempotency-key", '"k"'), ("x-account", "1")],
+                                      body_too_large=True))
+    assert isinstance(big, HttpResponse) and big.status == 413
+
+
+def test_stored_response_keeps_body_bytes_and_only_allowed_headers() -> None:
+    body = b"\x00\xffnot json\n\nlines"
+    resp = HttpResponse(201, [("Location", "/p/1"), ("Set-Cookie", "secret=1"), ("Content-Type", "x/y")], body)
+    replay = decode_stored(POLICY, encode_stored(POLICY, resp), 201)
+    assert replay.body == body and replay.status == 201
+    assert replay.headers == [("location", "/p/1"), ("content-type", "x/y"), ("Idempotent-Replayed", "true")]
+
+
+def test_library_errors_map_to_their_problems() -> None:
+    cases = [
+        (RequestMismatch("s", "o", "k", "a", "b"), 422, "request-mismatch"),
+        (RequestInFlight("s", "o", "k", 2.2), 409, "request-in-flight"),
+        (LeaseLost("s", "o", "k", "token-xyz"), 409, "lease-lost"),
+        (RetriesExhausted(3, 1.0, {"busy": 3}, RuntimeError("x")), 503, "retries-exhausted"),
+    ]
+    for exc, status, slug in cases:
+        resp = error_problem(exc, base="urn:t:")
+        doc = json.loads(resp.body)
+        assert (resp.status, doc["type"], doc["status"]) == (status, "urn:t:" + slug, status)
+        assert exc.http_status == status
+        assert b"token-xyz" not in resp.body
+    assert error_problem(RequestInFlight("s", "o", "k", 2.2), base="").header("retry-after") == "3"
+
+
+def test_importing_the_http_package_imports_no_framework() -> None:
+    code = ("import sys, idem_dialects.http, idem_dialects.http.asgi, idem_dialects.http.wsgi;"
+            "print(sorted(m for m in ('flask', 'fastapi', 'starlette', 'werkzeug', 'uvicorn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_header_and_marker_names_are_configurable() -> None:
+    policy = IdempotencyPolicy(global_scope=True, header="X-Request-Key", allow_token=True,
+                               replay_marker=("X-Replayed", "1"))
+    call = prepare(policy, HttpRequest("POST", "/", [("x-request-key", "tok-1"), ("idempotency-key", '"other"')]))
+    assert isinstance(call, Call) and call.key == "tok-1"
+    replay = decode_stored(policy, encode_stored(policy, HttpResponse(200, [], b"ok")), 200)
+    assert replay.header("x-replayed") == "1" and replay.header("idempotent-replayed") is None
