@@ -28,7 +28,7 @@ from sqlalchemy.sql.schema import Table
 
 from . import dialects
 from .dialects.base import Backend
-from .errors import AsyncMisuse, ConfigurationError, LeaseLost, RetryCause
+from .errors import AsyncMisuse, LeaseLost, MissingDriver, RetryCause
 from .features import Features
 from .outcomes import Claimed, Outcome, Result
 from .protocol import Request, check_status, finished, refuse_sync_effect, reply
@@ -93,9 +93,8 @@ class AsyncIdempotencyStore:
         try:
             engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
         except ImportError as exc:
-            raise ConfigurationError(f"the {parsed.drivername} driver is not installed ({exc.name} is missing); pip"
-                                     " install 'idem-dialects[async]' (PostgreSQL, SQLite, MySQL/MariaDB), '[oracle]'"
-                                     " or '[mssql]'") from exc
+            raise MissingDriver(parsed.drivername, "pip install 'idem-dialects[async]' (PostgreSQL, SQLite,"
+                                " MySQL/MariaDB), '[oracle]' or '[mssql]'", exc) from exc
         try:
             store = cls(engine, table_prefix=table_prefix, retry=retry)
         except BaseException:
