@@ -170,8 +170,9 @@ class FaultProxy:
         query = {k: v for k, v in self.url.query.items() if k not in ("host", "unix_socket", "ssl", "sslmode")}
         if self.url.get_driver_name() == "asyncpg":  # asyncpg's own spelling (no GSSAPI encryption to turn off)
             query |= {"ssl": "disable"}
-        elif self.url.get_backend_name() == "postgresql":
+        elif self.url.get_driver_name() in ("psycopg", "psycopg2", "psycopg2cffi"):  # libpq's parameters
             query |= {"sslmode": "disable", "gssencmode": "disable"}
+        # pg8000 and the MySQL drivers start TLS only when asked to
         return self.url.set(host="127.0.0.1", port=self.port, query=query)
 
     def arm(self, fault: Fault) -> Fault:
