@@ -137,6 +137,20 @@ def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetStat
     dbapi_connection.rollback()
 
 
+def _client_side_disconnect(context: ExceptionContext) -> None:
+    """mysql-connector-python raises client-side errors with errno -1, among them "MySQL Connection not available"
+    after the server or the network dropped the socket, which SQLAlchemy's disconnect test (matching older wording)
+    misses. For such an error ask the driver whether the connection still lives; if not, SQLAlchemy invalidates it
+    and `run` retries on a fresh one, as for any lost connection."""
+    if context.is_disconnect or getattr(context.original_exception, "errno", None) != -1:
+        return
+    conn = context.connection
+    driver = None if conn is None or conn.closed or conn.invalidated else conn.connection.driver_connection
+    is_connected = getattr(driver, "is_connected", None)
+    if callable(is_connected) and not is_connected():
+        context.is_disconnect = True
+
+
 def error_code(exc: BaseException) -> int | None:
     """The server/client error number of a wrapped DBAPI error (PyMySQL, mysqlclient, mysql-connector)."""
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -187,6 +201,8 @@ class MySQLBackend(Backend):
         # pool_reset_on_return=None (what engine_options asks for): no reset at all unless this hook does it.
         if pool is not None and getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none:
             event.listen(pool, "reset", _reset_unless_clean)
+        if isinstance(engine, Engine):
+            event.listen(engine, "handle_error", _client_side_disconnect)
 
     @classmethod
     def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
