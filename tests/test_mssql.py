@@ -195,7 +195,7 @@ def test_winner_read_is_a_plain_select_with_db_clock(backend: MSSQLBackend, tabl
     ident = {"scope": "s", "operation": "op", "idem_key": "k"}
     assert backend.read_row(conn, tables.records, ident) == ("row",)  # type: ignore[arg-type]
     text = sql(conn.statements[0], dialect)
-    assert text.startswith("SELECT idem_records.scope, idem_records.operation, idem_records.idem_key")
+    assert text.startswith("SELECT idem_records.fingerprint, idem_records.claim_token")  # the key is the caller's
     assert text.endswith("sysutcdatetime() AS db_now FROM idem_records WHERE idem_records.scope = ? AND "
                          "idem_records.operation = ? AND idem_records.idem_key = ?")
     assert "WITH (" not in text.upper() and "NOLOCK" not in text.upper()

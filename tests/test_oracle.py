@@ -219,9 +219,9 @@ def test_loser_reads_committed_winner_and_replays(engine: Engine) -> None:
     assert outcome == Replayed("", 201, datetime(2026, 1, 1, 12, 0, 0))  # "" did not come back as None
     read_sql, read_params = conn.statements[1]
     assert read_sql == (
-        "SELECT idem_records.scope, idem_records.operation, idem_records.idem_key, idem_records.fingerprint,"
-        " idem_records.claim_token, idem_records.created_at, idem_records.locked_until, idem_records.completed_at,"
-        " idem_records.status, idem_records.response, sys_extract_utc(SYSTIMESTAMP) AS db_now FROM idem_records"
+        "SELECT idem_records.fingerprint, idem_records.claim_token, idem_records.locked_until,"
+        " idem_records.completed_at, idem_records.status, idem_records.response,"
+        " sys_extract_utc(SYSTIMESTAMP) AS db_now FROM idem_records"
         " WHERE idem_records.scope = :k_scope AND idem_records.operation = :k_operation"
         " AND idem_records.idem_key = :k_idem_key"
     )

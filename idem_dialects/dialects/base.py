@@ -15,7 +15,7 @@ from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bind
 from sqlalchemy.engine import URL, Connection, ExceptionContext, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
-from sqlalchemy.sql.schema import Table
+from sqlalchemy.sql.schema import Column, Table
 from sqlalchemy.types import TypeEngine
 
 from ..errors import CannotConnect, IdemError, RetryCause, TransientError
@@ -38,6 +38,12 @@ def configured_isolation(target: Connection | Engine) -> str | None:
         # create_engine(isolation_level=...) has no public accessor; tests/test_core.py fails loudly if this moves.
         level = getattr(target.dialect, "_on_connect_isolation_level", None)
     return level.upper() if isinstance(level, str) else None
+
+
+def replay_columns(table: Table, key: Iterable[str]) -> list[Column[Any]]:
+    """What a caller reads of the row it lost to: every column but the key (its own) and created_at. Fewer columns
+    are less work per replay (PyMySQL, for one, parses each column's metadata on every query)."""
+    return [c for c in table.c if c.name not in key and c.name != "created_at"]
 
 
 class Backend:
@@ -239,7 +245,7 @@ class Backend:
     def read_statement(self, conn: Connection, table: Table, key: Iterable[str]) -> Select[Any]:
         """SELECT the row and `db_now` by primary key, the key as bind parameters named k_<column>."""
         where = [table.c[name] == bind for name, bind in self.binds(table, key, "k_").items()]
-        return select(*table.c, self.now().label("db_now")).where(*where)
+        return select(*replay_columns(table, key), self.now().label("db_now")).where(*where)
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         """Delete at most `limit` rows matching `condition`; return how many went.

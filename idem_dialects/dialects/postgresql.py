@@ -58,7 +58,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
-from .base import AnyRow, Backend
+from .base import AnyRow, Backend, replay_columns
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
@@ -221,9 +221,8 @@ class PostgreSQLBackend(Backend):
         pk = list(table.primary_key.columns)
         ins = (pg_insert(table).values(**self.insert_values(table, values, clock))
                .on_conflict_do_nothing(index_elements=[c.name for c in pk]).returning(pk[0]).cte("ins"))
-        # The inserted branch returns only the flag: a first-time request needs nothing of the row; the other branch
-        # only what a replay reads (the key is the caller's; fewer columns are less row processing per request).
-        wanted = [c for c in table.c if c.name not in key and c.name != "created_at"]
+        # The inserted branch returns only the flag: a first-time request needs nothing of the row.
+        wanted = replay_columns(table, key)
         claimed = select(true().label("inserted"), *(type_coerce(null(), c.type).label(c.name) for c in wanted),
                          type_coerce(null(), DateTime(timezone=True)).label("db_now")).select_from(ins)
         where = [table.c[name] == bind for name, bind in self.binds(table, key, "k_").items()]
