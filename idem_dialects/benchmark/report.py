@@ -21,13 +21,18 @@ if TYPE_CHECKING:
 
 SCHEMA = "idem-dialects-bench/1"
 SET_SCHEMA = "idem-dialects-bench-set/1"  # several engines measured in one invocation
-# Targets of the issue: (name, numerator mode, denominator mode, minimum ratio).
-TARGETS = (
-    ("first-time via run >= 0.7x bare", "first", "bare", 0.7),
-    ("replay via run >= 1.0x bare", "replay", "bare", 1.0),
+# Issue 18's targets, per worker count: (name, numerator mode, denominator mode, minimum ratio). With several
+# workers the client threads and the server share the machine's cores, hence the lower replay bar.
+RATIO_TARGETS: dict[bool, tuple[tuple[str, str, str, float], ...]] = {
+    True: (("first-time via run >= 0.6x bare (1 worker)", "first", "bare", 0.6),
+           ("replay via run >= 1.0x bare (1 worker)", "replay", "bare", 1.0)),
+    False: (("replay via run >= 0.8x bare (several workers)", "replay", "bare", 0.8),),
+}
+PLPGSQL_TARGETS = (  # the stored function is the fastest path PostgreSQL has: run stays within 2x of it
     ("first-time via run within 2x of PL/pgSQL debit_once", "first", "plpgsql_first", 0.5),
     ("replay via run within 2x of PL/pgSQL debit_once replay", "replay", "plpgsql_replay", 0.5),
 )
+REPLAY_CPU_MS = 0.7  # client CPU per replay on PostgreSQL at 1 worker
 BARE_EFFECT = ("UPDATE account SET balance = balance - 1 WHERE id = ? ; SELECT balance"
                " -- one transaction begun by store.transaction(), no idempotency")
 
@@ -59,11 +64,16 @@ def build_report(bench: Bench, engine_info: dict[str, Any], elapsed: float) -> d
                 "pool_resets": log.resets,
                 "round_trips": len(log.statements) + log.commits + extra_begin + (log.resets if wire_reset else 0)},
         }
+    single = bench.cfg.workers == 1
     targets = []
-    for name, num, den, minimum in TARGETS:
+    for name, num, den, minimum in (*RATIO_TARGETS[single], *PLPGSQL_TARGETS):
         if num in medians and den in medians:
             ratio = medians[num] / medians[den]
             targets.append({"target": name, "ratio": round(ratio, 3), "minimum": minimum, "met": ratio >= minimum})
+    replay_cpu = modes.get("replay", {}).get("cpu_ms_per_request")
+    if single and bench.store.backend.name == "postgresql" and replay_cpu is not None:
+        targets.append({"target": f"client CPU per replay <= {REPLAY_CPU_MS} ms (PostgreSQL, 1 worker)",
+                        "cpu_ms": replay_cpu, "maximum": REPLAY_CPU_MS, "met": replay_cpu <= REPLAY_CPU_MS})
     if bench.memory is not None:
         targets.append({"target": "memory flat (growth < 8 KiB per 10k requests)",
                         "growth_per_10k_kib": bench.memory["growth_per_10k_kib"], "met": bench.memory["flat"]})

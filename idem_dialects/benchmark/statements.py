@@ -43,7 +43,8 @@ def statement_kind(sql: str) -> str:
 
 @contextmanager
 def record_statements(engine: Engine) -> Iterator[StatementLog]:
-    """Log every statement and commit on `engine` while the block runs (sequential code only: it is engine-wide)."""
+    """Log every statement and commit on `engine` while the block runs. Engine-wide: under concurrent requests it
+    gives the totals of all of them."""
     log = StatementLog()
 
     def on_execute(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
@@ -79,4 +80,6 @@ def implicit_begin(engine: Engine) -> str | None:
     """The BEGIN a driver sends on its own (not through a cursor SQLAlchemy sees), if it sends one."""
     if engine.dialect.driver in ("psycopg", "psycopg2"):
         return "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
+    if engine.dialect.driver == "asyncpg":  # SQLAlchemy's adapter starts an asyncpg Transaction: BEGIN on the wire
+        return "asyncpg sends BEGIN when a transaction starts (one more round trip)"
     return None

@@ -145,7 +145,12 @@ def render_one(report: Mapping[str, Any]) -> str:
     lines.append("targets:")
     for t in report["targets"]:
         mark = "met   " if t["met"] else "MISSED"
-        value = f"{t['ratio']:.2f}x (>= {t['minimum']}x)" if "ratio" in t else f"{t['growth_per_10k_kib']} KiB/10k"
+        if "ratio" in t:
+            value = f"{t['ratio']:.2f}x (>= {t['minimum']}x)"
+        elif "cpu_ms" in t:
+            value = f"{t['cpu_ms']:.3f} ms (<= {t['maximum']} ms)"
+        else:
+            value = f"{t['growth_per_10k_kib']} KiB/10k"
         lines.append(f"  {mark} {t['target']}: {value}")
     mem = report["memory"]
     lines.append("")
