@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
+from sqlalchemy.pool.base import ResetStyle
 
 from idem_dialects import IdempotencyStore, engines
 from idem_dialects.benchmark import record_statements, statement_kind
+from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean
 from idem_dialects.outcomes import Claimed
 
 # backend -> path -> (statement kinds in order, commits). Transaction control the driver sends outside a cursor
@@ -242,3 +244,20 @@ def test_pool_reset_rolls_back_only_what_is_open(name: str) -> None:
         store.close()
         other.dispose()
         server.stop()
+
+
+def test_reset_hook_only_where_the_pool_resets_nothing() -> None:
+    """SQLAlchemy has no public accessor for a pool's reset style, so MySQLBackend reads Pool._reset_on_return to
+    install its reset hook only on an engine built with pool_reset_on_return=None (what from_url asks for). This
+    fails loudly if the private attribute moves: the hook would silently vanish, and with it every reset."""
+    quiet = create_engine("mysql+pymysql://u@127.0.0.1/d", pool_reset_on_return=None)
+    default = create_engine("mysql+pymysql://u@127.0.0.1/d")
+    try:
+        assert quiet.pool._reset_on_return is ResetStyle.reset_none
+        assert default.pool._reset_on_return is ResetStyle.reset_rollback
+        MySQLBackend(quiet), MySQLBackend(default)
+        assert event.contains(quiet.pool, "reset", _reset_unless_clean)
+        assert not event.contains(default.pool, "reset", _reset_unless_clean)  # its own ROLLBACK is enough
+    finally:
+        quiet.dispose()
+        default.dispose()
