@@ -1,6 +1,6 @@
 """Helpers for servers the catalogue runs itself from local binaries: free loopback ports, child processes in
-their own process group (so stopping one leaves nothing behind), and a round-robin TCP proxy that spreads one
-connection pool over the nodes of a cluster."""
+their own process group (so stopping one leaves nothing behind), and loopback TCP proxies: the base the conformance
+fault proxy builds on, and a round-robin one that spreads one connection pool over the nodes of a cluster."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 from .servers import Unavailable
 
@@ -123,25 +124,85 @@ def log_tail(path: Path, lines: int = 4) -> str:
     return " | ".join(line.strip()[-200:] for line in wanted[-lines:])
 
 
-class RoundRobinProxy:
+def close_socket(sock: socket.socket) -> None:
+    """Shut down both directions before closing, so the peer (and a thread blocked in recv) sees the disconnect."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+class LoopbackProxy:
+    """A listener on a free 127.0.0.1 port that pairs each client connection with a new upstream connection.
+
+    Subclasses say how to reach the upstream (`_connect`, OSError when it cannot: the client is dropped) and how to
+    carry the pair's bytes (`_serve`, which must not block); both sockets stay in `_open` until `_forget`, so
+    `close` cuts the live links too. Subclasses set their own state before calling this `__init__`: it starts
+    accepting at once."""
+
+    def __init__(self, name: str) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        raise NotImplementedError
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = self._connect()
+            except OSError:
+                close_socket(client)
+                continue
+            with self._lock:
+                self._open.update((client, upstream))
+            self._serve(client, upstream)
+
+    def _forget(self, *socks: socket.socket) -> None:
+        """Close a finished link's sockets (both: one side gone, the other must see the disconnect)."""
+        for sock in socks:
+            close_socket(sock)
+        with self._lock:
+            self._open.difference_update(socks)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        self._listener.close()
+        with self._lock:
+            pending = list(self._open)
+        for sock in pending:
+            close_socket(sock)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RoundRobinProxy(LoopbackProxy):
     """A loopback TCP proxy handing each new client connection to the next backend that accepts one, so one
     connection pool spreads over every node; a node that refuses (killed) is skipped."""
 
     def __init__(self, backends: Sequence[tuple[str, int]]) -> None:
         self.backends = list(backends)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
-        self.port: int = self._listener.getsockname()[1]
         self._next = 0
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._closed = False
         self.connections = [0] * len(self.backends)  # client connections handed to each backend
-        threading.Thread(target=self._accept, name="idem-rr-proxy", daemon=True).start()
+        super().__init__("idem-rr-proxy")
 
-    def _upstream(self) -> socket.socket | None:
+    def _connect(self) -> socket.socket:
         with self._lock:
             start = self._next
             self._next = (self._next + 1) % len(self.backends)
@@ -155,22 +216,11 @@ class RoundRobinProxy:
             with self._lock:
                 self.connections[index] += 1
             return sock
-        return None
+        raise OSError("no backend accepts connections")
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = self._upstream()
-            if upstream is None:
-                client.close()
-                continue
-            with self._lock:
-                self._open.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        for src, dst in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -179,21 +229,4 @@ class RoundRobinProxy:
         except OSError:
             pass
         finally:
-            for sock in (src, dst):  # one side gone: close both, so the other side sees the disconnect
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            with self._lock:
-                self._open.difference_update((src, dst))
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        with self._lock:
-            pending = list(self._open)
-        for sock in pending:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            self._forget(src, dst)
