@@ -1,20 +1,24 @@
 """Helpers for servers the catalogue runs itself from local binaries: free loopback ports, child processes in
-their own process group (so stopping one leaves nothing behind), and loopback TCP proxies: the base the conformance
-fault proxy builds on, and a round-robin one that spreads one connection pool over the nodes of a cluster."""
+their own process group (so stopping one leaves nothing behind), the node and start-up steps the clusters share,
+and loopback TCP proxies: the base the conformance fault proxy builds on, and a round-robin one that spreads one
+connection pool over the nodes of a cluster."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pwd
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Protocol, Self, TypeVar
 
 from .servers import Unavailable
 
@@ -115,6 +119,36 @@ def wait_until(ready: Callable[[], bool], timeout: float, what: str, alive: Call
         time.sleep(0.2)
 
 
+class Cluster(Protocol):
+    """What `start_cluster` needs of a cluster (Galera, the PostgreSQL failover pair)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...  # stops every process and removes the cluster's temp dir
+
+
+C = TypeVar("C", bound=Cluster)
+
+
+def start_cluster(make: Callable[[Path, str | None], C], *, prefix: str, user: str, driver: tuple[str, str, str]) -> C:
+    """Make (`make(temp dir, user to run as or None)`) and start a cluster of local servers in a new temp dir, as
+    `user` when we are root; stop it (which removes the dir) when starting fails or is interrupted. `driver`, the
+    client the cluster's checks use - (module, package, extra) - is checked first: no server starts without it."""
+    module, package, extra = driver
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise Unavailable(f"{package} is not installed (pip install 'idem-dialects[{extra}]')") from None
+    as_user = unprivileged_user(user)
+    cluster = make(Path(tempfile.mkdtemp(prefix=prefix)), as_user)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 def log_tail(path: Path, lines: int = 4) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -122,6 +156,37 @@ def log_tail(path: Path, lines: int = 4) -> str:
         return "(no log)"
     wanted = [line for line in text if "ERROR" in line or "FATAL" in line] or text
     return " | ".join(line.strip()[-200:] for line in wanted[-lines:])
+
+
+@dataclass
+class LocalNode:
+    """One server process of a cluster we run: its data dir (its log beside it, named after it), its process once
+    spawned, and whether a cluster check killed it. Subclasses add their ports and say how errors name the node."""
+
+    datadir: Path = field(kw_only=True)
+    proc: subprocess.Popen[bytes] | None = field(default=None, kw_only=True)
+    killed: bool = field(default=False, kw_only=True)
+
+    @property
+    def title(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def log(self) -> Path:
+        return self.datadir.parent / f"{self.datadir.name}.log"
+
+    def alive(self) -> str | None:
+        """None while the process runs (or before it is spawned); else why it is gone, for `wait_until`."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"{self.title} exited with {self.proc.returncode}: {log_tail(self.log)}"
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group (the server and its helpers): a crash, not a shutdown."""
+        assert self.proc is not None
+        kill_group(self.proc)
+        self.proc.wait(10)
+        self.killed = True
 
 
 def close_socket(sock: socket.socket) -> None:
