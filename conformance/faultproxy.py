@@ -27,6 +27,8 @@ from typing import Literal
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
+from idem_dialects.engines.local import LoopbackProxy
+
 Action = Literal["cut_before", "cut_after", "lose_reply"]
 _PG_SSL, _PG_GSSENC, _PG_CANCEL = 80877103, 80877104, 80877102
 _REPLY_WAIT = 10.0  # seconds to wait for the server's reply to a statement whose reply is to be lost or passed
@@ -145,7 +147,7 @@ def upstream_of(url: URL) -> tuple[str, int] | str:
     return (url.host or "127.0.0.1", url.port or default)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackProxy):
     """Forwards 127.0.0.1:`port` to the server of `url`, injecting the armed fault (one at a time, once)."""
 
     def __init__(self, url: str | URL) -> None:
@@ -156,14 +158,9 @@ class FaultProxy:
         self.url = url
         self.protocol = PROTOCOLS[backend]
         self.upstream = upstream_of(url)
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._lock = threading.Lock()
         self._fault: Fault | None = None
-        self._sockets: set[socket.socket] = set()
-        self._closed = False
         self.statements: list[str] = []
-        threading.Thread(target=self._accept, daemon=True, name="faultproxy-accept").start()
+        super().__init__("faultproxy-accept")
 
     def proxied_url(self) -> URL:
         """`url` pointed at the proxy, without TLS (the proxy must read the protocol)."""
@@ -180,39 +177,17 @@ class FaultProxy:
             self._fault = fault
         return fault
 
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
-        with self._lock:
-            for sock in list(self._sockets):
-                _close(sock)
-
-    def __enter__(self) -> FaultProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # --- plumbing -------------------------------------------------------------------------------------------
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                if isinstance(self.upstream, str):
-                    server = socket.socket(socket.AF_UNIX)
-                    server.connect(self.upstream)
-                else:
-                    server = socket.create_connection(self.upstream)
-            except OSError:
-                _close(client)
-                continue
-            with self._lock:
-                self._sockets |= {client, server}
-            _Link(self, client, server).start()
+    def _connect(self) -> socket.socket:
+        if isinstance(self.upstream, str):
+            server = socket.socket(socket.AF_UNIX)
+            server.connect(self.upstream)
+            return server
+        return socket.create_connection(self.upstream)
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        _Link(self, client, upstream).start()
 
     def _due(self, sql: str) -> Fault | None:
         """The armed fault if it fires at this statement (then disarmed)."""
@@ -280,15 +255,4 @@ class _Link:
             self._close()
 
     def _close(self) -> None:
-        for sock in (self.client, self.server):
-            _close(sock)
-        with self.proxy._lock:
-            self.proxy._sockets -= {self.client, self.server}
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
+        self.proxy._forget(self.client, self.server)

@@ -11,8 +11,6 @@ round-robin TCP proxy of ours; `Server.url` points at the proxy, `controls.node_
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import URL
 
 from .catalogue import EngineSpec
-from .local import RoundRobinProxy, chown_tree, free_ports, log_tail, run_as, spawn, stop_group, unprivileged_user
+from .local import LocalNode, RoundRobinProxy, chown_tree, free_ports, run_as, spawn, start_cluster, stop_group
 from .local import wait_until as _wait_until
 from .servers import Server, Unavailable
 
@@ -70,24 +68,16 @@ def _status(port: int) -> dict[str, str]:
 
 
 @dataclass
-class Node:
+class Node(LocalNode):
     index: int
     port: int
     gcomm: int
     ist: int
     sst: int
-    datadir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    killed: bool = False
 
     @property
-    def log(self) -> Path:
-        return self.datadir.parent / f"node{self.index}.log"
-
-    def alive(self) -> str | None:
-        if self.proc is None or self.proc.poll() is None:
-            return None
-        return f"node {self.index} exited with {self.proc.returncode}: {log_tail(self.log)}"
+    def title(self) -> str:
+        return f"node {self.index}"
 
 
 @dataclass
@@ -127,12 +117,13 @@ class GaleraCluster:
 
     def start(self) -> None:
         started = time.monotonic()
+        self.root.chmod(0o755)
         ports = free_ports(4 * NODES)
         for i in range(NODES):
             datadir = self.root / f"node{i + 1}"
             datadir.mkdir()
             port, gcomm, ist, sst = ports[4 * i:4 * i + 4]
-            self.nodes.append(Node(i + 1, port, gcomm, ist, sst, datadir))
+            self.nodes.append(Node(i + 1, port, gcomm, ist, sst, datadir=datadir))
         first = self.nodes[0]
         install = next(shutil.which(t) for t in INSTALL_DB if shutil.which(t))
         assert install is not None
@@ -149,6 +140,12 @@ class GaleraCluster:
             self.wait_synced(node, 120)
         self.proxy = RoundRobinProxy([("127.0.0.1", n.port) for n in self.nodes])
         self.started_in = time.monotonic() - started
+        conn = _client(first.port)  # the database the URLs name
+        try:
+            with conn.cursor() as cur:  # type: ignore[attr-defined]
+                cur.execute("CREATE DATABASE IF NOT EXISTS test")
+        finally:
+            conn.close()  # type: ignore[attr-defined]
 
     def wait_synced(self, node: Node, timeout: float) -> None:
         def ready() -> bool:
@@ -175,12 +172,7 @@ class GaleraCluster:
     def kill(self) -> str:
         """SIGKILL the last live node that is not node 1 (with its SST helpers): a crash, not a shutdown."""
         victim = next(n for n in reversed(self.nodes) if not n.killed)
-        assert victim.proc is not None
-        from .local import kill_group
-
-        kill_group(victim.proc)
-        victim.proc.wait(10)
-        victim.killed = True
+        victim.kill()
         return f"node {victim.index} (port {victim.port}) killed with SIGKILL"
 
     def promote(self) -> None:
@@ -206,25 +198,8 @@ def _url(port: int) -> URL:
 
 def galera_cluster(spec: EngineSpec) -> Server:
     provider = _provider()
-    try:
-        import pymysql  # noqa: F401
-    except ImportError:
-        raise Unavailable("PyMySQL is not installed (pip install 'idem-dialects[mysql]')") from None
-    user = unprivileged_user("mysql")
-    root = Path(tempfile.mkdtemp(prefix="idem-galera-"))
-    root.chmod(0o755)
-    cluster = GaleraCluster(root, user, provider)
-    try:
-        cluster.start()
-        conn = _client(cluster.nodes[0].port)
-        try:
-            with conn.cursor() as cur:  # type: ignore[attr-defined]
-                cur.execute("CREATE DATABASE IF NOT EXISTS test")
-        finally:
-            conn.close()  # type: ignore[attr-defined]
-    except BaseException:
-        cluster.stop()
-        raise
+    cluster = start_cluster(lambda root, user: GaleraCluster(root, user, provider), prefix="idem-galera-",
+                            user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
     assert cluster.proxy is not None
     # Behind a load balancer every session should wait for the other nodes' commits (DDL included: a table created
     # through one node must exist on the next), not only the backend's claim connections; the node URLs keep the

@@ -1,19 +1,24 @@
 """Helpers for servers the catalogue runs itself from local binaries: free loopback ports, child processes in
-their own process group (so stopping one leaves nothing behind), and a round-robin TCP proxy that spreads one
+their own process group (so stopping one leaves nothing behind), the node and start-up steps the clusters share,
+and loopback TCP proxies: the base the conformance fault proxy builds on, and a round-robin one that spreads one
 connection pool over the nodes of a cluster."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pwd
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, Self, TypeVar
 
 from .servers import Unavailable
 
@@ -114,6 +119,36 @@ def wait_until(ready: Callable[[], bool], timeout: float, what: str, alive: Call
         time.sleep(0.2)
 
 
+class Cluster(Protocol):
+    """What `start_cluster` needs of a cluster (Galera, the PostgreSQL failover pair)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...  # stops every process and removes the cluster's temp dir
+
+
+C = TypeVar("C", bound=Cluster)
+
+
+def start_cluster(make: Callable[[Path, str | None], C], *, prefix: str, user: str, driver: tuple[str, str, str]) -> C:
+    """Make (`make(temp dir, user to run as or None)`) and start a cluster of local servers in a new temp dir, as
+    `user` when we are root; stop it (which removes the dir) when starting fails or is interrupted. `driver`, the
+    client the cluster's checks use - (module, package, extra) - is checked first: no server starts without it."""
+    module, package, extra = driver
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise Unavailable(f"{package} is not installed (pip install 'idem-dialects[{extra}]')") from None
+    as_user = unprivileged_user(user)
+    cluster = make(Path(tempfile.mkdtemp(prefix=prefix)), as_user)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 def log_tail(path: Path, lines: int = 4) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -123,25 +158,116 @@ def log_tail(path: Path, lines: int = 4) -> str:
     return " | ".join(line.strip()[-200:] for line in wanted[-lines:])
 
 
-class RoundRobinProxy:
+@dataclass
+class LocalNode:
+    """One server process of a cluster we run: its data dir (its log beside it, named after it), its process once
+    spawned, and whether a cluster check killed it. Subclasses add their ports and say how errors name the node."""
+
+    datadir: Path = field(kw_only=True)
+    proc: subprocess.Popen[bytes] | None = field(default=None, kw_only=True)
+    killed: bool = field(default=False, kw_only=True)
+
+    @property
+    def title(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def log(self) -> Path:
+        return self.datadir.parent / f"{self.datadir.name}.log"
+
+    def alive(self) -> str | None:
+        """None while the process runs (or before it is spawned); else why it is gone, for `wait_until`."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"{self.title} exited with {self.proc.returncode}: {log_tail(self.log)}"
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group (the server and its helpers): a crash, not a shutdown."""
+        assert self.proc is not None
+        kill_group(self.proc)
+        self.proc.wait(10)
+        self.killed = True
+
+
+def close_socket(sock: socket.socket) -> None:
+    """Shut down both directions before closing, so the peer (and a thread blocked in recv) sees the disconnect."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+class LoopbackProxy:
+    """A listener on a free 127.0.0.1 port that pairs each client connection with a new upstream connection.
+
+    Subclasses say how to reach the upstream (`_connect`, OSError when it cannot: the client is dropped) and how to
+    carry the pair's bytes (`_serve`, which must not block); both sockets stay in `_open` until `_forget`, so
+    `close` cuts the live links too. Subclasses set their own state before calling this `__init__`: it starts
+    accepting at once."""
+
+    def __init__(self, name: str) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        raise NotImplementedError
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = self._connect()
+            except OSError:
+                close_socket(client)
+                continue
+            with self._lock:
+                self._open.update((client, upstream))
+            self._serve(client, upstream)
+
+    def _forget(self, *socks: socket.socket) -> None:
+        """Close a finished link's sockets (both: one side gone, the other must see the disconnect)."""
+        for sock in socks:
+            close_socket(sock)
+        with self._lock:
+            self._open.difference_update(socks)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        self._listener.close()
+        with self._lock:
+            pending = list(self._open)
+        for sock in pending:
+            close_socket(sock)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RoundRobinProxy(LoopbackProxy):
     """A loopback TCP proxy handing each new client connection to the next backend that accepts one, so one
     connection pool spreads over every node; a node that refuses (killed) is skipped."""
 
     def __init__(self, backends: Sequence[tuple[str, int]]) -> None:
         self.backends = list(backends)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
-        self.port: int = self._listener.getsockname()[1]
         self._next = 0
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._closed = False
         self.connections = [0] * len(self.backends)  # client connections handed to each backend
-        threading.Thread(target=self._accept, name="idem-rr-proxy", daemon=True).start()
+        super().__init__("idem-rr-proxy")
 
-    def _upstream(self) -> socket.socket | None:
+    def _connect(self) -> socket.socket:
         with self._lock:
             start = self._next
             self._next = (self._next + 1) % len(self.backends)
@@ -155,22 +281,11 @@ class RoundRobinProxy:
             with self._lock:
                 self.connections[index] += 1
             return sock
-        return None
+        raise OSError("no backend accepts connections")
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = self._upstream()
-            if upstream is None:
-                client.close()
-                continue
-            with self._lock:
-                self._open.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        for src, dst in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -179,21 +294,4 @@ class RoundRobinProxy:
         except OSError:
             pass
         finally:
-            for sock in (src, dst):  # one side gone: close both, so the other side sees the disconnect
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            with self._lock:
-                self._open.difference_update((src, dst))
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        with self._lock:
-            pending = list(self._open)
-        for sock in pending:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            self._forget(src, dst)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import URL
 
 from .catalogue import EngineSpec
-from .local import chown_tree, free_ports, kill_group, log_tail, run_as, spawn, stop_group, unprivileged_user
+from .local import LocalNode, chown_tree, free_ports, run_as, spawn, start_cluster, stop_group
 from .local import wait_until as _wait_until
 from .servers import Server, Unavailable
 
@@ -49,21 +47,13 @@ def _query(port: int, sql: str) -> list[tuple[object, ...]]:
 
 
 @dataclass
-class PgNode:
+class PgNode(LocalNode):
     role: str
     port: int
-    datadir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    killed: bool = False
 
     @property
-    def log(self) -> Path:
-        return self.datadir.parent / f"{self.role}.log"
-
-    def alive(self) -> str | None:
-        if self.proc is None or self.proc.poll() is None:
-            return None
-        return f"the {self.role} exited with {self.proc.returncode}: {log_tail(self.log)}"
+    def title(self) -> str:
+        return f"the {self.role}"
 
 
 class PgFailoverPair:
@@ -74,8 +64,8 @@ class PgFailoverPair:
     def __init__(self, root: Path, user: str | None, bin_dir: Path, synchronous: bool = True) -> None:
         self.root, self.user, self.bin, self.synchronous = root, user, bin_dir, synchronous
         p1, p2 = free_ports(2)
-        self.primary = PgNode("primary", p1, root / "primary")
-        self.standby = PgNode("standby", p2, root / "standby")
+        self.primary = PgNode("primary", p1, datadir=root / "primary")
+        self.standby = PgNode("standby", p2, datadir=root / "standby")
         self.started_in = 0.0
         self.promoted_in: float | None = None
 
@@ -136,10 +126,7 @@ class PgFailoverPair:
 
     def kill(self) -> str:
         """SIGKILL the primary's whole process group (postmaster and backends): a crash, not a shutdown."""
-        assert self.primary.proc is not None
-        kill_group(self.primary.proc)
-        self.primary.proc.wait(10)
-        self.primary.killed = True
+        self.primary.kill()
         return f"primary (port {self.primary.port}) killed with SIGKILL"
 
     def promote(self) -> None:
@@ -160,18 +147,8 @@ class PgFailoverPair:
 
 def postgresql_ha(spec: EngineSpec, synchronous: bool = True) -> Server:
     bin_dir = bindir()
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        raise Unavailable("psycopg is not installed (pip install 'idem-dialects[postgresql]')") from None
-    user = unprivileged_user("postgres")
-    root = Path(tempfile.mkdtemp(prefix="idem-pgha-"))
-    pair = PgFailoverPair(root, user, bin_dir, synchronous)
-    try:
-        pair.start()
-    except BaseException:
-        pair.stop()
-        raise
+    pair = start_cluster(lambda root, user: PgFailoverPair(root, user, bin_dir, synchronous), prefix="idem-pgha-",
+                         user="postgres", driver=("psycopg", "psycopg", "postgresql"))
     mode = "synchronous" if synchronous else "asynchronous"
     how = (f"PostgreSQL primary 127.0.0.1:{pair.primary.port} + {mode} streaming standby 127.0.0.1:"
            f"{pair.standby.port} ({bin_dir}), multi-host URL with target_session_attrs=read-write; started in"

@@ -24,29 +24,36 @@ if TYPE_CHECKING:
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
 FORMATS = ("table", "markdown", "json")
 EXIT_VIOLATED = EXIT_FAILED  # exactly-once did not hold
+# The run's sizes are Config's fields, each an option: its type and default come from Config (stated once there),
+# its metavar and help from here.
+SIZES = {
+    "workers": ("N", "concurrent workers, one thread and one connection each (default %(default)s)"),
+    "requests": ("M", "requests per mode per repetition (default %(default)s)"),
+    "duplicates": ("RATIO", "share of the contention slice that repeats a key another worker sends at the same"
+                            " moment, in [0, 1) (default %(default)s)"),
+    "repetitions": ("R", "interleaved repetitions of every mode; the report takes medians (default %(default)s)"),
+    "warmup": ("W", "unmeasured requests per mode before the first repetition (default %(default)s)"),
+    "memory_check": ("N", "finally run N requests (first-time and replay in turn) under tracemalloc and report"
+                          " memory growth per 10k requests (e.g. 100000; default off)"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from ..benchmark import Config
+
     parser.add_argument("url", metavar="URL", nargs="?",
                         help="SQLAlchemy URL, or an engine name from `idem-dialects engines` (sqlite, postgresql-18,"
                              " postgresql, mariadb, ...) to provision it the way the conformance suite does")
     parser.add_argument("--engine", action="append", metavar="NAME", default=[],
                         help="engine to measure (repeatable; 'all' = every engine available here; a family such as"
                              " 'mssql' means every mssql-*); several engines run one after another, one table")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="concurrent workers, one thread and one connection each (default 1)")
-    parser.add_argument("--requests", type=int, default=1000, metavar="M",
-                        help="requests per mode per repetition (default 1000)")
-    parser.add_argument("--duplicates", type=float, default=0.5, metavar="RATIO",
-                        help="share of the contention slice that repeats a key another worker sends at the same"
-                             " moment, in [0, 1) (default 0.5)")
-    parser.add_argument("--repetitions", type=int, default=5, metavar="R",
-                        help="interleaved repetitions of every mode; the report takes medians (default 5)")
-    parser.add_argument("--warmup", type=int, default=100, metavar="W",
-                        help="unmeasured requests per mode before the first repetition (default 100)")
-    parser.add_argument("--memory-check", type=int, default=0, metavar="N",
-                        help="finally run N requests (first-time and replay in turn) under tracemalloc and report"
-                             " memory growth per 10k requests (e.g. 100000; default off)")
+    for size in fields(Config):
+        if size.name in SIZES:
+            metavar, text = SIZES[size.name]
+            parser.add_argument(f"--{size.name.replace('_', '-')}", type=type(size.default), default=size.default,
+                                metavar=metavar, help=text)
     parser.add_argument("--profile", choices=MODES,
                         help="also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
@@ -120,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"bench: {line}", file=sys.stderr, flush=True)
 
     try:
-        cfg = Config(workers=args.workers, requests=args.requests, duplicates=args.duplicates,
-                     repetitions=args.repetitions, warmup=args.warmup, memory_check=args.memory_check,
-                     profile=args.profile)
+        cfg = Config(**{name: getattr(args, name) for name in SIZES}, profile=args.profile)
         targets, lenient = _targets(args)
         backends = {t: _backend(t) for t in targets}
         if args.api == "async" and len(targets) != 1:

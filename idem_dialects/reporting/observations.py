@@ -7,12 +7,13 @@ nothing the numbers do not show. Observation names are those the conformance che
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 MEDIAN, SLOWEST, RETRIES, RESOLVED = ": median caller (ms)", ": slowest caller (ms)", ": retries absorbed", \
     ": duplicates resolved by"
 WAITED, RETRIED = "waited", "retried"
+T = TypeVar("T")
 
 
 def title(label: str) -> str:
@@ -54,40 +55,49 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _per_label(report: Mapping[str, Any], suffix: str,
+               read: Callable[[Mapping[str, Any], str], T | None]) -> dict[str, dict[str, T]]:
+    """Label (an observation name less `suffix`) -> engine -> `read(engine's observations, label)`, for the engines
+    that ran and where `read` finds a value (not None)."""
+    out: dict[str, dict[str, T]] = {}
+    for label in _labels(report, suffix):
+        for engine in ran(report):
+            value = read(report["observations"].get(engine, {}), label)
+            if value is not None:
+                out.setdefault(label, {})[engine] = value
+    return out
+
+
 def latency(report: Mapping[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
     """Race label (16-thread race, each isolation level) -> engine -> (median, slowest) caller latency in ms."""
-    out: dict[str, dict[str, tuple[float, float]]] = {}
-    for label in _labels(report, MEDIAN):
-        for engine in ran(report):
-            obs = report["observations"].get(engine, {})
-            median, slowest = _number(obs.get(label + MEDIAN)), _number(obs.get(label + SLOWEST))
-            if median is not None and slowest is not None:
-                out.setdefault(label, {})[engine] = (median, slowest)
-    return out
+
+    def read(obs: Mapping[str, Any], label: str) -> tuple[float, float] | None:
+        median, slowest = _number(obs.get(label + MEDIAN)), _number(obs.get(label + SLOWEST))
+        return None if median is None or slowest is None else (median, slowest)
+
+    return _per_label(report, MEDIAN, read)
 
 
 def retries(report: Mapping[str, Any]) -> dict[str, dict[str, dict[str, int]]]:
     """Label -> engine -> cause -> retries absorbed ({} where the engine needed none)."""
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for label in _labels(report, RETRIES):
-        for engine in ran(report):
-            value = report["observations"].get(engine, {}).get(label + RETRIES)
-            if value is None:
-                continue
-            causes = {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
-            out.setdefault(label, {})[engine] = causes
-    return out
+
+    def read(obs: Mapping[str, Any], label: str) -> dict[str, int] | None:
+        value = obs.get(label + RETRIES)
+        if value is None:
+            return None
+        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    return _per_label(report, RETRIES, read)
 
 
 def resolution(report: Mapping[str, Any]) -> dict[str, dict[str, tuple[str, str]]]:
     """Label -> engine -> (WAITED | RETRIED, the observed sentence): how concurrent duplicates were resolved."""
-    out: dict[str, dict[str, tuple[str, str]]] = {}
-    for label in _labels(report, RESOLVED):
-        for engine in ran(report):
-            text = report["observations"].get(engine, {}).get(label + RESOLVED)
-            if isinstance(text, str):
-                out.setdefault(label, {})[engine] = (RETRIED if "retried" in text else WAITED, text)
-    return out
+
+    def read(obs: Mapping[str, Any], label: str) -> tuple[str, str] | None:
+        text = obs.get(label + RESOLVED)
+        return (RETRIED if "retried" in text else WAITED, text) if isinstance(text, str) else None
+
+    return _per_label(report, RESOLVED, read)
 
 
 def effect_calls(report: Mapping[str, Any]) -> dict[str, dict[str, tuple[float, str]]]:
