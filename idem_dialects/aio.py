@@ -30,8 +30,9 @@ from . import dialects
 from .dialects.base import Backend
 from .errors import AsyncMisuse, LeaseLost, MissingDriver, RetryCause
 from .features import Features
+from .limits import check_status
 from .outcomes import Claimed, Outcome, Result
-from .protocol import Request, check_status, finished, refuse_sync_effect, reply
+from .protocol import Request, finished, refuse_sync_effect, reply
 from .retry import EffectFailed, RetryPolicy, acall_with_retry, effect_failure
 from .schema import Tables
 from .store import _NO_PAYLOAD, IdempotencyStore

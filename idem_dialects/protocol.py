@@ -17,7 +17,7 @@ from .dialects.base import Backend
 from .errors import AsyncMisuse, InvalidPayload, RequestInFlight, RequestMismatch, UnsupportedIsolation
 from .fingerprint import Encoder, fingerprint
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import lease_seconds
+from .limits import check_status, lease_seconds
 from .outcomes import InFlight, Mismatch, Outcome, Replayed, Result
 
 
@@ -33,12 +33,6 @@ def check_isolation(backend: Backend, level: str | None) -> None:
     """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
     if level is not None and level not in backend.features.isolation_levels:
         raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
-
-
-def check_status(status: object) -> int:
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise InvalidPayload("status", f"must be an int HTTP status 100-599, got {status!r}")
-    return status
 
 
 @dataclass(frozen=True, slots=True)
