@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -67,6 +68,25 @@ def reply(response: Any, status: int) -> tuple[Any, int]:
     if isinstance(response, Reply):
         return response.response, check_status(response.status)
     return response, status
+
+
+class _OwnsEngine(Protocol):
+    _owns_engine: bool
+
+
+_Store = TypeVar("_Store", bound=_OwnsEngine)
+
+
+def owning_engine(make: Callable[[], _Store], dispose: Callable[[], object]) -> _Store:
+    """The store `make` builds on an engine its `from_url` created: `close()` disposes of that engine later; if the
+    store cannot be built, the engine is disposed of now, since no caller ever holds it."""
+    try:
+        store = make()
+    except BaseException:
+        dispose()
+        raise
+    store._owns_engine = True
+    return store
 
 
 def finished(outcome: Outcome, req: Request) -> Result:

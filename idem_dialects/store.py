@@ -30,7 +30,7 @@ from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .protocol import Request as _Request
 from .protocol import check_isolation as _check_isolation
-from .protocol import finished, is_async_dialect, refuse_async_effect, refuse_awaitable, reply
+from .protocol import finished, is_async_dialect, owning_engine, refuse_async_effect, refuse_awaitable, reply
 from .retry import EffectFailed, RetryPolicy, call_with_retry, effect_failure
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 
@@ -89,13 +89,8 @@ class IdempotencyStore:
         parsed = backend.resolve_url(parsed)
         # hide_parameters: no stored response, token or request value in an error message or log line.
         engine = build_engine(parsed, backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
-        try:
-            store = cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder)
-        except BaseException:
-            engine.dispose()
-            raise
-        store._owns_engine = True
-        return store
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
+                             engine.dispose)
 
     @property
     def features(self) -> Features:
