@@ -30,8 +30,9 @@ from . import dialects
 from .dialects.base import Backend
 from .errors import AsyncMisuse, LeaseLost, MissingDriver, RetryCause
 from .features import Features
+from .limits import check_status
 from .outcomes import Claimed, Outcome, Result
-from .protocol import Request, check_status, finished, refuse_sync_effect, reply
+from .protocol import Request, finished, owning_engine, refuse_sync_effect, reply
 from .retry import EffectFailed, RetryPolicy, acall_with_retry, effect_failure
 from .schema import Tables
 from .store import _NO_PAYLOAD, IdempotencyStore
@@ -75,7 +76,13 @@ class AsyncIdempotencyStore:
                               f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
                               " create_async_engine on an async driver")
         self.engine = engine
-        self._core = _Core(engine.sync_engine, table_prefix=table_prefix, retry=retry)
+        core = self._core = _Core(engine.sync_engine, table_prefix=table_prefix, retry=retry)
+        # The sync store's own objects, shared (set once there; `features` is a property: it is refined on connect).
+        self.table_prefix: str = core.table_prefix
+        self.backend: Backend = core.backend
+        self.tables: Tables = core.tables
+        self.retry: RetryPolicy = core.retry
+        self.retries: Counter[str] = core.retries  # retries `run` absorbed, by cause, since this store was made
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if self._core.features.concurrent_connections else asyncio.Lock()
         self._owns_engine = False
@@ -95,40 +102,11 @@ class AsyncIdempotencyStore:
         except ImportError as exc:
             raise MissingDriver(parsed.drivername, "pip install 'idem-dialects[async]' (PostgreSQL, SQLite,"
                                 " MySQL/MariaDB), '[oracle]' or '[mssql]'", exc) from exc
-        try:
-            store = cls(engine, table_prefix=table_prefix, retry=retry)
-        except BaseException:
-            engine.sync_engine.dispose()
-            raise
-        store._owns_engine = True
-        return store
-
-    # --- what the sync store exposes, shared --------------------------------------------------------------------
-
-    @property
-    def table_prefix(self) -> str:
-        return self._core.table_prefix
-
-    @property
-    def backend(self) -> Backend:
-        return self._core.backend
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry), engine.sync_engine.dispose)
 
     @property
     def features(self) -> Features:
         return self._core.features
-
-    @property
-    def tables(self) -> Tables:
-        return self._core.tables
-
-    @property
-    def retry(self) -> RetryPolicy:
-        return self._core.retry
-
-    @property
-    def retries(self) -> Counter[str]:
-        """Retries `run` absorbed, by cause (a Counter), since this store was made."""
-        return self._core.retries
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         return self._core.retry_cause(exc)

@@ -1,4 +1,4 @@
-"""Bounds on the durations and sizes a caller passes, checked before any SQL (documented in README: Limits).
+"""Bounds on the durations, sizes and statuses a caller passes, checked before any SQL (README: Limits).
 
 Without them a huge lease or retention window overflows the driver or the database's date range (raw
 OverflowError / DataError, or a silent no-op on SQLite), and a huge batch size overflows a LIMIT parameter.
@@ -32,6 +32,16 @@ def check_older_than(older_than: object) -> timedelta:
 
 
 def check_batch_size(batch_size: object) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
-        raise InvalidPayload("batch_size", f"must be an int from 1 to {MAX_BATCH_SIZE:,}, got {batch_size!r}")
-    return batch_size
+    return _int_within("batch_size", batch_size, 1, MAX_BATCH_SIZE, f"an int from 1 to {MAX_BATCH_SIZE:,}")
+
+
+def check_status(status: object) -> int:
+    """The HTTP status stored with a response (`run`'s `status`, a `Reply`'s, `complete`'s)."""
+    return _int_within("status", status, 100, 599, "an int HTTP status 100-599")
+
+
+def _int_within(field: str, value: object, low: int, high: int, expected: str) -> int:
+    # bool is an int subclass, but True is never a deliberate batch size or status.
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidPayload(field, f"must be {expected}, got {value!r}")
+    return value

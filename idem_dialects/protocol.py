@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -17,7 +18,7 @@ from .dialects.base import Backend
 from .errors import AsyncMisuse, InvalidPayload, RequestInFlight, RequestMismatch, UnsupportedIsolation
 from .fingerprint import Encoder, fingerprint
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import lease_seconds
+from .limits import check_status, lease_seconds
 from .outcomes import InFlight, Mismatch, Outcome, Replayed, Result
 
 
@@ -33,12 +34,6 @@ def check_isolation(backend: Backend, level: str | None) -> None:
     """Refuse, before any SQL, an isolation level the backend does not guarantee the protocol under."""
     if level is not None and level not in backend.features.isolation_levels:
         raise UnsupportedIsolation(backend.name, level, backend.features.isolation_levels)
-
-
-def check_status(status: object) -> int:
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise InvalidPayload("status", f"must be an int HTTP status 100-599, got {status!r}")
-    return status
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +68,25 @@ def reply(response: Any, status: int) -> tuple[Any, int]:
     if isinstance(response, Reply):
         return response.response, check_status(response.status)
     return response, status
+
+
+class _OwnsEngine(Protocol):
+    _owns_engine: bool
+
+
+_Store = TypeVar("_Store", bound=_OwnsEngine)
+
+
+def owning_engine(make: Callable[[], _Store], dispose: Callable[[], object]) -> _Store:
+    """The store `make` builds on an engine its `from_url` created: `close()` disposes of that engine later; if the
+    store cannot be built, the engine is disposed of now, since no caller ever holds it."""
+    try:
+        store = make()
+    except BaseException:
+        dispose()
+        raise
+    store._owns_engine = True
+    return store
 
 
 def finished(outcome: Outcome, req: Request) -> Result:

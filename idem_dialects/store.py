@@ -25,12 +25,12 @@ from .fingerprint import Encoder, decode_response, encode_response, payload_fing
 from .guard import build_engine, guard, parse_url
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_older_than
+from .limits import check_status as _check_status
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .protocol import Request as _Request
 from .protocol import check_isolation as _check_isolation
-from .protocol import check_status as _check_status
-from .protocol import finished, is_async_dialect, refuse_async_effect, refuse_awaitable, reply
+from .protocol import finished, is_async_dialect, owning_engine, refuse_async_effect, refuse_awaitable, reply
 from .retry import EffectFailed, RetryPolicy, call_with_retry, effect_failure
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 
@@ -89,13 +89,8 @@ class IdempotencyStore:
         parsed = backend.resolve_url(parsed)
         # hide_parameters: no stored response, token or request value in an error message or log line.
         engine = build_engine(parsed, backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
-        try:
-            store = cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder)
-        except BaseException:
-            engine.dispose()
-            raise
-        store._owns_engine = True
-        return store
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
+                             engine.dispose)
 
     @property
     def features(self) -> Features:

@@ -15,23 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..aio import AsyncIdempotencyStore
 from ..errors import IdemError
-from ..outcomes import Claimed, Outcome
+from ..outcomes import Claimed
 from ..retry import acall_with_retry
 from ..store import Reply
-from .core import (
-    Call,
-    HandlerErrors,
-    HttpRequest,
-    IdempotencyPolicy,
-    NotStored,
-    ResponseTooLarge,
-    _connection,
-    encode_stored,
-    outcome_response,
-    prepare,
-    replay_response,
-    stored_reply,
-)
+from .core import HttpRequest, IdempotencyPolicy, NotStored, ResponseTooLarge, prepare
+from .exchange import Exchange
 from .problems import HttpResponse
 
 AsyncHandler = Callable[[Any], Awaitable[HttpResponse]]
@@ -50,76 +38,47 @@ class AsyncIdempotency:
             return await handler(None)
         if isinstance(prepared, HttpResponse):
             return prepared
-        errors = HandlerErrors()
-
-        async def tracked(conn: Any) -> HttpResponse:
-            try:
-                return await handler(conn)
-            except BaseException as exc:
-                errors.note(exc)
-                raise
-
+        ex = Exchange(self.policy, prepared)
         try:
             if self.policy.lease is None:
-                return await self._atomic(prepared, tracked)
-            return await self._external(prepared, tracked)
+                return await self._atomic(ex, handler)
+            return await self._external(ex, handler)
         except (ResponseTooLarge, IdemError) as exc:
-            return errors.answer(self.policy, exc)
+            return ex.answer(exc)
 
-    async def _atomic(self, call: Call, handler: AsyncHandler) -> HttpResponse:
-        first: list[HttpResponse] = []
-
-        async def effect(conn: Any) -> Reply:
-            token = _connection.set(conn)
-            try:
+    async def _atomic(self, ex: Exchange, handler: AsyncHandler) -> HttpResponse:
+        async def effect(conn: AsyncConnection) -> Reply:
+            with ex.handling(conn):
                 resp = await handler(conn)
-            finally:
-                _connection.reset(token)
-            return stored_reply(self.policy, resp, first)
+            return ex.stored(resp)
 
         try:
-            result = await self.store.run(scope=call.scope, operation=call.operation, key=call.key,
-                                          request=call.request, effect=effect)
+            result = await self.store.run(**ex.identity, effect=effect)
         except NotStored as ns:
             return ns.response
-        if result.replayed:
-            return replay_response(self.policy, call, result.response, result.status)
-        return first[0]
+        return ex.ran(result)
 
-    async def _external(self, call: Call, handler: AsyncHandler) -> HttpResponse:
-        store, policy = self.store, self.policy
-
-        async def claim(conn: Any) -> Outcome:
-            return await store.claim(conn, scope=call.scope, operation=call.operation, key=call.key,
-                                     request=call.request, lease=policy.lease)
-
-        outcome = await self._retrying(claim)
-        answer = outcome_response(policy, call, outcome)
-        if answer is not None:
-            return answer
-        assert isinstance(outcome, Claimed)
+    async def _external(self, ex: Exchange, handler: AsyncHandler) -> HttpResponse:
+        store = self.store
+        outcome = await self._retrying(lambda conn: store.claim(conn, **ex.identity, lease=self.policy.lease))
+        if not isinstance(outcome, Claimed):
+            return ex.unclaimed(outcome)
         try:
-            resp = await handler(None)
+            with ex.handling():
+                resp = await handler(None)
         except BaseException:
             await self._release(outcome)
             raise  # the handler's own error, unchanged
-        if not policy.store_status(resp.status):
+        body = ex.to_store(resp)
+        if body is None:
             await self._release(outcome)
-            return resp
-        body = encode_stored(policy, resp)
-
-        async def complete(conn: Any) -> None:
-            await store.complete(conn, outcome, body, resp.status)
-
-        await self._retrying(complete)
+        else:
+            await self._retrying(lambda conn: store.complete(conn, outcome, body, resp.status))
         return resp
 
     async def _release(self, claimed: Claimed) -> None:
-        async def release(conn: Any) -> bool:
-            return await self.store.release(conn, claimed)
-
         try:
-            await self._retrying(release)
+            await self._retrying(lambda conn: self.store.release(conn, claimed))
         except Exception:  # the lease ends on its own; the handler's outcome matters more
             pass
 

@@ -40,7 +40,6 @@ import rfc8785
 
 from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
-from ..store import Reply
 from .keyheader import KeyHeaderError, parse_key_header
 from .problems import HttpResponse, error_problem, problem
 
@@ -266,14 +265,6 @@ class HandlerErrors:
         if isinstance(exc, ResponseTooLarge):
             return too_large(policy)
         return error_problem(exc, base=policy.problem_base)
-
-
-def stored_reply(policy: IdempotencyPolicy, resp: HttpResponse, first: list[HttpResponse]) -> Reply:
-    """What the atomic effect returns to `run` for the handler's response (NotStored rolls a 5xx back)."""
-    if not policy.store_status(resp.status):
-        raise NotStored(resp)
-    first[:] = [resp]
-    return Reply(encode_stored(policy, resp), resp.status)
 
 
 # The connection of the transaction the atomic-mode handler runs in (a sqlalchemy Connection or AsyncConnection).

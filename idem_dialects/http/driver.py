@@ -18,20 +18,8 @@ from ..errors import IdemError
 from ..outcomes import Claimed
 from ..retry import call_with_retry
 from ..store import IdempotencyStore, Reply
-from .core import (
-    Call,
-    HandlerErrors,
-    HttpRequest,
-    IdempotencyPolicy,
-    NotStored,
-    ResponseTooLarge,
-    _connection,
-    encode_stored,
-    outcome_response,
-    prepare,
-    replay_response,
-    stored_reply,
-)
+from .core import HttpRequest, IdempotencyPolicy, NotStored, ResponseTooLarge, prepare
+from .exchange import Exchange
 from .problems import HttpResponse
 
 Handler = Callable[[Connection | None], HttpResponse]
@@ -50,60 +38,42 @@ class Idempotency:
             return handler(None)
         if isinstance(prepared, HttpResponse):
             return prepared
-        errors = HandlerErrors()
-
-        def tracked(conn: Connection | None) -> HttpResponse:
-            try:
-                return handler(conn)
-            except BaseException as exc:
-                errors.note(exc)
-                raise
-
+        ex = Exchange(self.policy, prepared)
         try:
             if self.policy.lease is None:
-                return self._atomic(prepared, tracked)
-            return self._external(prepared, tracked)
+                return self._atomic(ex, handler)
+            return self._external(ex, handler)
         except (ResponseTooLarge, IdemError) as exc:
-            return errors.answer(self.policy, exc)
+            return ex.answer(exc)
 
-    def _atomic(self, call: Call, handler: Handler) -> HttpResponse:
-        first: list[HttpResponse] = []
-
+    def _atomic(self, ex: Exchange, handler: Handler) -> HttpResponse:
         def effect(conn: Connection) -> Reply:
-            token = _connection.set(conn)
-            try:
+            with ex.handling(conn):
                 resp = handler(conn)
-            finally:
-                _connection.reset(token)
-            return stored_reply(self.policy, resp, first)
+            return ex.stored(resp)
 
         try:
-            result = self.store.run(scope=call.scope, operation=call.operation, key=call.key,
-                                    request=call.request, effect=effect)
+            result = self.store.run(**ex.identity, effect=effect)
         except NotStored as ns:
             return ns.response
-        if result.replayed:
-            return replay_response(self.policy, call, result.response, result.status)
-        return first[0]
+        return ex.ran(result)
 
-    def _external(self, call: Call, handler: Handler) -> HttpResponse:
-        store, policy = self.store, self.policy
-        outcome = self._retrying(lambda conn: store.claim(conn, scope=call.scope, operation=call.operation,
-                                                          key=call.key, request=call.request, lease=policy.lease))
-        answer = outcome_response(policy, call, outcome)
-        if answer is not None:
-            return answer
-        assert isinstance(outcome, Claimed)
+    def _external(self, ex: Exchange, handler: Handler) -> HttpResponse:
+        store = self.store
+        outcome = self._retrying(lambda conn: store.claim(conn, **ex.identity, lease=self.policy.lease))
+        if not isinstance(outcome, Claimed):
+            return ex.unclaimed(outcome)
         try:
-            resp = handler(None)
+            with ex.handling():
+                resp = handler(None)
         except BaseException:
             self._release(outcome)
             raise  # the handler's own error, unchanged
-        if not policy.store_status(resp.status):
+        body = ex.to_store(resp)
+        if body is None:
             self._release(outcome)
-            return resp
-        body = encode_stored(policy, resp)
-        self._retrying(lambda conn: store.complete(conn, outcome, body, resp.status))
+        else:
+            self._retrying(lambda conn: store.complete(conn, outcome, body, resp.status))
         return resp
 
     def _release(self, claimed: Claimed) -> None:
