@@ -1,8 +1,11 @@
 """The project's own tests opt in to the shipped conformance plugin, exactly as a third-party project would."""
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from idem_dialects import engines
 
 pytest_plugins = ["idem_dialects.conformance.plugin"]
 
@@ -13,3 +16,15 @@ def pytest_configure(config: Any) -> None:
     line picks one (``--idem-api sync``); a third party's suite keeps the plugin's default (sync)."""
     if getattr(config.option, "idem_api", "unset") is None:
         config.option.idem_api = "both"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql-18", "postgresql", "mariadb"])
+def live_server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Each engine this machine runs (a skip, with the reason, where one cannot be had)."""
+    spec = engines.get(request.param)
+    try:
+        provided = spec.provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{spec.name}: {exc}")
+    yield provided
+    provided.stop()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,6 @@ from idem_dialects import ConfigurationError, IdempotencyStore, UnsupportedEngin
 from idem_dialects.errors import InsufficientPrivilege, MissingDriver, MissingTables
 
 engines: Any = import_module("idem_dialects.engines")
-LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
-
-
-@pytest.fixture(scope="module", params=LIVE)
-def server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    spec = engines.get(request.param)
-    try:
-        provided = spec.provide()
-    except engines.Unavailable as exc:
-        pytest.skip(f"{spec.name}: {exc}")
-    yield provided
-    provided.stop()
 
 
 @pytest.mark.parametrize(("url", "hint"), [
@@ -86,9 +73,9 @@ def test_missing_driver_says_what_to_install(tmp_path: Path, url: str, module: s
     assert issubclass(MissingDriver, ConfigurationError)
 
 
-def test_missing_tables_say_how_to_create_them(server: Any) -> None:
+def test_missing_tables_say_how_to_create_them(live_server: Any) -> None:
     prefix = f"nt_{uuid.uuid4().hex[:6]}_"
-    with IdempotencyStore.from_url(server.url, table_prefix=prefix) as store:
+    with IdempotencyStore.from_url(live_server.url, table_prefix=prefix) as store:
         with pytest.raises(MissingTables) as err:
             store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1)
         assert f"{prefix}records" in str(err.value)

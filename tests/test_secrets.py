@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import traceback
 import uuid
-from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
 
@@ -21,7 +20,6 @@ from idem_dialects import Claimed, IdempotencyStore
 engines: Any = import_module("idem_dialects.engines")
 
 SECRET = "sk_live_secret"
-LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
 # What makes the fenced UPDATE of complete() fail on each engine (the table name is formatted in).
 BREAK_COMPLETE = {
     "sqlite": "CREATE TRIGGER {t}_no BEFORE UPDATE ON {t} BEGIN SELECT RAISE(ABORT, 'complete refused'); END",
@@ -29,17 +27,6 @@ BREAK_COMPLETE = {
     "postgresql": "ALTER TABLE {t} ADD CONSTRAINT {t}_small CHECK (response IS NULL OR length(response) < 5)",
     "mariadb": "ALTER TABLE {t} ADD CONSTRAINT {t}_small CHECK (response IS NULL OR length(response) < 5)",
 }
-
-
-@pytest.fixture(scope="module", params=LIVE)
-def server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    spec = engines.get(request.param)
-    try:
-        provided = spec.provide()
-    except engines.Unavailable as exc:
-        pytest.skip(f"{spec.name}: {exc}")
-    yield provided
-    provided.stop()
 
 
 def every_text(exc: BaseException) -> str:
@@ -65,16 +52,16 @@ def forbidden(token: str) -> list[str]:
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["from_url", "wrapped-engine"])
-def test_failing_complete_reveals_no_stored_value(server: Any, wrapped: bool,
+def test_failing_complete_reveals_no_stored_value(live_server: Any, wrapped: bool,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     if not wrapped:  # SQLAlchemy's engine log (statements; parameters unless hidden): the caller's choice for
         caplog.set_level(logging.INFO, logger="sqlalchemy.engine")  # an engine of their own (README: Secrets)
     prefix = f"sec_{uuid.uuid4().hex[:6]}_"
     if wrapped:  # the caller's engine, built without hide_parameters
-        store = IdempotencyStore(create_engine(server.url), table_prefix=prefix)
+        store = IdempotencyStore(create_engine(live_server.url), table_prefix=prefix)
     else:
-        store = IdempotencyStore.from_url(server.url, table_prefix=prefix)
+        store = IdempotencyStore.from_url(live_server.url, table_prefix=prefix)
     store.create_tables()
     try:
         with store.engine.begin() as conn:
