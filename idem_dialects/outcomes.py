@@ -15,9 +15,13 @@ class Claimed:
     operation: str
     key: str
     fingerprint: str
+    """The request's RFC 8785 fingerprint, stored with the claim: a later use of the key is compared with it."""
     token: str
+    """This claim's fencing token: `complete` and `release` act only while the record still holds it."""
     leased: bool
+    """Claimed with a lease (committed alone, the effect in a later transaction) rather than atomically."""
     taken_over: bool = False
+    """The key was claimed before by an attempt whose lease ended without completing; this one took it over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +31,10 @@ class Replayed:
     response: Any
     status: int
     completed_at: datetime
-    # Completed by this very `run` (its COMMIT went through, the reply was lost, the retry found its own claim
-    # token): the caller gets its own first result, not a replay.
+    """When the first attempt committed, by the database's clock."""
     own: bool = False
+    """Completed by this very `run` (its COMMIT went through, the reply was lost, the retry found its own claim
+    token): the caller gets its own first result, not a replay."""
 
 
 @dataclass(frozen=True, slots=True)
