@@ -137,12 +137,16 @@ class AsyncIdempotencyStore:
 
     # --- the step-by-step API ------------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
         """A connection in a transaction begun the way the engine needs (the backend's own `transaction`);
         commits on success, rolls back on an error or cancellation (or discards the connection if that fails)."""
+        return self._transaction(self.backend.transaction)
+
+    @asynccontextmanager
+    async def _transaction(self, begin: Callable[[Connection], AbstractContextManager[None]]
+                           ) -> AsyncIterator[AsyncConnection]:
         async with self._turn(), self._connection() as conn:
-            ending = await conn.run_sync(self._begin)
+            ending = await conn.run_sync(self._begin, begin)
             try:
                 yield conn
             except BaseException as exc:
@@ -170,9 +174,10 @@ class AsyncIdempotencyStore:
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
 
-    def _begin(self, conn: Connection) -> AbstractContextManager[None]:
+    def _begin(self, conn: Connection, begin: Callable[[Connection], AbstractContextManager[None]]
+               ) -> AbstractContextManager[None]:
         self.backend.live_features(conn)
-        ending = self.backend.transaction(conn)
+        ending = begin(conn)
         ending.__enter__()
         return ending
 
@@ -213,7 +218,7 @@ class AsyncIdempotencyStore:
                                       self._core._count_retry)
 
     async def _run_atomic(self, req: Request, effect: AsyncEffect, status: int) -> Result:
-        async with self.transaction() as conn:
+        async with self._transaction(self.backend.claim_transaction) as conn:
             outcome = await conn.run_sync(self._core._claim, req)
             if not isinstance(outcome, Claimed):
                 return finished(outcome, req)
@@ -222,7 +227,7 @@ class AsyncIdempotencyStore:
             return Result(response, code, replayed=False)
 
     async def _run_leased(self, req: Request, effect: AsyncEffect, status: int) -> Result:
-        async with self.transaction() as conn:
+        async with self._transaction(self.backend.claim_transaction) as conn:
             outcome = await conn.run_sync(self._core._claim, req)
         if not isinstance(outcome, Claimed):
             return finished(outcome, req)

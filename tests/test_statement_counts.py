@@ -12,6 +12,7 @@ captured by a recording connection (the replay path needs a stored row from a li
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool.base import ResetStyle
 
-from idem_dialects import IdempotencyStore, engines
+from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, engines
 from idem_dialects.benchmark import record_statements, statement_kind
 from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean
 from idem_dialects.outcomes import Claimed
@@ -100,6 +101,30 @@ def test_first_time_and_replay(live_store: IdempotencyStore) -> None:
     store.run(scope="account:1", operation="debit:v1", key="warm", request={}, effect=_no_sql)
     assert _counted(store, call) == expected["first"]
     assert _counted(store, call) == expected["replay"]
+
+
+def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> None:
+    """AsyncIdempotencyStore runs the same protocol through SQLAlchemy's greenlet bridge, so each path sends the
+    same statements as the sync store (the SQLite replay too: deferred, no write lock)."""
+    expected = EXPECTED[live_store.backend.name]
+    url = live_store.engine.url
+    url = url.set(drivername=f"{url.get_backend_name()}+{live_store.backend.async_drivers[0]}")
+
+    async def no_sql(conn: Any) -> dict[str, int]:
+        return {"balance": 900}
+
+    async def paths() -> list[tuple[list[str], int]]:
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=live_store.table_prefix) as store:
+            key, counted = uuid.uuid4().hex, []
+            await store.run(scope="account:1", operation="debit:v1", key="async-warm", request={}, effect=no_sql)
+            for _ in ("first", "replay"):
+                with record_statements(store.engine.sync_engine) as log:
+                    await store.run(scope="account:1", operation="debit:v1", key=key, request={"amount": 100},
+                                    effect=no_sql)
+                counted.append((log.kinds, log.commits))
+            return counted
+
+    assert asyncio.run(paths()) == [expected["first"], expected["replay"]]
 
 
 def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
