@@ -24,7 +24,7 @@ from sqlalchemy.pool.base import ResetStyle
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, engines
 from idem_dialects.benchmark import record_statements, statement_kind
-from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean
+from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean, resets_by_hook
 from idem_dialects.outcomes import Claimed
 
 # backend -> path -> (statement kinds in order, commits). Transaction control the driver sends outside a cursor
@@ -280,6 +280,7 @@ def test_reset_hook_only_where_the_pool_resets_nothing() -> None:
     try:
         assert quiet.pool._reset_on_return is ResetStyle.reset_none
         assert default.pool._reset_on_return is ResetStyle.reset_rollback
+        assert resets_by_hook(quiet.pool) and not resets_by_hook(default.pool)
         MySQLBackend(quiet), MySQLBackend(default)
         assert event.contains(quiet.pool, "reset", _reset_unless_clean)
         assert not event.contains(default.pool, "reset", _reset_unless_clean)  # its own ROLLBACK is enough

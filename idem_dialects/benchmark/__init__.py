@@ -24,11 +24,12 @@ from __future__ import annotations
 from .plan import IDEM_MODES, MODES, PLPGSQL_MODES, Config, ExactlyOnceViolation, Slice, plan
 from .report import RATIO_TARGETS, SCHEMA, SET_SCHEMA, combine, engine_info, machine_info, new_prefix, percentiles
 from .runner import Bench
-from .statements import StatementLog, implicit_begin, record_statements, statement_kind
+from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
 from .workload import Workload, plpgsql_ddl
 
 __all__ = [
     "IDEM_MODES", "MODES", "PLPGSQL_MODES", "RATIO_TARGETS", "SCHEMA", "SET_SCHEMA", "Bench", "Config",
     "ExactlyOnceViolation", "Slice", "StatementLog", "Workload", "combine", "engine_info", "implicit_begin",
-    "machine_info", "new_prefix", "percentiles", "plan", "plpgsql_ddl", "record_statements", "statement_kind",
+    "machine_info", "new_prefix", "percentiles", "plan", "plpgsql_ddl", "record_statements", "reset_reaches_server",
+    "statement_kind",
 ]

@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
+from ..dialects.mysql import resets_by_hook
+
 
 @dataclass
 class StatementLog:
@@ -71,9 +73,11 @@ def record_statements(engine: Engine) -> Iterator[StatementLog]:
 
 
 def reset_reaches_server(engine: Engine) -> bool:
-    """Whether the pool's reset-on-return is a round trip: MySQL/MariaDB drivers send ROLLBACK even with no
-    transaction open; psycopg skips it when idle, and SQLite's is in-process."""
-    return engine.dialect.name in ("mysql", "mariadb")
+    """Whether the pool's reset of a connection returned after a request is a round trip: MySQL/MariaDB drivers send
+    ROLLBACK even with no transaction open, unless the engine's pool leaves the reset to MySQLBackend's hook (from_url's
+    engines), which skips it after the store's own COMMIT, as every request here ends (counted on the server by
+    tests/test_statement_counts.py). psycopg skips it when idle, and SQLite's is in-process."""
+    return engine.dialect.name in ("mysql", "mariadb") and not resets_by_hook(engine.pool)
 
 
 def implicit_begin(engine: Engine) -> str | None:

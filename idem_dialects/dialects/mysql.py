@@ -61,7 +61,7 @@ from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.pool import PoolResetState
+from sqlalchemy.pool import Pool, PoolResetState
 from sqlalchemy.pool.base import ResetStyle  # not re-exported; tests/test_statement_counts.py fails if it moves
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -137,6 +137,13 @@ def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetStat
     dbapi_connection.rollback()
 
 
+def resets_by_hook(pool: Pool) -> bool:
+    """The pool resets nothing itself (pool_reset_on_return=None, what `engine_options` asks for), so a returned
+    connection is rolled back only by `_reset_unless_clean`, and only when it is not known clean. Pool has no public
+    accessor for its reset style; tests/test_statement_counts.py fails if this private one moves."""
+    return getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none
+
+
 def _client_side_disconnect(context: ExceptionContext) -> None:
     """mysql-connector-python raises client-side errors with errno -1, among them "MySQL Connection not available"
     after the server or the network dropped the socket, which SQLAlchemy's disconnect test (matching older wording)
@@ -198,9 +205,7 @@ class MySQLBackend(Backend):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         pool = getattr(engine, "pool", None)
-        # pool_reset_on_return=None (what engine_options asks for): no reset at all unless this hook does it. Pool has
-        # no public accessor for its reset style; tests/test_statement_counts.py fails if this private one moves.
-        if pool is not None and getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none:
+        if pool is not None and resets_by_hook(pool):
             event.listen(pool, "reset", _reset_unless_clean)
         if isinstance(engine, Engine):
             event.listen(engine, "handle_error", _client_side_disconnect)
