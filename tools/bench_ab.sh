@@ -2,11 +2,12 @@
 # Issue 18's before/after figures (BENCHMARKS.md): the same `idem-dialects bench` runs with a "before" checkout and
 # with this one, alternately per engine and worker count, so both see the same machine state.
 #
-#   git worktree add ../before bench-before-18 && (cd ../before && python3 -m venv .venv && .venv/bin/pip install -q -e '.[all]')
+#   git worktree add --detach ../before && git -C ../before apply "$PWD/tools/bench_before_18.patch"
+#   (cd ../before && python3 -m venv .venv && .venv/bin/pip install -q -e '.[all]')
 #   tools/bench_ab.sh ../before /tmp/ab && python3 tools/bench_ab.py /tmp/ab
 #
-# bench-before-18 is main with the issue's three round-trip changes switched off (PostgreSQL's claim_or_read, the
-# SQLite deferred claim_transaction, MySQL/MariaDB's pool reset skip); every other line is this checkout's.
+# tools/bench_before_18.patch switches the issue's changes off (PostgreSQL's claim_or_read, the SQLite deferred
+# claim_transaction, MySQL/MariaDB's pool reset skip, the narrower winner read); every other line is this checkout's.
 set -euo pipefail
 before=$(cd "$1" && pwd)
 out=$2
