@@ -6,7 +6,6 @@ connection pool over the nodes of a cluster."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import pwd
 import signal
@@ -17,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Protocol, Self, TypeVar
 
@@ -135,10 +135,8 @@ def start_cluster(make: Callable[[Path, str | None], C], *, prefix: str, user: s
     `user` when we are root; stop it (which removes the dir) when starting fails or is interrupted. `driver`, the
     client the cluster's checks use - (module, package, extra) - is checked first: no server starts without it."""
     module, package, extra = driver
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise Unavailable(f"{package} is not installed (pip install 'idem-dialects[{extra}]')") from None
+    if find_spec(module) is None:
+        raise Unavailable(f"{package} is not installed (pip install 'idem-dialects[{extra}]')")
     as_user = unprivileged_user(user)
     cluster = make(Path(tempfile.mkdtemp(prefix=prefix)), as_user)
     try:

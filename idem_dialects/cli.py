@@ -27,7 +27,7 @@ class Command(Protocol):
 
 
 def load(name: str) -> Command:
-    """The module of subcommand `name`, imported only now. Explicit imports (not import_module), so mypy checks
+    """The module of subcommand `name`, imported only now. Explicit imports (no import by name), so mypy checks
     that each module really provides add_arguments and run."""
     module: Command
     if name == "demo":

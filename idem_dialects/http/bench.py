@@ -220,7 +220,7 @@ def resolve(engine: str, workdir: Path) -> tuple[str, str]:
     if engine == "sqlite":
         return engine, f"{ASYNC_DRIVERS['sqlite']}:///{workdir / 'bench.db'}"
     if engine in ("postgresql", "postgresql-18"):
-        from ..engines import get  # type: ignore[import-not-found, unused-ignore]
+        from ..engines import get
 
         url = make_url(get(engine).provide().url)
         return engine, url.set(drivername=ASYNC_DRIVERS["postgresql"]).render_as_string(hide_password=False)
