@@ -256,7 +256,6 @@ class AsyncBench:
                             *self.against_sync(modes)],
                 "exactly_once": {"distinct_keys": len(self.keys_sent)}}
 
-
     def against_sync(self, modes: dict[str, Any]) -> list[dict[str, Any]]:
         """Issue 18: with as many tasks as the sync store has threads, async replays at least as fast, first-time
         requests faster (throughput ratio async / sync)."""
