@@ -30,6 +30,7 @@ from . import dialects
 from .dialects.base import Backend
 from .errors import AsyncMisuse, LeaseLost, MissingDriver, RetryCause
 from .features import Features
+from .guard import engine_options as guarded_options
 from .limits import check_status
 from .outcomes import Claimed, Outcome, Result
 from .protocol import Request, finished, owning_engine, refuse_sync_effect, reply
@@ -98,7 +99,7 @@ class AsyncIdempotencyStore:
             raise AsyncMisuse(f"{parsed.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
                               f" or an async driver here ({async_drivers_hint(backend)})")
         try:
-            engine = create_async_engine(parsed, **backend.engine_options(parsed, engine_options))
+            engine = create_async_engine(parsed, **guarded_options(backend, parsed, engine_options))
         except ImportError as exc:
             raise MissingDriver(parsed.drivername, "pip install 'idem-dialects[async]' (PostgreSQL, SQLite,"
                                 " MySQL/MariaDB), '[oracle]' or '[mssql]'", exc) from exc

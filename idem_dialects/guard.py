@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, make_url
@@ -81,6 +82,13 @@ def parse_url(url: str | URL) -> URL:
         return make_url(url)
     except ArgumentError:
         raise InvalidURL() from None
+
+
+def engine_options(backend: type[Backend], url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of an engine `from_url` builds (sync or async): ``hide_parameters`` unless the caller says
+    otherwise, so no stored response, token or request value reaches an error message or a log line (SQLAlchemy's
+    ``echo`` included), then what the backend needs."""
+    return backend.engine_options(url, {"hide_parameters": True, **options})
 
 
 def build_engine(url: URL, options: dict[str, Any]) -> Engine:

@@ -23,6 +23,7 @@ from .errors import AsyncMisuse, ClaimRaced, LeaseLost, RequestMismatch, RetryCa
 from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, payload_fingerprint
 from .guard import build_engine, guard, parse_url
+from .guard import engine_options as guarded_options
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_older_than
 from .limits import check_status as _check_status
@@ -87,8 +88,7 @@ class IdempotencyStore:
                               f" idem_dialects.AsyncIdempotencyStore.from_url for it, or a sync driver here")
         backend = dialects.load(parsed.get_backend_name())
         parsed = backend.resolve_url(parsed)
-        # hide_parameters: no stored response, token or request value in an error message or log line.
-        engine = build_engine(parsed, backend.engine_options(parsed, {"hide_parameters": True, **engine_options}))
+        engine = build_engine(parsed, guarded_options(backend, parsed, engine_options))
         return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
                              engine.dispose)
 

@@ -5,6 +5,7 @@ formatted traceback) and every log record is searched for it, its hex and the cl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import traceback
 import uuid
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.exc import DBAPIError
 
-from idem_dialects import Claimed, IdempotencyStore
+from idem_dialects import AsyncIdempotencyStore, Claimed, IdempotencyStore
 
 engines: Any = import_module("idem_dialects.engines")
 
@@ -142,3 +143,17 @@ def test_library_errors_never_carry_stored_values(tmp_path: Any) -> None:
         text = every_text(error)
         for value in forbidden(claimed.token):
             assert value not in text, f"{value!r} in {type(error).__name__}: {text[-2000:]}"
+
+
+def test_from_url_engines_hide_parameters_sync_and_async(tmp_path: Any) -> None:
+    """Both stores' from_url build engines with hide_parameters (no stored value in an error or SQLAlchemy's echo),
+    unless the caller says otherwise."""
+    sync = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 's.db'}")
+    shown = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 's.db'}", hide_parameters=False)
+    asyn = AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")
+    try:
+        assert sync.engine.hide_parameters and asyn.engine.sync_engine.hide_parameters
+        assert not shown.engine.hide_parameters
+    finally:
+        sync.close(), shown.close()
+        asyncio.run(asyn.close())
