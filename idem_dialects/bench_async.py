@@ -32,11 +32,11 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import dialects
-from .aio import AsyncIdempotencyStore, installed_async_drivers
+from .aio import AsyncIdempotencyStore
 from .benchmark.statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
 from .errors import IdemError
-from .protocol import is_async_dialect
 from .store import IdempotencyStore
+from .url import async_drivers, target
 
 SCHEMA = "idem-dialects-bench-async/1"
 INITIAL = 10**15
@@ -300,9 +300,9 @@ def render(report: dict[str, Any]) -> str:
 def urls_for(url: URL, driver: str | None) -> tuple[URL, URL]:
     """(async URL, sync URL) of one database, whichever kind `url` names."""
     backend = dialects.load(url.get_backend_name())
-    if is_async_dialect(url):  # the sync comparison runs on the engine's default sync driver
+    if target(url).asyncio_only:  # the sync comparison runs on the engine's default sync driver
         return url, backend.resolve_url(url.set(drivername=backend.name))
-    chosen = driver or next(iter(installed_async_drivers(backend.name)), None)
+    chosen = driver or next(iter(async_drivers(backend)), None)
     if chosen is None:
         raise ValueError(f"no async driver for {backend.name} is installed (pip install 'idem-dialects[async]')")
     return url.set(drivername=f"{backend.name}+{chosen}"), url

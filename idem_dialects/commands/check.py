@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..guard import resolve_url
 from ..store import IdempotencyStore
+from ..url import target
 from .matrix import add_output_arguments, run_matrix
 
 
@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = resolve_url(args.url)  # as from_url does; a configuration error is reported by the CLI's handler
+    url = target(args.url).url  # as from_url resolves it; a configuration error is reported by the CLI's handler
     # Connect once first, as the store does: a wrong password or an unreachable server is two lines from the CLI's
     # handler (ConnectionConfigError / CannotConnect), before any progress output.
     with IdempotencyStore.from_url(url) as store, store.backend.connect(store.engine):
