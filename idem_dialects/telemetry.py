@@ -29,7 +29,7 @@ SCOPE = "idem_dialects"  # the instrumentation scope: the meter's and the tracer
 SYSTEM, NAMESPACE, TABLE, ERROR = "db.system.name", "db.namespace", "db.collection.name", "error.type"
 OPERATION, OUTCOME, CAUSE = "idempotency.operation", "idempotency.outcome", "idempotency.retry.cause"
 SUBSCRIBER, ATTEMPTS = "idempotency.subscriber", "idempotency.attempts"
-RUN_SPAN, REQUEST_SPAN, CLAIM_EVENT = "idempotency run", "idempotency request", "idempotency.claim"
+RUN_SPAN, REQUEST_SPAN, EVENT = "idempotency run", "idempotency request", "idempotency.claim"
 # Seconds: a replay takes a fraction of a millisecond, a claim that waits on a holder or a retried run seconds.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ATTRIBUTE_SETS = 4096  # per store; past it attribute dicts are built per call instead of kept
@@ -133,7 +133,7 @@ class Telemetry:
     # --- events the flows report -------------------------------------------------------------------------------
 
     def claim(self, operation: str, flow: Flow[Outcome]) -> Flow[Outcome]:
-        """`flow` (a claim), counted by outcome, timed, and noted as an event on the current span."""
+        """`flow` (a claim), counted by outcome and timed."""
         return self._claim(operation, flow) if self.enabled else flow
 
     def _claim(self, operation: str, flow: Flow[Outcome]) -> Flow[Outcome]:
@@ -144,14 +144,22 @@ class Telemetry:
             attributes = self._attributes(OPERATION, operation, OUTCOME, name)
             self._metrics.outcomes.add(1, attributes)
             self._metrics.claim_wait.record(time.perf_counter() - started, attributes)
-            span = self._trace.get_current_span()
-            if span.is_recording():
-                span.add_event(CLAIM_EVENT, {OUTCOME: name})
+            if name == "takeover":
+                self._event(name)
         return outcome
 
     def lease_lost(self, operation: str) -> None:
         if self.enabled:
             self._metrics.outcomes.add(1, self._attributes(OPERATION, operation, OUTCOME, "lease_lost"))
+            self._event("lease_lost")
+
+    def _event(self, outcome: str) -> None:
+        """A rare outcome (a takeover, a lost lease) as an event on the current span: the run's, the HTTP request's,
+        or the caller's own around the step-by-step API. Common outcomes are the run span's attribute instead (an
+        event per replay would cost more than the rest of its telemetry)."""
+        span = self._trace.get_current_span()
+        if span.is_recording():
+            span.add_event(EVENT, {OUTCOME: outcome})
 
     def effect(self, operation: str, seconds: float, error: BaseException | None) -> None:
         if self.enabled:

@@ -148,7 +148,6 @@ def test_counters_read_exactly_what_happened(otel: Sdk, database: tuple[str, str
     (inner,) = [s for s in runs if s.attributes["idempotency.outcome"] == "in_flight"]
     (outer,) = [s for s in runs if s.context.span_id == inner.parent.span_id]
     assert outer.attributes["idempotency.outcome"] == "claimed"
-    assert [e.attributes["idempotency.outcome"] for e in inner.events] == ["in_flight"]
 
 
 def test_takeover_lease_lost_retries_messages_and_purge_are_counted(otel: Sdk, tmp_path: Path) -> None:
@@ -181,9 +180,11 @@ def test_takeover_lease_lost_retries_messages_and_purge_are_counted(otel: Sdk, t
         assert store.purge(older_than=timedelta(0)) == 2 + 2
 
     assert otel.tally("idempotency.outcomes", op) == {"claimed": 3, "takeover": 1, "lease_lost": 1}
-    (run,) = [s for s in otel.spans() if s.name == "idempotency run" and s.attributes["idempotency.operation"] == op
-              and s.attributes["idempotency.attempts"] == 2]
-    assert [e.attributes["idempotency.outcome"] for e in run.events] == ["claimed", "claimed"]
+    runs = [s for s in otel.spans() if s.name == "idempotency run" and s.attributes["idempotency.operation"] == op]
+    assert [(s.attributes["idempotency.attempts"], s.attributes["idempotency.outcome"]) for s in runs] == [
+        (1, "claimed"), (2, "claimed")]
+    # Rare outcomes are events on the current span: the takeover on its run's, the lost lease on none (no span).
+    assert [[e.attributes["idempotency.outcome"] for e in s.events] for s in runs] == [["takeover"], []]
     retried = Counter({attrs["idempotency.retry.cause"]: p.value for name, attrs, p in otel.points()
                        if name == "idempotency.retries" and attrs["db.namespace"] == str(tmp_path / "x.db")})
     assert retried == {RetryCause.CLAIM_RACE.value: 1}

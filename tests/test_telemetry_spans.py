@@ -185,8 +185,10 @@ def test_wsgi_request_span_is_a_child_of_the_server_span(otel: Sdk, tmp_path: Pa
     (server,) = [s for s in spans if s.kind.name == "SERVER"]
     (request,) = [s for s in spans if s.name == "idempotency request"]
     assert request.parent.span_id == server.context.span_id
-    # External-call mode claims outside a run: the claim is an event on the request span.
-    assert [e.attributes["idempotency.outcome"] for e in request.events] == ["claimed"]
+    # External-call mode claims and completes outside a run: the request span is the only one.
+    assert request.attributes["http.response.status_code"] == 202
+    assert request.attributes["idempotency.operation"] == "send"
+    assert not [s for s in spans if s.name == "idempotency run"]
 
 
 BLOCKED = textwrap.dedent("""

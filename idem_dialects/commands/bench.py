@@ -71,6 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sleep", type=float, default=0.2, metavar="S",
                         help="--api async: what the sleep figure's effect awaits, in seconds (default 0.2)")
     parser.add_argument("--driver", metavar="NAME", help="--api async: the async driver (default: the first installed)")
+    parser.add_argument("--measure", choices=["workload", "telemetry", "purge"], default="workload",
+                        help="workload: the debit workload beside the bare effect (default); telemetry: replays with"
+                             " telemetry off, with OpenTelemetry's no-op API and with the SDK recording (uses"
+                             " --requests, --repetitions, --warmup); purge: purge's rows/s and the latency of"
+                             " first-time claims beside it (uses --rows, --batch-size, --workers); one engine")
+    parser.add_argument("--rows", type=int, default=100_000, metavar="N",
+                        help="--measure purge: old records to purge (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=1000, metavar="N",
+                        help="--measure purge: rows per purge transaction (default %(default)s)")
 
 
 class UsageError(Exception):
@@ -130,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = Config(**{name: getattr(args, name) for name in SIZES}, profile=args.profile)
         targets, lenient = _targets(args)
         backends = {t: _backend(t) for t in targets}
-        if args.api == "async" and len(targets) != 1:
-            raise UsageError("--api async measures one engine at a time")
+        if (args.api == "async" or args.measure != "workload") and len(targets) != 1:
+            raise UsageError(f"--api {args.api} --measure {args.measure} measures one engine at a time")
         if args.profile and args.profile.startswith("plpgsql_"):
             others = [t for t, b in backends.items() if b != "postgresql"]
             if others:
@@ -172,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
 
             ((target, provided),) = servers.items()
             return run_async(args, make_url(provided.url if provided else target), log)
+        if args.measure != "workload":
+            ((target, provided),) = servers.items()
+            return _measure_one(args, provided.url if provided else target, cfg, log)
         for target, provided in servers.items():
             try:
                 report, profile = _measure(target, provided.url if provided else target, cfg, log)
@@ -198,16 +210,11 @@ def _measure(label: str, url: Any, cfg: Config,
     from sqlalchemy import make_url
 
     from ..benchmark import Bench, ExactlyOnceViolation, engine_info, new_prefix
-    from ..dialects.sqlite import is_memory
     from ..store import IdempotencyStore
 
-    options: dict[str, Any] = {}
     parsed = make_url(url)
-    if not (parsed.get_backend_name() == "sqlite" and is_memory(parsed)):
-        # A connection per worker kept in the pool, so no worker pays for reconnecting.
-        options = {"pool_size": max(5, cfg.workers + 1), "max_overflow": 2}
     try:
-        store = IdempotencyStore.from_url(parsed, table_prefix=new_prefix(), **options)
+        store = IdempotencyStore.from_url(parsed, table_prefix=new_prefix(), **_pool(parsed, cfg.workers))
     except Exception as exc:  # an unknown dialect, a missing driver: the engine cannot be had, say why
         raise CannotConnect(_first_line(exc)) from None
     try:
@@ -227,6 +234,53 @@ def _measure(label: str, url: Any, cfg: Config,
             return None, None
         return bench.report(info, time.perf_counter() - started), bench.profile
     finally:
+        store.engine.dispose()
+
+
+def _pool(url: Any, workers: int) -> dict[str, Any]:
+    """A connection per worker kept in the pool, so no worker pays for reconnecting (one shared :memory: SQLite
+    connection has no pool to size)."""
+    from ..dialects.sqlite import is_memory
+
+    if url.get_backend_name() == "sqlite" and is_memory(url):
+        return {}
+    return {"pool_size": max(5, workers + 2), "max_overflow": 2}
+
+
+def _measure_one(args: argparse.Namespace, url: Any, cfg: Config, log: Callable[[str], None]) -> int:
+    """--measure telemetry or purge on one database: its report as a table or JSON."""
+    import json
+
+    from sqlalchemy import make_url
+
+    from ..benchmark import engine_info, new_prefix
+    from ..benchmark import purge as purge_bench
+    from ..benchmark import telemetry as telemetry_bench
+    from ..store import IdempotencyStore
+
+    parsed = make_url(url)
+    store = IdempotencyStore.from_url(parsed, table_prefix=new_prefix(), **_pool(parsed, cfg.workers))
+    try:
+        info = engine_info(store)
+        log(f"{info['backend']} {info['server_version']} via {info['driver']}, tables {store.table_prefix}*")
+        try:
+            if args.measure == "telemetry":
+                report = telemetry_bench.measure(store, cfg.requests, cfg.repetitions, cfg.warmup, log)
+            else:
+                report = purge_bench.measure(store, args.rows, args.batch_size, cfg.workers, log)
+        except telemetry_bench.MissingSdk as exc:
+            print(f"idem-dialects bench: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        report["engine"] = info
+        module = telemetry_bench if args.measure == "telemetry" else purge_bench
+        text = json.dumps(report, indent=2) + "\n" if args.format == "json" else module.render(report)
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return EXIT_OK
+    finally:
+        store.drop_tables()
         store.engine.dispose()
 
 
