@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from idem_dialects.reporting import render, render_html, render_matrix
+from idem_dialects.cli.reporting import render, render_html, render_matrix
 
 LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
 SUBSET = "same_key_thread_race or same_key_race_under_isolation or key_column_declares or declared_isolation"

@@ -9,7 +9,7 @@ pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not in
 
 
 def test_http_bench_on_sqlite_checks_exactly_once(capsys: pytest.CaptureFixture[str]) -> None:
-    from idem_dialects.http.bench import main
+    from idem_dialects.cli.bench.http import main
 
     assert main(["--engine", "sqlite", "--requests", "40", "--concurrency", "4"]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from ..dialects.mysql import resets_by_hook
+from ...dialects.mysql import resets_by_hook
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The work is in idem_dialects.benchmark; this module parses arguments, provides the databases (all of them before
 anything runs, so a missing one stops the run at once), runs them one after another and prints one report.
-Exit status (as every subcommand's, idem_dialects.commands): 0 measured (targets are reported, not enforced),
+Exit status (as every subcommand's, idem_dialects.cli.commands): 0 measured (targets are reported, not enforced),
 1 exactly-once violated, 2 an engine is unavailable or a database does not answer, 64 bad arguments (usage).
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 if TYPE_CHECKING:
-    from ..benchmark import Config
-    from ..engines import Server
+    from ...engines import Server
+    from ..bench import Config
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
 FORMATS = ("table", "markdown", "json")
@@ -41,7 +41,7 @@ SIZES = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
-    from ..benchmark import Config
+    from ..bench import Config
 
     parser.add_argument("url", metavar="URL", nargs="?",
                         help="SQLAlchemy URL, or an engine name from `idem-dialects engines` (sqlite, postgresql-18,"
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--api", choices=["sync", "async"], default="sync",
                         help="async: AsyncIdempotencyStore beside the sync store and the bare async effect, with the"
-                             " event-loop lag of a 10 ms heartbeat (idem_dialects.bench_async; one engine; uses"
+                             " event-loop lag of a 10 ms heartbeat (idem_dialects.cli.bench.aio; one engine; uses"
                              " --concurrency, --requests, --sleep, --driver, --format)")
     parser.add_argument("--concurrency", type=int, default=20, metavar="N", help="--api async: concurrent tasks")
     parser.add_argument("--sleep", type=float, default=0.2, metavar="S",
@@ -93,7 +93,7 @@ def _targets(args: argparse.Namespace) -> tuple[list[str], bool]:
         return [args.url], False
     if not args.engine:
         raise UsageError("which database? give a URL, an engine name or --engine NAME (repeatable, or 'all')")
-    from ..engines import expand
+    from ...engines import expand
 
     try:
         return expand(args.engine), "all" in args.engine
@@ -105,7 +105,7 @@ def _backend(target: str) -> str:
     from sqlalchemy import make_url
     from sqlalchemy.exc import ArgumentError
 
-    from ..engines import get
+    from ...engines import get
 
     if "://" in target:
         try:
@@ -119,8 +119,8 @@ def _backend(target: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..benchmark import Config
-    from ..engines import provision
+    from ...engines import provision
+    from ..bench import Config
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -165,10 +165,10 @@ def run(args: argparse.Namespace) -> int:
             print("idem-dialects bench: no engine available here: " + "; ".join(f"{k}: {v}" for k, v in
                                                                                skipped.items()), file=sys.stderr)
             return EXIT_UNAVAILABLE
-        if args.api == "async":  # its own bench, report and output (idem_dialects.bench_async)
+        if args.api == "async":  # its own bench, report and output (idem_dialects.cli.bench.aio)
             from sqlalchemy import make_url
 
-            from ..bench_async import run as run_async
+            from ..bench.aio import run as run_async
 
             ((target, provided),) = servers.items()
             return run_async(args, make_url(provided.url if provided else target), log)
@@ -197,9 +197,9 @@ def _measure(label: str, url: Any, cfg: Config,
     """One engine's run; (None, None) after an exactly-once violation (already reported on stderr)."""
     from sqlalchemy import make_url
 
-    from ..benchmark import Bench, ExactlyOnceViolation, engine_info, new_prefix
-    from ..dialects.sqlite import is_memory
-    from ..store import IdempotencyStore
+    from ...dialects.sqlite import is_memory
+    from ...store import IdempotencyStore
+    from ..bench import Bench, ExactlyOnceViolation, engine_info, new_prefix
 
     options: dict[str, Any] = {}
     parsed = make_url(url)
@@ -231,7 +231,7 @@ def _measure(label: str, url: Any, cfg: Config,
 
 
 def _emit(args: argparse.Namespace, reports: list[dict[str, Any]], skipped: dict[str, str]) -> int:
-    from ..benchmark import combine
+    from ..bench import combine
     from ..reporting import render, render_html
 
     report = reports[0] if len(reports) == 1 and not skipped else combine(reports, skipped)

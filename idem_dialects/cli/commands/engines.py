@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..engines import expand, provision
+from ...engines import expand, provision
 from ..reporting import render
 from . import EXIT_OK, EXIT_USAGE
 

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
-from ..store import IdempotencyStore
+from ... import __version__
+from ...store import IdempotencyStore
 from .plan import ACCOUNT_BASE
 from .statements import implicit_begin, reset_reaches_server
 

@@ -12,9 +12,9 @@ import argparse
 from sqlalchemy import create_mock_engine
 from sqlalchemy.schema import ExecutableDDLElement
 
-from .. import dialects
-from ..guard import parse_url
-from ..schema import build_tables, check_prefix
+from ... import dialects
+from ...guard import parse_url
+from ...schema import build_tables, check_prefix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

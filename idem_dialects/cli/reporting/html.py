@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from .. import __version__
+from ... import __version__
 from . import observations as obs
 from .bench import engine_label, runs
 from .html_bench import bench_section

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import IdempotencyStore
+from ...store import IdempotencyStore
 from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, ExactlyOnceViolation, Slice, Task, plan
 from .statements import StatementLog, record_statements
 from .workload import Workload

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..errors import IdemError
+from ...errors import IdemError
 
 OPERATION = "debit:v1"
 REQUEST = {"amount": 1}

@@ -41,9 +41,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..aio import AsyncIdempotencyStore
-from .asgi import STATE_KEY, IdempotencyMiddleware
-from .core import IdempotencyPolicy
+from ...aio import AsyncIdempotencyStore
+from ...http.asgi import STATE_KEY, IdempotencyMiddleware
+from ...http.core import IdempotencyPolicy
 
 HANDLER_SECONDS = 0.2
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
@@ -220,7 +220,7 @@ def resolve(engine: str, workdir: Path) -> tuple[str, str]:
     if engine == "sqlite":
         return engine, f"{ASYNC_DRIVERS['sqlite']}:///{workdir / 'bench.db'}"
     if engine in ("postgresql", "postgresql-18"):
-        from ..engines import get
+        from ...engines import get
 
         url = make_url(get(engine).provide().url)
         return engine, url.set(drivername=ASYNC_DRIVERS["postgresql"]).render_as_string(hide_password=False)

@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..conformance.results import FAILED, Collector, build_report, run_suite
-from ..engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision
+from ...conformance.results import FAILED, Collector, build_report, run_suite
+from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision
 from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -146,7 +146,7 @@ class ColumnStatus(EngineStatus):
 
 def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, EngineStatus]:
     """The matrix's columns: each engine for the sync store, each engine x installed async driver for the async."""
-    from ..aio import installed_async_drivers
+    from ...aio import installed_async_drivers
 
     columns: dict[str, EngineStatus] = {}
     for name, status in statuses.items():

@@ -31,12 +31,12 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, 
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import dialects
-from .aio import AsyncIdempotencyStore, installed_async_drivers
-from .benchmark.statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
-from .errors import IdemError
-from .protocol import is_async_dialect
-from .store import IdempotencyStore
+from ... import dialects
+from ...aio import AsyncIdempotencyStore, installed_async_drivers
+from ...errors import IdemError
+from ...protocol import is_async_dialect
+from ...store import IdempotencyStore
+from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
 
 SCHEMA = "idem-dialects-bench-async/1"
 INITIAL = 10**15
@@ -310,7 +310,7 @@ def urls_for(url: URL, driver: str | None) -> tuple[URL, URL]:
 
 def run(args: argparse.Namespace, url: URL, log: Callable[[str], None]) -> int:
     """Entry point from commands/bench.py once the database is provided; returns the exit status."""
-    from .benchmark import engine_info, new_prefix
+    from . import engine_info, new_prefix
 
     try:
         async_url, sync_url = urls_for(make_url(url), args.driver)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..guard import resolve_url
-from ..store import IdempotencyStore
+from ...guard import resolve_url
+from ...store import IdempotencyStore
 from .matrix import add_output_arguments, run_matrix
 
 

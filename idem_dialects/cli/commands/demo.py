@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, Table, select, update
 from sqlalchemy.engine import Connection
 
-from ..errors import RequestMismatch
-from ..store import IdempotencyStore
+from ...errors import RequestMismatch
+from ...store import IdempotencyStore
 from . import EXIT_OK
 
 

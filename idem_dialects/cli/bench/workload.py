@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, text
 from sqlalchemy.engine import Connection
 
-from ..retry import call_with_retry
-from ..store import IdempotencyStore
+from ...retry import call_with_retry
+from ...store import IdempotencyStore
 from .plan import INITIAL_BALANCE, OPERATION, REQUEST, ExactlyOnceViolation
 
 
