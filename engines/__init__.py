@@ -14,7 +14,7 @@ from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, reso
 from .containers import docker_reachable, image_var
 from .controls import ClusterControls
 from .provision import EngineStatus, parse_named_urls, probe, provision
-from .servers import Server, Unavailable, env_var
+from .servers import Server, Unavailable, describe, env_var
 
 __all__ = [
     "ENGINES",
@@ -24,6 +24,7 @@ __all__ = [
     "EngineUnavailable",
     "Server",
     "Unavailable",
+    "describe",
     "docker_reachable",
     "env_var",
     "expand",

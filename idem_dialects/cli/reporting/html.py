@@ -14,6 +14,7 @@ from typing import Any
 from ... import __version__
 from . import observations as obs
 from .bench import engine_label, runs
+from .engines import enable, state
 from .html_bench import bench_section
 from .svg import ENGINE_COLOURS, SHADES, Bar, Segment, bars, colour_grid
 from .text import show
@@ -240,13 +241,15 @@ def behaviour(report: Mapping[str, Any], palette: Mapping[str, str], pfx: str = 
 
 
 def catalogue_section(report: Mapping[str, Any]) -> str:
-    """`idem-dialects engines --format json`: each catalogue engine, available here or what would enable it."""
+    """`idem-dialects engines --format json`: each catalogue engine, how it would be provided, or (probed) whether it
+    is available here and what would enable it."""
     rows = []
     for name, e in report["engines"].items():
-        state = (f"available: {e['how']} ({e['server_version']})" if e["available"] else
-                 f"unavailable: {e['reason']}; to enable: {e['hint'] or 'set ' + str(e['env_var'])}")
-        css = "passed" if e["available"] else "skipped"
-        rows.append(f'<tr><th scope="row">{escape(name)}</th><td>{escape(str(e["title"]))}</td>'
-                    f'<td class="{css}">{escape(state)}</td></tr>')
-    return ('<h2 id="catalogue">Engines of the catalogue</h2><table><thead><tr><th>engine</th><th>title</th>'
-            "<th>here</th></tr></thead>" + "".join(rows) + "</table>")
+        word, text = state(e)
+        if word == "unavailable":
+            text += f"; to enable: {enable(e)}"
+        css = {"available": "passed", "unavailable": "skipped"}.get(word, "")
+        rows.append(f'<tr><th scope="row">{escape(name)}</th><td class="{css}">{escape(word)}</td>'
+                    f"<td>{escape(text)}</td></tr>")
+    return ('<h2 id="catalogue">Engines of the catalogue</h2><table><thead><tr><th>engine</th><th>status</th>'
+            "<th>how / why not</th></tr></thead>" + "".join(rows) + "</table>")
