@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bindparam, delete, or_, select
 from sqlalchemy.engine import URL, Connection, ExceptionContext, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.pool import Pool
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Column, Table
 from sqlalchemy.types import TypeEngine
@@ -55,6 +56,25 @@ class Backend:
     base_features: ClassVar[Features] = Features()
     # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
     async_drivers: ClassVar[tuple[str, ...]] = ()
+
+    # --- what a benchmark must know of this engine (its wire and its references; the protocol never reads these) --
+
+    # The stored-procedure language of the one-statement reference a benchmark may set beside `run` (the same
+    # debit written as a server-side function), where this engine has one; None: no reference here.
+    procedural_language: ClassVar[str | None] = None
+    # The client CPU (ms) a replay may cost at one worker, where a benchmark target was set for this engine.
+    replay_cpu_target_ms: ClassVar[float | None] = None
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
+        transaction that a statement count must add), if it sends one."""
+        return None
+
+    @classmethod
+    def pool_reset_reaches_server(cls, pool: Pool) -> bool:
+        """Whether `pool`'s reset of a connection given back (after every request) is a round trip to the server."""
+        return False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

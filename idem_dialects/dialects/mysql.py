@@ -202,6 +202,12 @@ class MySQLBackend(Backend):
         ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
     }
 
+    @classmethod
+    def pool_reset_reaches_server(cls, pool: Pool) -> bool:
+        """MySQL/MariaDB drivers send the pool's reset ROLLBACK even with no transaction open, unless the pool
+        leaves the reset to `_reset_unless_clean` (from_url's engines), which skips it after the store's COMMIT."""
+        return not resets_by_hook(pool)
+
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         pool = getattr(engine, "pool", None)

@@ -1,8 +1,7 @@
-"""HTTP benchmark: requests per second through the ASGI middleware beside the bare endpoint, exactly-once checked.
+"""`idem-dialects bench --api http`: requests per second through the ASGI middleware beside the bare endpoint.
 
-    python -m idem_dialects.http.bench [--engine sqlite|postgresql|URL ...] [--requests 400] [--concurrency 8]
-
-Each engine gets a real uvicorn server (in a thread of this process) and keep-alive HTTP/1.1 connections. Two workloads:
+Each database gets a real uvicorn server (in a thread of this process) and keep-alive HTTP/1.1 connections. Two
+workloads:
 
 - **throughput**: a debit endpoint (`UPDATE accounts SET balance = balance - amount`), bare (its own transaction) and
   through the middleware in atomic mode (the debit in the record's transaction); one request in four is a client
@@ -12,56 +11,42 @@ Each engine gets a real uvicorn server (in a thread of this process) and keep-al
   external-call mode (leased claim, no transaction held during the call) and bare; the wall time of the 20 is
   compared with the handler's 200 ms.
 
-Needs the [http] extra and an async driver for the engine (aiosqlite, asyncpg).
+Needs the [http] extra and an async driver for the engine (the [async] extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import secrets
 import socket
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ...aio import AsyncIdempotencyStore
+from ...dialects.base import Backend
 from ...http.asgi import STATE_KEY, IdempotencyMiddleware
 from ...http.core import IdempotencyPolicy
+from .aio import async_url
+from .report import engine_info, machine_info
+from .runner import BenchFailed, ExactlyOnceViolation, Log, backend_of, pool_options, reaching
 
+SCHEMA = "idem-dialects-bench-http/1"
 HANDLER_SECONDS = 0.2
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-
-
-@dataclass
-class Row:
-    engine: str
-    workload: str
-    path: str
-    requests: int
-    seconds: float
-
-    def line(self) -> str:
-        rate = self.requests / self.seconds if self.seconds else 0.0
-        extra = f"{self.seconds / HANDLER_SECONDS:.2f}x handler" if self.workload == "latency" else ""
-        return (f"| {self.engine} | {self.workload} | {self.path} | {self.requests} | {self.seconds:.3f} |"
-                f" {rate:.0f} | {extra} |")
+CONCURRENT_CALLS = 20  # the latency workload: this many requests at once, each waiting HANDLER_SECONDS
 
 
 @contextmanager
@@ -146,6 +131,10 @@ class HttpConnection:
         self.writer.close()
 
 
+class RequestsFailed(BenchFailed):
+    """A request that should have succeeded (201) did not: the run cannot vouch for exactly-once."""
+
+
 async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -> float:
     """Send one request per key, one in flight per connection; seconds for all of them (exit on any non-201)."""
     queue = list(reversed(keys))
@@ -162,87 +151,101 @@ async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -
     await asyncio.gather(*(worker(conn) for conn in connections))
     elapsed = time.perf_counter() - started
     if failures:
-        raise SystemExit(f"{path}: {len(failures)} requests failed, e.g. {failures[0]}")
+        raise RequestsFailed(f"{path}: {len(failures)} requests failed, e.g. {failures[0]}")
     return elapsed
 
 
-async def bench_engine(name: str, url: str, requests: int, concurrency: int) -> list[Row]:
-    prefix = f"hb{secrets.token_hex(3)}_"
-    # A pool as large as the 20 concurrent requests, so the latency workload measures the layer, not pool waits.
-    options: dict[str, Any] = {} if name == "sqlite" else {"pool_size": 25}
-    store = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_", **options)
-    accounts = f"{prefix}accounts"
-    await store.create_tables()
-    async with store.engine.begin() as conn:
-        await conn.execute(text(f"CREATE TABLE {accounts} (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)"))
-        await conn.execute(text(f"INSERT INTO {accounts} (id, balance) VALUES (1, 0)"))
-    await store.engine.dispose()  # the server's event loop opens its own connections
-    rows: list[Row] = []
-    try:
-        distinct = [f"k{i}" for i in range(requests * 3 // 4)]
-        with_retries = distinct + random.Random(7).sample(distinct, requests - len(distinct))
+@dataclass(frozen=True)
+class HttpBenchmark:
+    """The ASGI middleware on a real server, beside the bare endpoint (module docstring)."""
+
+    requests: int = 400
+    concurrency: int = 8
+    driver: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.requests < 4 or self.concurrency < 1:
+            raise ValueError("--requests must be at least 4 (one in four is a retry) and --concurrency at least 1")
+
+    def refuse(self, backend: type[Backend]) -> str | None:
+        return None
+
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        return asyncio.run(self._measure(async_url(url, self.driver), log))
+
+    async def _measure(self, url: URL, log: Log) -> dict[str, Any]:
+        prefix = f"hb{secrets.token_hex(3)}_"
+        accounts = f"{prefix}accounts"
+        # A pool as large as the concurrent requests, so the latency workload measures the layer, not pool waits;
+        # where writers take turns on one lock, more connections would only queue for it (the default pool is kept).
+        sized = backend_of(url).url_features(url).writers is None
+        with reaching(url):
+            store = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_",
+                                                   **(pool_options(url, CONCURRENT_CALLS + 5, 10) if sized else {}))
+            await store.create_tables()
+        try:
+            async with store.engine.begin() as conn:
+                await conn.execute(text(f"CREATE TABLE {accounts} (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)"))
+                await conn.execute(text(f"INSERT INTO {accounts} (id, balance) VALUES (1, 0)"))
+                info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
+                                   conn.dialect.server_version_info)
+            await store.engine.dispose()  # the server's event loop opens its own connections
+            log(f"{info['backend']} {info['server_version']} via {info['driver']}, tables {prefix}*")
+            started = time.perf_counter()
+            paths, distinct = await self._drive(store, accounts, log)
+            async with store.engine.connect() as conn:
+                balance = (await conn.execute(text(f"SELECT balance FROM {accounts} WHERE id = 1"))).scalar_one()
+                records = (await conn.execute(text(f"SELECT count(*) FROM {prefix}idem_records"))).scalar_one()
+            # Debits: 2 x 20 warm-up, the bare ones, one per distinct key; records: warm-up 2 x 20, distinct, 20 slow.
+            expected, expected_records = -(40 + self.requests + distinct), 40 + distinct + CONCURRENT_CALLS
+            if balance != expected or records != expected_records:
+                raise ExactlyOnceViolation(f"balance {balance} (expected {expected}), {records} records (expected"
+                                           f" {expected_records})")
+        finally:
+            await store.drop_tables()
+            async with store.engine.begin() as conn:
+                await conn.execute(text(f"DROP TABLE IF EXISTS {accounts}"))
+            await store.engine.dispose()
+        once = {"verified": True, "effects": -expected, "records": expected_records}
+        return self.report(info, paths, once, time.perf_counter() - started)
+
+    async def _drive(self, store: Any, accounts: str, log: Log) -> tuple[list[dict[str, Any]], int]:
+        distinct = [f"k{i}" for i in range(self.requests * 3 // 4)]
+        with_retries = distinct + random.Random(7).sample(distinct, self.requests - len(distinct))
         random.Random(8).shuffle(with_retries)
+        paths: list[dict[str, Any]] = []
         with uvicorn_server(build_app(store, accounts)) as base:
             port = int(base.rsplit(":", 1)[1])
-            conns = [await HttpConnection.open(port) for _ in range(max(concurrency, 20))]
-            few, twenty = conns[:concurrency], conns[:20]
+            conns = [await HttpConnection.open(port) for _ in range(max(self.concurrency, CONCURRENT_CALLS))]
+            few, many = conns[:self.concurrency], conns[:CONCURRENT_CALLS]
             try:
                 for path in ("/bare/debit", "/idem/debit", "/bare/slow", "/ext/slow"):  # warm pools and caches
-                    await drive(twenty, path, [f"warm{path}{i}" for i in range(20)])
-                rows.append(Row(name, "throughput", "bare", requests,
-                                await drive(few, "/bare/debit", [f"b{i}" for i in range(requests)])))
-                rows.append(Row(name, "throughput", "middleware (atomic)", requests,
-                                await drive(few, "/idem/debit", with_retries)))
-                rows.append(Row(name, "latency", "bare", 20,
-                                await drive(twenty, "/bare/slow", [f"s{i}" for i in range(20)])))
-                rows.append(Row(name, "latency", "middleware (external call)", 20,
-                                await drive(twenty, "/ext/slow", [f"e{i}" for i in range(20)])))
+                    await drive(many, path, [f"warm{path}{i}" for i in range(CONCURRENT_CALLS)])
+                for workload, title, http_path, conns_, keys in (
+                    ("throughput", "bare", "/bare/debit", few, [f"b{i}" for i in range(self.requests)]),
+                    ("throughput", "middleware (atomic)", "/idem/debit", few, with_retries),
+                    ("latency", "bare", "/bare/slow", many, [f"s{i}" for i in range(CONCURRENT_CALLS)]),
+                    ("latency", "middleware (external call)", "/ext/slow", many,
+                     [f"e{i}" for i in range(CONCURRENT_CALLS)]),
+                ):
+                    seconds = await drive(conns_, http_path, keys)
+                    paths.append({"workload": workload, "path": title, "requests": len(keys),
+                                  "seconds": round(seconds, 4), "throughput_per_s": round(len(keys) / seconds, 1),
+                                  "x_handler": round(seconds / HANDLER_SECONDS, 2) if workload == "latency" else None})
+                    log(f"{workload} {title}: {len(keys)} requests in {seconds:.3f} s")
             finally:
                 for http in conns:
                     http.close()
-        async with store.engine.connect() as conn:
-            balance = (await conn.execute(text(f"SELECT balance FROM {accounts} WHERE id = 1"))).scalar_one()
-            records = (await conn.execute(text(f"SELECT count(*) FROM {prefix}idem_records"))).scalar_one()
-        # Debits: 20 + 20 warm-up, the bare ones, one per distinct key; records: warm-up 2 x 20, distinct, 20 slow.
-        expected, expected_records = -(40 + requests + len(distinct)), 40 + len(distinct) + 20
-        if balance != expected or records != expected_records:
-            raise SystemExit(f"{name}: exactly-once violated: balance {balance} (expected {expected}),"
-                             f" {records} records (expected {expected_records})")
-    finally:
-        await store.drop_tables()
-        async with store.engine.begin() as conn:
-            await conn.execute(text(f"DROP TABLE {accounts}"))
-        await store.engine.dispose()
-    return rows
+        return paths, len(distinct)
 
-
-def resolve(engine: str, workdir: Path) -> tuple[str, str]:
-    if engine == "sqlite":
-        return engine, f"{ASYNC_DRIVERS['sqlite']}:///{workdir / 'bench.db'}"
-    if engine in ("postgresql", "postgresql-18"):
-        from ...engines import get
-
-        url = make_url(get(engine).provide().url)
-        return engine, url.set(drivername=ASYNC_DRIVERS["postgresql"]).render_as_string(hide_password=False)
-    return make_url(engine).get_backend_name(), engine
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m idem_dialects.http.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--engine", action="append", help="sqlite, postgresql, postgresql-18 or an async URL")
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--concurrency", type=int, default=8)
-    args = parser.parse_args(argv)
-    print("| engine | workload | path | requests | seconds | requests/s | 20 x 200 ms |")
-    print("|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in args.engine or ["sqlite", "postgresql"]:
-            name, url = resolve(engine, Path(tmp))
-            for row in asyncio.run(bench_engine(name, url, args.requests, args.concurrency)):
-                print(row.line(), flush=True)
-    print("exactly-once: balance and record count checked after each engine's run")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def report(self, info: dict[str, Any], paths: list[dict[str, Any]], once: dict[str, Any],
+               elapsed: float) -> dict[str, Any]:
+        hidden = next(p["x_handler"] for p in paths if p["path"] == "middleware (external call)")
+        return {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
+                "config": {"requests": self.requests, "concurrency": self.concurrency,
+                           "concurrent_calls": CONCURRENT_CALLS, "handler_ms": round(HANDLER_SECONDS * 1000)},
+                "paths": paths,
+                "targets": [{"target": f"{CONCURRENT_CALLS} concurrent {HANDLER_SECONDS * 1000:.0f} ms requests"
+                                       " through the middleware (external call) < 2x the handler time",
+                             "met": hidden < 2, "value": hidden}],
+                "exactly_once": once}

@@ -1,271 +1,171 @@
-"""Running the bench on one store: slices on worker threads, exactly-once checked in the database after each."""
+"""The one bench runner: each API's benchmark (sync store, async store, HTTP middleware; a consumer next) is run the
+same way on the databases named — every one provided before anything is measured (so a missing one stops the run at
+once), measured one after another, stopped at the end — and their reports come back as one.
+
+A benchmark is anything with `refuse` and `measure` (`Benchmark`); adding one is a module with such a class and a
+line in `idem_dialects.cli.bench.benchmark`.
+"""
 
 from __future__ import annotations
 
-import cProfile
-import gc
-import io
-import pstats
-import statistics
-import threading
-import time
-import tracemalloc
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ...store import IdempotencyStore
-from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, ExactlyOnceViolation, Slice, Task, plan
-from .statements import StatementLog, record_statements
-from .workload import Workload
+from sqlalchemy import make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError
 
-# Growth per 10k requests under which memory counts as flat: well under 1 byte per request.
-FLAT_BYTES_PER_10K = 8 * 1024
+from ... import dialects
+from ...dialects.base import Backend
+from .report import combine
+
+if TYPE_CHECKING:
+    from ...engines import Server
+
+Log = Callable[[str], None]
 
 
-def slope_of(points: Sequence[tuple[int, int]]) -> float:
-    """Least-squares slope of (requests, bytes); 0 with fewer than two distinct x."""
-    if len({x for x, _ in points}) < 2:
-        return 0.0
-    return statistics.linear_regression([float(x) for x, _ in points], [float(y) for _, y in points]).slope
+class UsageError(Exception):
+    """Bad arguments: reported before anything is provided or measured."""
 
 
-@dataclass
-class SliceResult:
-    seconds: float
-    latencies: list[float]
-    outcomes: Counter[str]
-    retries: Counter[str]
-    cpu_seconds: float = 0.0  # this process's CPU time (all threads) while the slice ran
+class Unavailable(Exception):
+    """A named engine cannot be had here (`hint`: how to provide it), or no engine at all."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
-# --- the benchmark -----------------------------------------------------------------------------------------------
+class CannotMeasure(Exception):
+    """A database cannot be reached, or has no backend or driver here; the message is one line."""
 
 
-@dataclass
-class ModeStats:
-    throughputs: list[float] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    retries: Counter[str] = field(default_factory=Counter)
-    requests: int = 0
-    cpu_seconds: float = 0.0
-    statements: StatementLog | None = None
+class BenchFailed(Exception):
+    """The run cannot vouch for its numbers (exit status 1)."""
 
 
-class Bench:
-    def __init__(self, store: IdempotencyStore, cfg: Config, log: Callable[[str], None] = lambda s: None) -> None:
-        self.store = store
-        self.cfg = cfg
-        self.log = log
-        self.workload = Workload(store)
-        self.plpgsql = store.backend.name == "postgresql"
-        self.modes = ["bare", *IDEM_MODES, *(PLPGSQL_MODES if self.plpgsql else ())]
-        self.stats = {m: ModeStats() for m in self.modes}
-        self.first_keys: dict[str, dict[str, list[list[Task]]]] = {}
-        self.expected_debits: Counter[int] = Counter()
-        self.expected_keys: Counter[int] = Counter()
-        self.checks = 0
-        self.memory: dict[str, Any] | None = None
-        self.profile: str | None = None
+class ExactlyOnceViolation(BenchFailed):
+    """The database shows a different number of effects than distinct keys: the protocol failed."""
 
-    def accounts(self) -> list[int]:
-        blocks = sorted(set(ACCOUNT_BASE.values()))
-        return [b + w for b in blocks for w in range(self.cfg.workers)]
 
-    def request_fn(self, mode: str) -> Callable[[int, str], str]:
-        if mode == "bare":
-            return self.workload.bare
-        if mode in PLPGSQL_MODES:
-            return self.workload.plpgsql
-        return self.workload.via_run
+class Benchmark(Protocol):
+    """One API's benchmark on one database at a time."""
 
-    def execute(self, s: Slice) -> SliceResult:
-        """Send the slice's requests, one thread per worker, and time the whole slice."""
-        fn = self.request_fn(s.mode)
-        lat: list[list[float]] = [[] for _ in s.per_worker]
-        outs: list[Counter[str]] = [Counter() for _ in s.per_worker]
-        errors: list[BaseException] = []
-        before = Counter(self.store.retries) + Counter(self.workload.retries)
+    def refuse(self, backend: type[Backend]) -> str | None:
+        """Why this benchmark cannot run on `backend` (a usage error, said with the targets it concerns before
+        anything is provided), or None."""
 
-        def work(w: int) -> None:
-            times, out, clock = lat[w], outs[w], time.perf_counter
-            try:
-                for acct, key in s.per_worker[w]:
-                    t0 = clock()
-                    out[fn(acct, key)] += 1
-                    times.append(clock() - t0)
-            except BaseException as exc:
-                errors.append(exc)
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        """Run on the database at `url` and return its report (with "schema" and "engine"). Raises CannotMeasure
+        (from its setup) and BenchFailed (ExactlyOnceViolation above all)."""
 
-        cpu = time.process_time()
-        if len(s.per_worker) == 1:
-            start = time.perf_counter()
-            work(0)
-            seconds = time.perf_counter() - start
-        else:
-            gate = threading.Barrier(len(s.per_worker) + 1)
 
-            def gated(w: int) -> None:
-                gate.wait()
-                work(w)
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
-            threads = [threading.Thread(target=gated, args=(w,), daemon=True) for w in range(len(s.per_worker))]
-            for t in threads:
-                t.start()
-            start = time.perf_counter()
-            gate.wait()
-            for t in threads:
-                t.join()
-            seconds = time.perf_counter() - start
-        cpu = time.process_time() - cpu
-        if errors:
-            raise errors[0]
-        after = Counter(self.store.retries) + Counter(self.workload.retries)
-        outcomes: Counter[str] = sum(outs, Counter())
-        return SliceResult(seconds, [x for ts in lat for x in ts], outcomes, after - before, cpu)
 
-    def verify(self, s: Slice, result: SliceResult) -> None:
-        """Exactly-once: the effect ran once per new key (by outcome), and the database agrees."""
-        if s.mode not in ("bare", *PLPGSQL_MODES):
-            applied = result.outcomes["applied"]
-            if applied != s.expect_applied or applied + result.outcomes["replayed"] != s.size:
-                raise ExactlyOnceViolation(
-                    f"{s.mode}: {applied} requests ran the effect and {result.outcomes['replayed']} replayed,"
-                    f" but {s.expect_applied} distinct new keys were sent in {s.size} requests")
-        self.expected_debits.update(s.debits)
-        self.expected_keys.update(s.new_keys)
-        accounts = sorted({acct for tasks in s.per_worker for acct, _ in tasks})
-        self.check_database(s.mode, accounts)
+@contextmanager
+def reaching(url: URL) -> Iterator[None]:
+    """Any error inside (an unknown dialect, a missing driver, a refused connection) means the database cannot be
+    measured here: CannotMeasure with the error's first line, never a traceback."""
+    try:
+        yield
+    except Exception as exc:
+        raise CannotMeasure(f"cannot connect to {url.render_as_string()}: {first_line(exc)}") from None
 
-    def check_database(self, mode: str, accounts: Sequence[int]) -> None:
-        """In the database: debits per account == distinct keys sent to it; as many records, all complete."""
-        self.checks += 1
-        plpgsql = mode in PLPGSQL_MODES
-        debited = self.workload.balances(accounts, plpgsql)
-        for acct in accounts:
-            if debited.get(acct, 0) != self.expected_debits[acct]:
-                raise ExactlyOnceViolation(
-                    f"{mode}: account {acct} was debited {debited.get(acct, 0)} times, expected"
-                    f" {self.expected_debits[acct]} (one per distinct key)")
-        if mode == "bare":
-            return
-        records = self.workload.records(accounts, plpgsql)
-        for acct in accounts:
-            total, done = records.get(acct, (0, 0))
-            want = self.expected_keys[acct]
-            if total != want or done != want or want != self.expected_debits[acct]:
-                raise ExactlyOnceViolation(
-                    f"{mode}: account {acct} has {total} idempotency records ({done} completed) and"
-                    f" {debited.get(acct, 0)} debits for {want} distinct keys")
 
-    def run_slice(self, mode: str, tag: str, measured: bool, cfg: Config | None = None) -> None:
-        s = plan(mode, tag, cfg or self.cfg, self.first_keys)
-        if not s.size:
-            return
-        result = self.execute(s)
-        self.verify(s, result)
-        st = self.stats[mode]
-        if measured:
-            st.retries.update(result.retries)
-            st.outcomes.update(result.outcomes)
-            st.throughputs.append(s.size / result.seconds)
-            st.latencies.extend(result.latencies)
-            st.requests += s.size
-            st.cpu_seconds += result.cpu_seconds
+def prefixed(log: Log, prefix: str) -> Log:
+    return lambda line: log(prefix + line)
 
-    def run(self) -> None:
-        self.workload.create(self.accounts(), self.plpgsql)
+
+def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
+    """A pool that keeps `connections` open (so no worker pays for reconnecting), where the database takes several
+    connections at all (an in-memory SQLite database has one, and a pool without sizes)."""
+    if not backend_of(url).url_features(url).concurrent_connections:
+        return {}
+    return {"pool_size": connections, "max_overflow": overflow}
+
+
+def targets(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:
+    """The URLs / engine names to measure, and whether unavailable ones are skipped ('all') or an error."""
+    if url and engines:
+        raise UsageError("give either a URL/engine name or --engine, not both")
+    if url:
+        return [url], False
+    if not engines:
+        raise UsageError("which database? give a URL, an engine name or --engine NAME (repeatable, or 'all')")
+    from ...engines import expand
+
+    try:
+        return expand(engines), "all" in engines
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+
+
+def backend_of(target: str | URL) -> type[Backend]:
+    """The backend class of a URL or catalogue engine name, without providing anything."""
+    from ...engines import get
+
+    if isinstance(target, URL) or "://" in target:
         try:
-            if self.cfg.warmup:
-                for mode in self.modes:
-                    self.run_slice(mode, "warmup", measured=False)
-            for rep in range(self.cfg.repetitions):
-                for mode in self.modes:
-                    self.run_slice(mode, str(rep), measured=True)
-                self.log(f"repetition {rep + 1}/{self.cfg.repetitions}: "
-                         + ", ".join(f"{m} {self.stats[m].throughputs[-1]:,.0f}/s" for m in self.modes))
-            self.count_statements()
-            if self.cfg.profile:
-                self.profile = self.run_profile(self.cfg.profile)
-            if self.cfg.memory_check:
-                self.memory = self.memory_check(self.cfg.memory_check)
-        finally:
-            self.workload.drop()
+            name = make_url(target).get_backend_name()
+        except ArgumentError as exc:
+            raise UsageError(f"{target}: {exc}") from None
+    else:
+        try:
+            name = get(target).backend
+        except KeyError as exc:
+            raise UsageError(exc.args[0]) from None
+    try:
+        return dialects.load(name)
+    except Exception as exc:  # UnsupportedEngine: no backend for it here
+        raise CannotMeasure(f"{target}: {first_line(exc)}") from None
 
-    def count_statements(self) -> None:
-        """One more request per mode, sequential, with every statement and commit logged."""
-        for mode in self.modes:
-            s = plan(mode, "count", Config(workers=1, requests=1, duplicates=0.0), self.first_keys)
-            fn = self.request_fn(mode)
-            ((acct, key),) = s.per_worker[0]
-            with record_statements(self.store.engine) as log:
-                fn(acct, key)
-            self.stats[mode].statements = log
-            if mode not in ("replay", "plpgsql_replay"):
-                self.expected_debits[acct] += 1
-                self.expected_keys[acct] += mode != "bare"
 
-    def run_profile(self, mode: str) -> str:
-        """cProfile over one unmeasured slice of `mode` at one worker: where the time goes, top functions."""
-        cfg1 = Config(workers=1, requests=self.cfg.requests, duplicates=self.cfg.duplicates)
-        if mode in ("replay", "plpgsql_replay"):
-            self.run_slice("first" if mode == "replay" else "plpgsql_first", "profile", measured=False, cfg=cfg1)
-        s = plan(mode, "profile", cfg1, self.first_keys)
-        profiler = cProfile.Profile()
-        profiler.enable()
-        result = self.execute(s)
-        profiler.disable()
-        self.verify(s, result)
-        out = io.StringIO()
-        stats = pstats.Stats(profiler, stream=out).strip_dirs()
-        stats.sort_stats("tottime").print_stats(25)
-        stats.sort_stats("cumulative").print_stats(25)
-        return out.getvalue()
+def run(names: Sequence[str], bench: Benchmark, *, lenient: bool, log: Log) -> dict[str, Any]:
+    """Provide every target, measure each in turn with `bench`, stop them; one report (a set for several engines or
+    when some were skipped). Raises UsageError, Unavailable, CannotMeasure (the target's name leading its message)
+    and BenchFailed (likewise)."""
+    from ...engines import provision
 
-    def memory_check(self, total: int) -> dict[str, Any]:
-        """`total` requests at one worker -- a first-time request, then its replay, in turn -- under tracemalloc."""
-        acct, run = ACCOUNT_BASE["memory"], self.workload.via_run
-        samples: list[tuple[int, int]] = []
-        every = max(1, total // 20)
-        gc.collect()
-        tracemalloc.start()
-        start_current, _ = tracemalloc.get_traced_memory()
-        t0 = time.perf_counter()
-        outcomes: Counter[str] = Counter()
-        for i in range(total):
-            outcomes[run(acct, f"m-{i // 2}")] += 1
-            if (i + 1) % every == 0:
-                gc.collect()
-                samples.append((i + 1, tracemalloc.get_traced_memory()[0]))
-        current, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        seconds = time.perf_counter() - t0
-        distinct = (total + 1) // 2
-        self.expected_debits[acct] += distinct
-        self.expected_keys[acct] += distinct
-        if outcomes["applied"] != distinct or outcomes["replayed"] != total - distinct:
-            raise ExactlyOnceViolation(f"memory check: {outcomes['applied']} effects ran and {outcomes['replayed']}"
-                                       f" replayed for {distinct} keys in {total} requests")
-        self.check_database("memory", [acct])
-        # Growth: least-squares slope of traced memory after the first fifth (caches and pools filled by then).
-        tail = [(n, b) for n, b in samples if n > total // 5] or samples
-        slope = slope_of(tail)
-        return {
-            "requests": total,
-            "pattern": "first-time request, then its replay, alternating; 1 worker",
-            "seconds": round(seconds, 3),
-            "tracemalloc_start_kib": round(start_current / 1024, 1),
-            "tracemalloc_end_kib": round(current / 1024, 1),
-            "tracemalloc_peak_kib": round(peak / 1024, 1),
-            "growth_per_10k_kib": round(slope * 10_000 / 1024, 3),
-            "samples": [[n, round(b / 1024, 1)] for n, b in samples],
-            "flat": slope * 10_000 < FLAT_BYTES_PER_10K,
-        }
-
-    def report(self, engine_info: dict[str, Any], elapsed: float) -> dict[str, Any]:
-        """The JSON report (schema idem-dialects-bench/1, documented in BENCHMARKS.md)."""
-        from .report import build_report
-
-        return build_report(self, engine_info, elapsed)
+    refused: dict[str, list[str]] = {}
+    for name in names:
+        why = bench.refuse(backend_of(name))
+        if why:
+            refused.setdefault(why, []).append(name)
+    if refused:
+        raise UsageError("; ".join(f"{why}; not on {', '.join(on)}" for why, on in refused.items()))
+    servers: dict[str, Server | None] = {}
+    skipped: dict[str, str] = {}
+    try:
+        for name in names:
+            if "://" in name:
+                servers[name] = None
+                continue
+            status = provision(name, {})  # as the matrix does: provided, and answering a connection
+            if status.server is not None:
+                servers[name] = status.server
+                log(f"{name}: {status.server.how} ({status.server_version})")
+            elif lenient:
+                skipped[name] = str(status.reason)
+                log(f"{name}: unavailable, skipped ({status.reason})")
+            else:
+                raise Unavailable(f"{name} is unavailable: {status.reason}", status.hint)
+        if not servers:
+            raise Unavailable("no engine available here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        reports = []
+        for name, server in servers.items():
+            try:
+                report = bench.measure(server.url if server else make_url(name), prefixed(log, f"{name}: "))
+            except (CannotMeasure, BenchFailed) as exc:
+                raise type(exc)(f"{name}: {exc}") from None
+            if server is not None:
+                report["engine"]["name"] = name
+            reports.append(report)
+    finally:
+        for server in servers.values():
+            if server is not None:
+                server.stop()
+    return reports[0] if len(reports) == 1 and not skipped else combine(reports, skipped)

@@ -11,7 +11,8 @@ from sqlalchemy.engine import Connection
 
 from ...retry import call_with_retry
 from ...store import IdempotencyStore
-from .plan import INITIAL_BALANCE, OPERATION, REQUEST, ExactlyOnceViolation
+from .plan import INITIAL_BALANCE, OPERATION, REQUEST
+from .runner import ExactlyOnceViolation
 
 
 class Workload:
