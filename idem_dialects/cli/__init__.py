@@ -55,7 +55,7 @@ def load(name: str) -> Command:
 
 # The registry of subcommands and their one-line help (enough for `idem-dialects --help`); `load` imports one.
 COMMANDS: dict[str, str] = {
-    "demo": "run seed 000's reference example on an embedded SQLite database, step by step",
+    "demo": "run the reference example (debits with one idempotency key) on an embedded SQLite database, step by step",
     "engines": "list every engine: available here or not, how, and what would enable it",
     "matrix": "run the conformance suite across engines and compare their behaviour",
     "check": "run the conformance suite against one database URL",

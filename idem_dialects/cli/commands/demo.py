@@ -1,4 +1,4 @@
-"""Seed 000's reference example: debits with key checkout-42 on an embedded SQLite database."""
+"""The reference example: debits with key checkout-42 on an embedded SQLite database, step by step."""
 
 from __future__ import annotations
 
