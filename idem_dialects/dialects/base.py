@@ -57,24 +57,10 @@ class Backend:
     # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
     async_drivers: ClassVar[tuple[str, ...]] = ()
 
-    # --- what a benchmark must know of this engine (its wire and its references; the protocol never reads these) --
-
-    # The stored-procedure language of the one-statement reference a benchmark may set beside `run` (the same
-    # debit written as a server-side function), where this engine has one; None: no reference here.
-    procedural_language: ClassVar[str | None] = None
-    # The client CPU (ms) a replay may cost at one worker, where a benchmark target was set for this engine.
+    # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
+    plpgsql_baseline: ClassVar[bool] = False
+    # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
     replay_cpu_target_ms: ClassVar[float | None] = None
-
-    @classmethod
-    def implicit_begin(cls, driver: str) -> str | None:
-        """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
-        transaction that a statement count must add), if it sends one."""
-        return None
-
-    @classmethod
-    def pool_reset_reaches_server(cls, pool: Pool) -> bool:
-        """Whether `pool`'s reset of a connection given back (after every request) is a round trip to the server."""
-        return False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -303,4 +289,18 @@ class Backend:
             return exc.cause
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return RetryCause.CONNECTION
+        return None
+
+    # --- what tooling asks of the engine (benchmarks) ----------------------------------------------------------
+
+    @classmethod
+    def pool_reset_round_trip(cls, pool: Pool) -> bool:
+        """Whether `pool`'s reset of a returned connection costs a round trip to the server when no transaction is
+        open. Most drivers skip it then (psycopg), or the database is in-process (SQLite): False."""
+        return False
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
+        transaction that a statement count must add), if it sends one."""
         return None

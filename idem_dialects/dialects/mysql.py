@@ -203,9 +203,8 @@ class MySQLBackend(Backend):
     }
 
     @classmethod
-    def pool_reset_reaches_server(cls, pool: Pool) -> bool:
-        """MySQL/MariaDB drivers send the pool's reset ROLLBACK even with no transaction open, unless the pool
-        leaves the reset to `_reset_unless_clean` (from_url's engines), which skips it after the store's COMMIT."""
+    def pool_reset_round_trip(cls, pool: Pool) -> bool:
+        # The drivers send ROLLBACK even with no transaction open, unless `_reset_unless_clean` does the reset.
         return not resets_by_hook(pool)
 
     def __init__(self, engine: Engine) -> None:

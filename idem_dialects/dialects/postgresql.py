@@ -118,7 +118,7 @@ class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
     async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
-    procedural_language = "plpgsql"
+    plpgsql_baseline = True
     replay_cpu_target_ms = 0.7
 
     @classmethod

@@ -76,7 +76,7 @@ def reset_reaches_server(engine: Engine) -> bool:
     """Whether the pool's reset of a connection returned after a request is a round trip (the backend knows: e.g.
     MySQL/MariaDB drivers send ROLLBACK unless from_url's engine leaves the reset to the backend's hook; counted on
     the server by tests/test_statement_counts.py). psycopg skips it when idle, and SQLite's is in-process."""
-    return dialects.load(engine.url.get_backend_name()).pool_reset_reaches_server(engine.pool)
+    return dialects.load(engine.url.get_backend_name()).pool_reset_round_trip(engine.pool)
 
 
 def implicit_begin(engine: Engine) -> str | None:

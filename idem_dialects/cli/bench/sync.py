@@ -1,4 +1,4 @@
-"""The sync store benchmark: seed-style debit slices on worker threads, exactly-once checked in the database after
+"""The sync store benchmark: debit slices on worker threads, exactly-once checked in the database after
 each slice (the modes are described in the package docstring and BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Bench:
         self.cfg = cfg
         self.log = log
         self.workload = Workload(store)
-        self.plpgsql = store.backend.procedural_language == "plpgsql"  # seed-style debit_once is PL/pgSQL
+        self.plpgsql = store.backend.plpgsql_baseline
         self.modes = ["bare", *IDEM_MODES, *(PLPGSQL_MODES if self.plpgsql else ())]
         self.stats = {m: ModeStats() for m in self.modes}
         self.first_keys: dict[str, dict[str, list[list[Task]]]] = {}
@@ -286,7 +286,7 @@ class SyncBenchmark:
 
     def refuse(self, backend: type[Backend]) -> str | None:
         profile = self.cfg.profile or ""
-        if profile.startswith("plpgsql_") and backend.procedural_language != "plpgsql":
+        if profile.startswith("plpgsql_") and not backend.plpgsql_baseline:
             return f"--profile {profile} needs PostgreSQL (the reference debit_once is written in PL/pgSQL)"
         return None
 
