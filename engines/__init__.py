@@ -13,7 +13,7 @@ from __future__ import annotations
 from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
 from .containers import docker_reachable, image_var
 from .controls import ClusterControls
-from .provision import EngineStatus, parse_named_urls, probe, provision
+from .provision import EngineStatus, parse_named_urls, probe, provision, version_text
 from .servers import Server, Unavailable, describe, env_var
 
 __all__ = [
@@ -34,4 +34,5 @@ __all__ = [
     "probe",
     "provision",
     "resolve",
+    "version_text",
 ]
