@@ -39,7 +39,7 @@ def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.Captu
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from idem_dialects.cli.bench import aio as bench_async
 
-    monkeypatch.setattr(bench_async, "installed_async_drivers", lambda backend: ())
+    monkeypatch.setattr(bench_async, "async_drivers", lambda backend: ())
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert bench.run(parser.parse_args(["sqlite:///x.db", "--api", "async", "--quiet"])) == 2

@@ -28,12 +28,12 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, 
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ...aio import AsyncIdempotencyStore, installed_async_drivers
+from ...aio import AsyncIdempotencyStore
 from ...dialects.base import Backend
-from ...protocol import is_async_dialect
 from ...store import IdempotencyStore
+from ...url import async_drivers, target
 from .report import engine_info, machine_info, new_prefix, percentiles
-from .runner import CannotMeasure, ExactlyOnceViolation, Log, backend_of, pool_options, reaching
+from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
 from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
 
 SCHEMA = "idem-dialects-bench-async/1"
@@ -260,21 +260,25 @@ class AsyncBench:
 
 
 def async_url(url: URL, driver: str | None) -> URL:
-    """The URL of the same database through an async driver: `url` itself if its driver is async, else `driver` or
-    the first async driver the backend declares that is installed here."""
-    backend = backend_of(url)
-    if is_async_dialect(url):
-        return url
-    chosen = driver or next(iter(installed_async_drivers(backend.name)), None)
+    """The URL of the same database through an async driver: `url` itself if its driver is asyncio-only, else
+    `driver` or the first async driver the backend declares that is installed here."""
+    with reaching(url):
+        resolved = target(url)
+    if resolved.asyncio_only:
+        return resolved.url
+    chosen = driver or next(iter(async_drivers(resolved.backend)), None)
     if chosen is None:
-        raise CannotMeasure(f"no async driver for {backend.name} is installed (pip install 'idem-dialects[async]')")
-    return url.set(drivername=f"{backend.name}+{chosen}")
+        raise CannotMeasure(f"no async driver for {resolved.backend.name} is installed"
+                            " (pip install 'idem-dialects[async]')")
+    return resolved.url.set(drivername=f"{resolved.backend.name}+{chosen}")
 
 
 def sync_url(url: URL) -> URL:
-    """The URL of the same database through the backend's default sync driver, if `url` names an async one."""
-    backend = backend_of(url)
-    return backend.resolve_url(url.set(drivername=backend.name)) if is_async_dialect(url) else url
+    """The URL of the same database through the backend's default sync driver, if `url` names an asyncio-only one."""
+    with reaching(url):
+        resolved = target(url)
+    backend = resolved.backend
+    return backend.resolve_url(url.set(drivername=backend.name)) if resolved.asyncio_only else resolved.url
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError
 
 from ... import dialects
 from ...dialects.base import Backend
+from ...errors import InvalidURL
+from ...url import parse
 from .report import combine
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ def backend_of(target: str | URL) -> type[Backend]:
 
     if isinstance(target, URL) or "://" in target:
         try:
-            name = make_url(target).get_backend_name()
-        except ArgumentError as exc:
+            name = parse(target).get_backend_name()
+        except InvalidURL as exc:
             raise UsageError(f"{target}: {exc}") from None
     else:
         try:

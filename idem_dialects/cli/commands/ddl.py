@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from sqlalchemy import create_mock_engine
 from sqlalchemy.schema import ExecutableDDLElement
 
-from ... import dialects
-from ...guard import parse_url
 from ...schema import build_tables, check_prefix
+from ...url import offline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,17 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ddl(url_text: str, prefix: str = "idem_") -> list[str]:
     """The CREATE TABLE / CREATE INDEX statements for `url_text`, each ending with ';'."""
-    url = parse_url(url_text if "://" in url_text else f"{url_text}://")
-    backend_cls = dialects.load(url.get_backend_name())
-    url = backend_cls.resolve_url(url)
     statements: list[str] = []
 
     def collect(sql: ExecutableDDLElement, *args: object, **kwargs: object) -> None:
-        statements.append(str(sql.compile(dialect=mock.dialect)).strip() + ";")
+        statements.append(str(sql.compile(dialect=backend.engine.dialect)).strip() + ";")
 
-    mock = create_mock_engine(url, collect)
-    tables = build_tables(check_prefix(prefix), backend_cls(mock))  # type: ignore[arg-type]
-    tables.metadata.create_all(mock, checkfirst=False)
+    backend = offline(url_text, collect)
+    build_tables(check_prefix(prefix), backend).metadata.create_all(backend.engine, checkfirst=False)
     return statements
 
 
