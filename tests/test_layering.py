@@ -49,9 +49,6 @@ def test_cli_help_needs_no_driver_and_no_greenlet(greenlet: bool) -> None:
             "    except SystemExit as exc:\n"
             "        assert exc.code == 0, (argv, exc.code)\n")
     done = python(code)
-    if greenlet and done.returncode and "idem_dialects/aio.py" in done.stderr and "greenlet" in done.stderr:
-        pytest.xfail("`import idem_dialects` needs greenlet: idem_dialects/aio.py imports sqlalchemy.ext.asyncio at"
-                     " import time (the async store is being rewritten on main)")
     assert done.returncode == 0, done.stderr
     assert "usage: idem-dialects bench" in done.stdout and "usage: idem-dialects report" in done.stdout
 
