@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import LeaseLost, RequestInFlight, RequestMismatch
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
+from .version import __version__
 
 if TYPE_CHECKING:
     from .steps import Flow
@@ -93,7 +94,6 @@ _instruments: dict[int, tuple[Any, _Instruments]] = {}
 def _instruments_for(provider: Any) -> _Instruments:
     from opentelemetry import metrics
 
-    from . import __version__
 
     provider = provider if provider is not None else metrics.get_meter_provider()
     kept = _instruments.get(id(provider))
@@ -115,7 +115,6 @@ class Telemetry:
             return
         from opentelemetry import context, trace
 
-        from . import __version__
 
         self._context, self._trace = context, trace
         self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from idem_dialects.benchmark import purge as purge_bench
+from idem_dialects.cli.bench import purge as purge_bench
 from idem_dialects.cli import main
 
 

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, InvalidPayload
-from idem_dialects.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from idem_dialects.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from idem_dialects.schema import build_tables
 from idem_dialects.url import offline
 

@@ -1,0 +1,150 @@
+"""What metrics and traces cost per replay (`idem-dialects bench URL --measure telemetry`).
+
+The same replays through `IdempotencyStore.run`, timed under three telemetries swapped on the store's Core between
+slices, interleaved per repetition so drift hits them alike (the report takes medians):
+
+- ``off``: no telemetry, as without opentelemetry-api;
+- ``api``: the API's no-op providers, as with opentelemetry-api installed and no SDK;
+- ``sdk``: the SDK recording every metric and span (a batch span processor whose exporter drops the spans, and an
+  in-memory metric reader, so what is timed is recording, not a collector's network).
+
+Client CPU counts every thread of the process (the span processor's too). Needs the SDK (opentelemetry-sdk).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from ...dialects.base import Backend
+from ...store import IdempotencyStore
+from ...telemetry import Telemetry
+from .report import engine_info, new_prefix
+from .runner import CannotMeasure, Log, pool_options, reaching
+
+SCHEMA = "idem-dialects-bench-telemetry/1"
+CONDITIONS = ("off", "api", "sdk")
+KEYS = 100
+
+
+class TelemetryBenchmark:
+    """The `Benchmark` (runner.py) of telemetry's cost: replays on one store under each telemetry."""
+
+    def __init__(self, requests: int = 1000, repetitions: int = 5, warmup: int = 100) -> None:
+        self.requests, self.repetitions, self.warmup = requests, repetitions, warmup
+
+    def refuse(self, backend: type[Backend]) -> str | None:
+        return None
+
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        with reaching(url):
+            store = IdempotencyStore.from_url(url, table_prefix=new_prefix(), **pool_options(url, 2, 2))
+        try:
+            with reaching(url), store.engine.connect() as conn:
+                info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
+                                   conn.dialect.server_version_info)
+            try:
+                report = measure(store, self.requests, self.repetitions, self.warmup, log)
+            finally:
+                store.drop_tables()
+        finally:
+            store.close()
+        return report | {"engine": info}
+
+
+def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable[[], int]]:
+    """The three telemetries for `store`, and a function counting the spans the SDK exported so far."""
+    try:
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        from opentelemetry.trace import NoOpTracerProvider
+    except ImportError as exc:
+        raise CannotMeasure(f"the OpenTelemetry SDK is not installed ({exc.name}): pip install opentelemetry-sdk"
+                            ) from None
+
+    exported = [0]
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            exported[0] += len(spans)
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    system, namespace = store.backend.db_system_name, store.backend.db_namespace()
+
+    def count() -> int:
+        tracer_provider.force_flush()
+        return exported[0]
+
+    return {
+        "off": Telemetry(system, namespace, enabled=False),
+        "api": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(), tracer_provider=NoOpTracerProvider()),
+        "sdk": Telemetry(system, namespace, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+                         tracer_provider=tracer_provider),
+    }, count
+
+
+def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: int,
+            log: Callable[[str], None]) -> dict[str, Any]:
+    """Median wall and client CPU time per replay under each telemetry, and the overheads against ``off``."""
+    kinds, exported = telemetries(store)
+    store.create_tables()
+
+    def never(conn: Any) -> Any:
+        raise AssertionError("a replay ran the effect")
+
+    def replays(n: int) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            store.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS}, effect=never)
+        return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
+
+    for i in range(KEYS):
+        store.run(scope="bench", operation="replay:v1", key=f"k{i}", request={"n": i}, effect=lambda conn: {"ok": 1})
+    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in CONDITIONS}
+    for kind in CONDITIONS:
+        store.core.telemetry = kinds[kind]
+        replays(warmup)
+    for rep in range(repetitions):
+        for kind in CONDITIONS[rep % 3:] + CONDITIONS[:rep % 3]:
+            store.core.telemetry = kinds[kind]
+            samples[kind].append(replays(requests))
+        log(f"repetition {rep + 1}/{repetitions}: " + ", ".join(
+            f"{kind} {samples[kind][-1][0]:.0f} us" for kind in CONDITIONS))
+    spans = exported()
+    if spans < requests * repetitions:
+        raise AssertionError(f"the SDK exported {spans} spans for {requests * repetitions} measured replays")
+    medians = {kind: {"wall_us": statistics.median(w for w, _ in samples[kind]),
+                      "cpu_us": statistics.median(c for _, c in samples[kind])} for kind in CONDITIONS}
+    off = medians["off"]
+    return {
+        "schema": SCHEMA,
+        "requests": requests,
+        "repetitions": repetitions,
+        "replay": medians,
+        "overhead": {kind: {"wall_us": medians[kind]["wall_us"] - off["wall_us"],
+                            "wall_pct": 100 * (medians[kind]["wall_us"] / off["wall_us"] - 1),
+                            "cpu_us": medians[kind]["cpu_us"] - off["cpu_us"]} for kind in ("api", "sdk")},
+        "spans_exported": spans,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    engine = report.get("engine", {})
+    lines = [f"telemetry overhead per replay: {engine.get('backend', '?')} {engine.get('server_version', '')}"
+             f" ({report['requests']} replays x {report['repetitions']} repetitions, medians)",
+             f"{'telemetry':<10} {'wall us':>9} {'client CPU us':>14} {'overhead':>18}"]
+    for kind in CONDITIONS:
+        row = report["replay"][kind]
+        extra = report["overhead"].get(kind)
+        over = "" if extra is None else f"{extra['wall_us']:+.1f} us ({extra['wall_pct']:+.1f} %)"
+        lines.append(f"{kind:<10} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>18}")
+    return "\n".join(lines) + "\n"
