@@ -25,7 +25,6 @@ from .fingerprint import Encoder
 from .outcomes import Claimed, Outcome, Result
 from .protocol import NO_PAYLOAD, Core
 from .retention import DEFAULT_RETENTION, Stats
-from .retention import stats as read_stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
 from .storebase import StoreBase, owning_engine, refuse_sync_effect
@@ -146,7 +145,7 @@ class AsyncIdempotencyStore(StoreBase):
         """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,
         the records and messages past `retention` waiting for `purge`, and each table's size where the engine
         reports it (one read; no lock a claim waits for)."""
-        return await self.drive(read_stats(self.tables, self.backend, self.retention))
+        return await self.drive(self.core.stats())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 

@@ -39,7 +39,8 @@ from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_retention, check_status, lease_seconds
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
-from .retention import DEFAULT_RETENTION, purge_targets
+from .retention import DEFAULT_RETENTION, Stats, purge_targets
+from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 from .steps import Begin, Effect, Flow, rowcount, sql, transaction
@@ -351,6 +352,10 @@ class Core:
         window = self.retention if older_than is None else check_retention(older_than, "older_than")
         check_batch_size(batch_size)
         return self._purge(list(purge_targets(self.tables, self.backend, window).items()), batch_size, progress)
+
+    def stats(self) -> Flow[Stats]:
+        """Records by state, the backlog past the retention, table sizes (`retention.stats`)."""
+        return read_stats(self.tables, self.backend, self.retention)
 
     def _purge(self, targets: list[tuple[Table, ColumnElement[bool]]], batch_size: int,
                progress: Callable[[str, int], None] | None) -> Flow[int]:

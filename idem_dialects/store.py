@@ -18,7 +18,6 @@ from .outcomes import Claimed, Outcome, Result
 from .protocol import NO_PAYLOAD, Core
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .retention import DEFAULT_RETENTION, Stats
-from .retention import stats as read_stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
 from .storebase import StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
@@ -135,7 +134,7 @@ class IdempotencyStore(StoreBase):
         """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,
         the records and messages past `retention` waiting for `purge`, and each table's size where the engine
         reports it (one read; no lock a claim waits for)."""
-        return self.drive(read_stats(self.tables, self.backend, self.retention))
+        return self.drive(self.core.stats())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 

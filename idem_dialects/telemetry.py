@@ -232,7 +232,9 @@ class Telemetry:
         span = self._tracer.start_span(name, kind=self._trace.SpanKind.INTERNAL,
                                        attributes=self._attributes(OPERATION, operation),
                                        record_exception=False, set_status_on_exception=False)
-        token = self._context.attach(self._trace.set_span_in_context(span))
+        # A span of the API's no-op tracer (no SDK installed) carries no context worth propagating: not attached.
+        token = self._context.attach(self._trace.set_span_in_context(span)) if span.get_span_context().is_valid \
+            else None
         started = time.perf_counter()
         closing: Attributes = {}
         try:
@@ -247,7 +249,8 @@ class Telemetry:
                 span.set_status(self._trace.StatusCode.ERROR)
             raise
         finally:
-            self._context.detach(token)
+            if token is not None:
+                self._context.detach(token)
             if attempts is not None:
                 closing[ATTEMPTS] = attempts[0]
             span.set_attributes(closing)

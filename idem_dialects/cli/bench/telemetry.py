@@ -13,6 +13,7 @@ Client CPU counts every thread of the process (the span processor's too). Needs 
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -134,13 +135,16 @@ def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: in
                             "wall_pct": 100 * (medians[kind]["wall_us"] / off["wall_us"] - 1),
                             "cpu_us": medians[kind]["cpu_us"] - off["cpu_us"]} for kind in ("api", "sdk")},
         "spans_exported": spans,
+        # The SDK samples exemplars of measurements made under a sampled span unless told otherwise: a cost.
+        "exemplar_filter": os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based"),
     }
 
 
 def render(report: dict[str, Any]) -> str:
     engine = report.get("engine", {})
     lines = [f"telemetry overhead per replay: {engine.get('backend', '?')} {engine.get('server_version', '')}"
-             f" ({report['requests']} replays x {report['repetitions']} repetitions, medians)",
+             f" ({report['requests']} replays x {report['repetitions']} repetitions, medians; SDK exemplar filter"
+             f" {report['exemplar_filter']})",
              f"{'telemetry':<10} {'wall us':>9} {'client CPU us':>14} {'overhead':>18}"]
     for kind in CONDITIONS:
         row = report["replay"][kind]
