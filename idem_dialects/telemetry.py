@@ -12,6 +12,7 @@ application's vocabulary, bounded like a route, so they are.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -64,6 +65,29 @@ def error_type(exc: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
+class _Totals:
+    """A counter summed here and reported through an asynchronous (observable) counter when the SDK collects: a count
+    costs a dict update under a lock, where a synchronous counter hashes its attributes and offers an exemplar on
+    every call (a large share of what telemetry cost per replay). Totals are cumulative, as a counter's are."""
+
+    def __init__(self, meter: Any, name: str, unit: str, description: str) -> None:
+        self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
+        self._lock = threading.Lock()
+        meter.create_observable_counter(name, callbacks=[self._observe], unit=unit, description=description)
+
+    def add(self, amount: int, attributes: Attributes) -> None:
+        key = tuple(attributes.items())
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + amount
+
+    def _observe(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            counts = list(self._counts.items())
+        return [Observation(total, dict(key)) for key, total in counts]
+
+
 class _Instruments:
     """The metrics, made once per meter provider (the SDK warns about an instrument made twice)."""
 
@@ -72,16 +96,15 @@ class _Instruments:
             return meter.create_histogram(name, unit="s", description=description,
                                           explicit_bucket_boundaries_advisory=BUCKETS)
 
-        self.outcomes = meter.create_counter(
-            "idempotency.outcomes", unit="{outcome}",
-            description="Claim decisions by outcome: claimed, takeover, replayed, mismatch, in_flight; and lease_lost"
-                        " when completing finds the claim taken over")
-        self.retries = meter.create_counter("idempotency.retries", unit="{retry}",
-                                            description="Attempts retried after a transient error, by cause")
-        self.messages = meter.create_counter("idempotency.messages", unit="{message}",
-                                             description="Consumed messages: accepted, duplicate or mismatch")
-        self.purged = meter.create_counter("idempotency.purge.rows", unit="{row}",
-                                           description="Rows deleted by purge, by table")
+        self.outcomes = _Totals(
+            meter, "idempotency.outcomes", "{outcome}",
+            "Claim decisions by outcome: claimed, takeover, replayed, mismatch, in_flight; and lease_lost when"
+            " completing finds the claim taken over")
+        self.retries = _Totals(meter, "idempotency.retries", "{retry}",
+                               "Attempts retried after a transient error, by cause")
+        self.messages = _Totals(meter, "idempotency.messages", "{message}",
+                                "Consumed messages: accepted, duplicate or mismatch")
+        self.purged = _Totals(meter, "idempotency.purge.rows", "{row}", "Rows deleted by purge, by table")
         self.claim_wait = histogram("idempotency.claim.wait",
                                     "Time from a claim's first statement to its outcome, waiting on a holder included")
         self.effect = histogram("idempotency.effect.duration", "Time the caller's effect ran")
@@ -93,7 +116,6 @@ _instruments: dict[int, tuple[Any, _Instruments]] = {}
 
 def _instruments_for(provider: Any) -> _Instruments:
     from opentelemetry import metrics
-
 
     provider = provider if provider is not None else metrics.get_meter_provider()
     kept = _instruments.get(id(provider))
@@ -114,7 +136,6 @@ class Telemetry:
         if not self.enabled:
             return
         from opentelemetry import context, trace
-
 
         self._context, self._trace = context, trace
         self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
