@@ -21,8 +21,7 @@ from sqlalchemy.engine import URL
 
 from ...dialects.base import Backend
 from ...store import IdempotencyStore
-from .report import engine_info, new_prefix
-from .runner import Log, pool_options, reaching
+from .runner import BenchFailed, Log, scratch_store
 
 SCHEMA = "idem-dialects-bench-purge/1"
 _AGE = 2 * 86400.0  # the filled records completed two days ago; purge keeps one day
@@ -40,20 +39,8 @@ class PurgeBenchmark:
         return None
 
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
-        with reaching(url):
-            store = IdempotencyStore.from_url(url, table_prefix=new_prefix(),
-                                              **pool_options(url, self.workers + 2, 2))
-        try:
-            with reaching(url), store.engine.connect() as conn:
-                info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
-                                   conn.dialect.server_version_info)
-            try:
-                report = measure(store, self.rows, self.batch_size, self.workers, log)
-            finally:
-                store.drop_tables()
-        finally:
-            store.close()
-        return report | {"engine": info}
+        with scratch_store(url, self.workers + 2) as (store, info):
+            return measure(store, self.rows, self.batch_size, self.workers, log) | {"engine": info}
 
 
 def fill(store: IdempotencyStore, rows: int) -> None:
@@ -131,7 +118,7 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int,
         left = conn.execute(select(func.count()).select_from(store.tables.records)
                             .where(store.tables.records.c.scope == "old")).scalar_one()
     if purged.get("rows") != rows or left:
-        raise AssertionError(f"purge deleted {purged.get('rows')} of {rows} old records ({left} left)")
+        raise BenchFailed(f"purge deleted {purged.get('rows')} of {rows} old records ({left} left)")
     return {"schema": SCHEMA, "rows": rows, "batch_size": batch_size, "workers": workers,
             "purge": {"seconds": purged["seconds"], "rows_per_s": rows / purged["seconds"]},
             "claims_alone": alone, "claims_during_purge": during}

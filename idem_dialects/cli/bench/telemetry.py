@@ -24,8 +24,7 @@ from sqlalchemy.engine import URL
 from ...dialects.base import Backend
 from ...store import IdempotencyStore
 from ...telemetry import Telemetry
-from .report import engine_info, new_prefix
-from .runner import CannotMeasure, Log, pool_options, reaching
+from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, scratch_store
 
 SCHEMA = "idem-dialects-bench-telemetry/1"
 CONDITIONS = ("off", "api", "sdk")
@@ -42,19 +41,8 @@ class TelemetryBenchmark:
         return None
 
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
-        with reaching(url):
-            store = IdempotencyStore.from_url(url, table_prefix=new_prefix(), **pool_options(url, 2, 2))
-        try:
-            with reaching(url), store.engine.connect() as conn:
-                info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
-                                   conn.dialect.server_version_info)
-            try:
-                report = measure(store, self.requests, self.repetitions, self.warmup, log)
-            finally:
-                store.drop_tables()
-        finally:
-            store.close()
-        return report | {"engine": info}
+        with scratch_store(url, 2) as (store, info):
+            return measure(store, self.requests, self.repetitions, self.warmup, log) | {"engine": info}
 
 
 def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable[[], int]]:
@@ -100,7 +88,7 @@ def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: in
     store.create_tables()
 
     def never(conn: Any) -> Any:
-        raise AssertionError("a replay ran the effect")
+        raise ExactlyOnceViolation("a replay ran the effect")
 
     def replays(n: int) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -122,7 +110,7 @@ def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: in
             f"{kind} {samples[kind][-1][0]:.0f} us" for kind in CONDITIONS))
     spans = exported()
     if spans < requests * repetitions:
-        raise AssertionError(f"the SDK exported {spans} spans for {requests * repetitions} measured replays")
+        raise BenchFailed(f"the SDK exported {spans} spans for {requests * repetitions} measured replays")
     medians = {kind: {"wall_us": statistics.median(w for w, _ in samples[kind]),
                       "cpu_us": statistics.median(c for _, c in samples[kind])} for kind in CONDITIONS}
     off = medians["off"]

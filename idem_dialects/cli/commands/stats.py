@@ -111,12 +111,12 @@ def render(stats: Stats, where: str) -> str:
 
 
 def _bytes(n: int) -> str:
-    size = float(n)
+    size, unit = float(n), "B"
     for unit in ("B", "kB", "MB", "GB"):
         if size < 1024 or unit == "GB":
-            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+            break
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:,.0f} B" if unit == "B" else f"{size:,.1f} {unit}"
 
 
 def _duration(span: timedelta) -> str:
