@@ -138,7 +138,7 @@ class Telemetry:
         from opentelemetry import context, trace
 
         self._context, self._trace = context, trace
-        self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
+        self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
         self._metrics = _instruments_for(meter_provider)
 
     def _attributes(self, *pairs: str) -> Attributes:
@@ -250,7 +250,7 @@ class Telemetry:
         # a shielded release runs in a task that starts from a copy of it. Nothing leaks: other threads and tasks have
         # contexts of their own, and the caller's context is as it was once the flow has ended. Making it current per
         # step instead would miss the effect and the transactions' BEGIN, which the stores run, not the flow.
-        span = self._tracer.start_span(name, kind=self._trace.SpanKind.INTERNAL,
+        span = self.tracer.start_span(name, kind=self._trace.SpanKind.INTERNAL,
                                        attributes=self._attributes(OPERATION, operation),
                                        record_exception=False, set_status_on_exception=False)
         # A span of the API's no-op tracer (no SDK installed) carries no context worth propagating: not attached.

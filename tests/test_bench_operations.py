@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from idem_dialects.cli.bench import purge as purge_bench
 from idem_dialects.cli import main
+from idem_dialects.cli.bench import purge as purge_bench
 
 
 def test_telemetry_overhead_is_measured_under_three_telemetries(tmp_path: Path,
@@ -19,7 +19,8 @@ def test_telemetry_overhead_is_measured_under_three_telemetries(tmp_path: Path,
                  "--format", "json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["schema"] == "idem-dialects-bench-telemetry/1" and report["engine"]["backend"] == "sqlite"
-    assert set(report["replay"]) == {"off", "api", "sdk"} and set(report["overhead"]) == {"api", "sdk"}
+    assert set(report["replay"]) == {"off", "api", "sdk", "sampled", "one span"}
+    assert set(report["overhead"]) == {"api", "sdk", "sampled", "one span"}
     assert all(row["wall_us"] > 0 and row["cpu_us"] > 0 for row in report["replay"].values())
     assert report["spans_exported"] >= 60  # the SDK really recorded every measured replay
 

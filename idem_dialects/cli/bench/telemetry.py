@@ -6,7 +6,11 @@ slices, interleaved per repetition so drift hits them alike (the report takes me
 - ``off``: no telemetry, as without opentelemetry-api;
 - ``api``: the API's no-op providers, as with opentelemetry-api installed and no SDK;
 - ``sdk``: the SDK recording every metric and span (a batch span processor whose exporter drops the spans, and an
-  in-memory metric reader, so what is timed is recording, not a collector's network).
+  in-memory metric reader, so what is timed is recording, not a collector's network);
+- ``sampled``: the same SDK keeping one trace in ten (``ParentBased(TraceIdRatioBased(0.1))``), as deployments that
+  sample do; metrics are still recorded for every replay;
+- ``one span``: no telemetry from the library, but each replay inside one SDK span the caller makes (as a request's
+  server span would be): what a single span costs in this process, the reference for the library's share.
 
 Client CPU counts every thread of the process (the span processor's too). Needs the SDK (opentelemetry-sdk).
 """
@@ -27,7 +31,7 @@ from ...telemetry import Telemetry
 from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, scratch_store
 
 SCHEMA = "idem-dialects-bench-telemetry/1"
-CONDITIONS = ("off", "api", "sdk")
+CONDITIONS = ("off", "api", "sdk", "sampled", "one span")
 KEYS = 100
 
 
@@ -53,6 +57,7 @@ def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace import NoOpTracerProvider
     except ImportError as exc:
         raise CannotMeasure(f"the OpenTelemetry SDK is not installed ({exc.name}): pip install opentelemetry-sdk"
@@ -65,19 +70,22 @@ def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable
             exported[0] += len(spans)
             return SpanExportResult.SUCCESS
 
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    tracer_provider, sampled_provider = TracerProvider(), TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
+    for provider in (tracer_provider, sampled_provider):
+        provider.add_span_processor(BatchSpanProcessor(Dropped()))
     system, namespace = store.backend.db_system_name, store.backend.db_namespace()
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
 
     def count() -> int:
         tracer_provider.force_flush()
+        sampled_provider.force_flush()
         return exported[0]
 
     return {
         "off": Telemetry(system, namespace, enabled=False),
         "api": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(), tracer_provider=NoOpTracerProvider()),
-        "sdk": Telemetry(system, namespace, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
-                         tracer_provider=tracer_provider),
+        "sdk": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=tracer_provider),
+        "sampled": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=sampled_provider),
     }, count
 
 
@@ -85,27 +93,36 @@ def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: in
             log: Callable[[str], None]) -> dict[str, Any]:
     """Median wall and client CPU time per replay under each telemetry, and the overheads against ``off``."""
     kinds, exported = telemetries(store)
+    kinds["one span"] = kinds["off"]
+    tracer = kinds["sdk"].tracer
     store.create_tables()
 
     def never(conn: Any) -> Any:
         raise ExactlyOnceViolation("a replay ran the effect")
 
-    def replays(n: int) -> tuple[float, float]:
+    def replay(i: int) -> None:
+        store.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS}, effect=never)
+
+    def replays(n: int, kind: str) -> tuple[float, float]:
+        store.core.telemetry = kinds[kind]
         wall, cpu = time.perf_counter(), time.process_time()
-        for i in range(n):
-            store.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS}, effect=never)
+        if kind == "one span":
+            for i in range(n):
+                with tracer.start_as_current_span("request"):
+                    replay(i)
+        else:
+            for i in range(n):
+                replay(i)
         return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
 
     for i in range(KEYS):
         store.run(scope="bench", operation="replay:v1", key=f"k{i}", request={"n": i}, effect=lambda conn: {"ok": 1})
     samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in CONDITIONS}
     for kind in CONDITIONS:
-        store.core.telemetry = kinds[kind]
-        replays(warmup)
+        replays(warmup, kind)
     for rep in range(repetitions):
-        for kind in CONDITIONS[rep % 3:] + CONDITIONS[:rep % 3]:
-            store.core.telemetry = kinds[kind]
-            samples[kind].append(replays(requests))
+        for kind in CONDITIONS[rep % len(CONDITIONS):] + CONDITIONS[:rep % len(CONDITIONS)]:
+            samples[kind].append(replays(requests, kind))
         log(f"repetition {rep + 1}/{repetitions}: " + ", ".join(
             f"{kind} {samples[kind][-1][0]:.0f} us" for kind in CONDITIONS))
     spans = exported()
@@ -121,7 +138,7 @@ def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: in
         "replay": medians,
         "overhead": {kind: {"wall_us": medians[kind]["wall_us"] - off["wall_us"],
                             "wall_pct": 100 * (medians[kind]["wall_us"] / off["wall_us"] - 1),
-                            "cpu_us": medians[kind]["cpu_us"] - off["cpu_us"]} for kind in ("api", "sdk")},
+                            "cpu_us": medians[kind]["cpu_us"] - off["cpu_us"]} for kind in CONDITIONS[1:]},
         "spans_exported": spans,
         # The SDK samples exemplars of measurements made under a sampled span unless told otherwise: a cost.
         "exemplar_filter": os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based"),
