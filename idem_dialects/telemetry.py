@@ -112,15 +112,23 @@ class _Instruments:
 
 
 _instruments: dict[int, tuple[Any, _Instruments]] = {}
+_made = threading.Lock()
 
 
 def _instruments_for(provider: Any) -> _Instruments:
+    """The instruments of `provider`; None stands for the global provider, made once for the process whether the
+    application installs the SDK before or after the first store: made on the API's proxy, they reach the SDK once
+    it is installed. (Made again on the SDK's provider, the observable counters would register twice and the SDK
+    would keep only the first one's callback.)"""
     from opentelemetry import metrics
 
-    provider = provider if provider is not None else metrics.get_meter_provider()
-    kept = _instruments.get(id(provider))
-    if kept is None or kept[0] is not provider:
-        kept = _instruments[id(provider)] = (provider, _Instruments(provider.get_meter(SCOPE, __version__)))
+    key = 0 if provider is None else id(provider)
+    with _made:
+        kept = _instruments.get(key)
+        if kept is None or kept[0] is not provider:
+            meter = metrics.get_meter(SCOPE, __version__) if provider is None else provider.get_meter(SCOPE,
+                                                                                                     __version__)
+            kept = _instruments[key] = (provider, _Instruments(meter))
     return kept[1]
 
 

@@ -252,3 +252,40 @@ def test_importing_the_library_loads_no_opentelemetry_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"
+
+
+SDK_LATER = textwrap.dedent("""
+    import sys
+    from idem_dialects import IdempotencyStore
+
+    # The application's store exists before its telemetry is configured (made at import, the SDK set up in main).
+    store = IdempotencyStore.from_url(f"sqlite:///{sys.argv[1]}/late.db")
+    store.create_tables()
+    store.run(scope="s", operation="op", key="before", request={}, effect=lambda conn: 1)
+
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    store.run(scope="s", operation="op", key="after", request={}, effect=lambda conn: 1)
+    IdempotencyStore.from_url(f"sqlite:///{sys.argv[1]}/late.db").run(
+        scope="s", operation="op", key="after", request={}, effect=lambda conn: 1)  # a store made after: a replay
+    found = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points:
+                    if metric.name == "idempotency.outcomes":
+                        found[point.attributes["idempotency.outcome"]] = point.value
+    print(sorted(found.items()))
+""")
+
+
+def test_stores_made_before_the_sdk_is_installed_report_to_it(tmp_path: Path) -> None:
+    """Counters are cumulative from the store's first claim; stores made before and after the SDK share them."""
+    done = subprocess.run([sys.executable, "-c", SDK_LATER, str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[('claimed', 2), ('replayed', 1)]", done.stdout + done.stderr[-2000:]
+    assert "has been created already" not in done.stderr  # no instrument registered twice
