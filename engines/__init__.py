@@ -10,20 +10,32 @@ unavailable when it is, and what would enable it.
 
 from __future__ import annotations
 
-from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
+from .catalogue import ENGINES, expand, get, resolve
 from .containers import docker_reachable, image_var
 from .controls import ClusterControls
+from .entry import (
+    CatalogueEntry,
+    EntryUnavailable,
+    Provision,
+    Server,
+    Unavailable,
+    describe,
+    env_var,
+    provisioning,
+    require_driver,
+)
 from .provision import EngineStatus, parse_named_urls, probe, provision
-from .servers import Server, Unavailable, env_var
 
 __all__ = [
     "ENGINES",
+    "CatalogueEntry",
     "ClusterControls",
-    "EngineSpec",
     "EngineStatus",
-    "EngineUnavailable",
+    "EntryUnavailable",
+    "Provision",
     "Server",
     "Unavailable",
+    "describe",
     "docker_reachable",
     "env_var",
     "expand",
@@ -32,5 +44,7 @@ __all__ = [
     "parse_named_urls",
     "probe",
     "provision",
+    "provisioning",
+    "require_driver",
     "resolve",
 ]

@@ -21,7 +21,7 @@ from typing import Any, Self
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -162,7 +162,7 @@ class AsyncIdempotencyStore:
         conn = self.engine.connect()
         try:
             await conn.start()
-        except DBAPIError as exc:
+        except Exception as exc:  # asyncpg raises OSError and its own errors unwrapped: classified all the same
             problem = self.backend.connect_error(exc)
             if problem is None:
                 raise

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from idem_dialects.cli import main
-from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
+from idem_dialects.engines import ENGINES, EntryUnavailable, Unavailable, docker_reachable, env_var, expand, get
 
 NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
 # Why no container can be had here: no Docker engine answers, or the [containers] extra is not installed.
@@ -71,7 +71,7 @@ def test_passes_without_the_containers_extra() -> None:
 
 @pytest.mark.parametrize("name", ["mysql-8.4", "mssql-2022", "mssql-2025", "oracle-23", "oracle-26"])
 def test_container_engines_say_how_to_enable(no_docker: None, name: str) -> None:
-    with pytest.raises(EngineUnavailable) as err:
+    with pytest.raises(EntryUnavailable) as err:
         get(name).provide()
     exc = err.value
     assert f"{env_var(name)} is not set" in exc.reasons[0]

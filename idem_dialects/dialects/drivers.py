@@ -41,6 +41,9 @@ class Driver:
     libraries: tuple[SystemLibrary, ...] = ()
     # The BEGIN the driver sends on its own (not through a cursor SQLAlchemy sees), said as a benchmark reports it.
     implicit_begin: str | None = None
+    # Closing a connection whose server went away leaves its socket open until garbage collection (a
+    # ResourceWarning then): the driver's leak, not the caller's.
+    leaks_lost_sockets: bool = False
 
     def installed(self) -> bool:
         """The driver's module is on the path (not imported: importing may load native libraries)."""

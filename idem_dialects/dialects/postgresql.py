@@ -143,7 +143,8 @@ class PostgreSQLBackend(Backend):
         # psycopg 3 serves both; create_async_engine picks its async mode.
         Driver("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, implicit_begin=_PSYCOPG_BEGIN),
         Driver("psycopg2", "psycopg2", "psycopg2-binary", implicit_begin=_PSYCOPG_BEGIN),
-        Driver("pg8000", "pg8000", "pg8000"),
+        # pg8000 1.31: close() after a lost connection fails writing Terminate and never closes its socket file.
+        Driver("pg8000", "pg8000", "pg8000", leaks_lost_sockets=True),
     )
     plpgsql_baseline = True
     provision = "idem_dialects.dialects.postgresql_provision:PostgreSQLProvision"
