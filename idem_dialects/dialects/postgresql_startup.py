@@ -1,7 +1,7 @@
 """Why a PostgreSQL server refused a connection, as its SQLSTATE: libpq (psycopg, psycopg2) reports a refused
 startup (unknown database or role, too many clients, starting up) as text only, so the dialect asks the server once
 more with a bare startup message and reads the code of its ErrorResponse. Only on the failure path, never with a
-password: the server answers the startup before authentication (or asks for a password, and then the probe stops)."""
+password: the probe stops where the server asks for one (then its answer stays unknown, and the failure transient)."""
 
 from __future__ import annotations
 
@@ -80,12 +80,15 @@ def startup_sqlstate(url: URL) -> str | OSError | None:
         params = b"".join(f"{k}\0{v}\0".encode() for k, v in (("user", user), ("database", url.database or user)))
         body = struct.pack("!i", _PROTOCOL_3) + params + b"\0"
         sock.sendall(struct.pack("!i", len(body) + 4) + body)
-        kind, length = struct.unpack("!ci", _read(sock, 5))
-        if kind != b"E":
-            return None
-        fields = _read(sock, length - 4).split(b"\0")
-        code = next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
-        return code
+        for _ in range(64):  # AuthenticationOk (trust), then ParameterStatus and BackendKeyData, then E or Z
+            kind, length = struct.unpack("!ci", _read(sock, 5))
+            body = _read(sock, length - 4)
+            if kind == b"E":
+                fields = body.split(b"\0")
+                return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
+            if kind == b"Z" or (kind == b"R" and body[:4] != b"\0\0\0\0"):  # in, or asked for a password
+                return None
+        return None
     except (OSError, struct.error, ssl.SSLError):
         return None
     finally:
