@@ -270,11 +270,16 @@ def _live(url: str, asynchronous: bool) -> BaseException:
     try:
         if asynchronous:
             async def go() -> None:
-                async with AsyncIdempotencyStore.from_url(url, retry=policy) as store:
-                    async def effect(conn: Any) -> str:
-                        return "never"
+                try:
+                    async with AsyncIdempotencyStore.from_url(url, retry=policy) as store:
+                        async def effect(conn: Any) -> str:
+                            return "never"
 
-                    await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+                        await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+                finally:
+                    # aiosqlite's thread answers the stop request of a connection that failed to open on this loop:
+                    # let it, before asyncio.run closes the loop under it.
+                    await asyncio.sleep(0.1)
 
             asyncio.run(go())
         else:

@@ -106,10 +106,11 @@ _CONNECT_TRANSIENT = frozenset({
     ER_UNKNOWN_COM_ERROR, ER_SERVER_SHUTDOWN,
 })
 _CONNECT_CONFIG = {
-    1045: ("access denied", "check the user and password in the URL"),
-    1698: ("access denied", "check the user and password in the URL (the account may need a password)"),
-    1044: ("access to the database denied", "grant the user access or use another database"),
-    1049: ("the database does not exist", "check the URL's database name or create it"),
+    1045: ("access denied for user {user!r}", "check the user and password in the URL"),
+    1698: ("access denied for user {user!r}",
+           "check the user and password in the URL (the account may need a password)"),
+    1044: ("user {user!r} may not use database {database!r}", "grant the user access or use another database"),
+    1049: ("the database {database!r} does not exist", "check the URL's database name or create it"),
     CR_UNKNOWN_HOST: ("the host name in the URL does not resolve", "check the URL's host"),  # mysqlclient
     2059: ("the authentication plugin cannot be loaded", "install PyMySQL[rsa] or change the account's plugin"),
 }
@@ -367,6 +368,7 @@ class MySQLBackend(Backend):
         code = error_code(exc)
         if code in _CONNECT_CONFIG:
             what, fix = _CONNECT_CONFIG[code]
+            what = what.format(user=self.engine.url.username, database=self.engine.url.database)
             return ConnectionConfigError(self.name, f"{what} (error {code})", fix)
         # 2003 (refused, unreachable) is also PyMySQL's and asyncmy's code for a host name that does not resolve:
         # the socket error under it tells them apart.

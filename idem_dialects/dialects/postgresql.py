@@ -86,9 +86,11 @@ _RETRYABLE = {
 # retry may outlast (08 connection exception, 53 insufficient resources: too many clients, 57 operator intervention:
 # starting up, shutting down).
 _CONNECT_CONFIG = {
-    "28": ("authentication failed", "check the user and password in the URL (and the server's pg_hba.conf)"),
-    "3D000": ("the database does not exist", "check the URL's database name or create it"),
-    "42501": ("the role may not connect to this database", "GRANT CONNECT ON DATABASE to it, or use another role"),
+    "28": ("authentication failed for user {user!r}",
+           "check the user and password in the URL (and the server's pg_hba.conf)"),
+    "3D000": ("the database {database!r} does not exist", "check the URL's database name or create it"),
+    "42501": ("user {user!r} may not connect to database {database!r}",
+              "GRANT CONNECT ON DATABASE to it, or use another user"),
 }
 _CONNECT_TRANSIENT_CLASSES = frozenset({"08", "53", "57"})
 _LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2"})  # drivers whose connect errors come from libpq (no SQLSTATE)
@@ -322,7 +324,8 @@ class PostgreSQLBackend(Backend):
         if code is not None:
             config = _CONNECT_CONFIG.get(code) or _CONNECT_CONFIG.get(code[:2])
             if config is not None:
-                return ConnectionConfigError(self.name, f"{config[0]} (SQLSTATE {code})", config[1])
+                what = config[0].format(user=self.engine.url.username, database=self.engine.url.database)
+                return ConnectionConfigError(self.name, f"{what} (SQLSTATE {code})", config[1])
             if code[:2] in _CONNECT_TRANSIENT_CLASSES or code in _RETRYABLE:
                 return CannotConnect(self.name, exc)
         return super().connect_error(exc)
