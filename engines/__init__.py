@@ -29,7 +29,7 @@ from .entry import (
     provisioning,
     require_driver,
 )
-from .provision import EngineStatus, parse_named_urls, probe, provision
+from .provision import EngineStatus, parse_named_urls, probe, provision, version_text
 
 __all__ = [
     "ENGINES",
@@ -52,4 +52,5 @@ __all__ = [
     "provisioning",
     "require_driver",
     "resolve",
+    "version_text",
 ]

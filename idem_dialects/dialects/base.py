@@ -69,6 +69,8 @@ class Backend:
     embedded: ClassVar[bool] = False
     # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
     plpgsql_baseline: ClassVar[bool] = False
+    # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
+    replay_cpu_target_ms: ClassVar[float | None] = None
     # Test provisioning ("module:Class", a `Provision` subclass): containers, private servers, the fault proxy's
     # wire protocol, how to end a session. Loaded only by the engine catalogue and the conformance suite.
     provision: ClassVar[str | None] = None
@@ -351,3 +353,10 @@ class Backend:
         """Whether `pool`'s reset of a returned connection costs a round trip to the server when no transaction is
         open. Most drivers skip it then (psycopg), or the database is in-process (SQLite): False."""
         return False
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
+        transaction that a statement count must add), if it sends one (`Driver.implicit_begin`)."""
+        known = cls.driver(driver)
+        return None if known is None else known.implicit_begin

@@ -149,6 +149,7 @@ class PostgreSQLBackend(Backend):
         Driver("pg8000", "pg8000", "pg8000", leaks_lost_sockets=True),
     )
     plpgsql_baseline = True
+    replay_cpu_target_ms = 0.7
     provision = "idem_dialects.dialects.postgresql_provision:PostgreSQLProvision"
 
     def __init__(self, engine: Engine) -> None:

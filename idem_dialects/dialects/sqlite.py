@@ -58,7 +58,7 @@ class SQLiteBackend(Backend):
                Driver("aiosqlite", "aiosqlite", "idem-dialects[async]", sync=False, asynchronous=True))
     embedded = True
     # SQLite transactions are serializable; that is the only level it has.
-    base_features = Features(isolation_levels=("SERIALIZABLE",))
+    base_features = Features(isolation_levels=("SERIALIZABLE",), writers=1)  # one write lock per database
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
