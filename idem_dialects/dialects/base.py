@@ -188,7 +188,7 @@ class Backend:
         problem = socket_problem(self.name, exc)
         if problem is not None:
             return problem
-        if (isinstance(exc, OperationalError) and self.retry_cause(exc) is None) or self.retry_cause(exc) is not None:
+        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
             return CannotConnect(self.name, exc)
         return None
 
