@@ -3,7 +3,7 @@ dropped), stays down 3 s and starts again while 8 workers run `run` with a retry
 for a sync driver, asyncio tasks for an async one. No connection error reaches a caller, no acknowledged effect is
 lost, none is doubled. The sync column runs every installed sync driver of the backend; each async column its own
 async driver. The engine's own server if the suite started it, else a private server of the same backend the suite
-starts (never a server that is not ours)."""
+starts (never a server that is not ours; for a cluster, whose nodes the cluster checks kill, that is a lone one)."""
 
 from __future__ import annotations
 
@@ -186,35 +186,40 @@ def restart_under_load(server: Server, driver: str, asynchronous: bool) -> LoadR
     return report
 
 
-@contextmanager
-def restartable(engine: EngineUnderTest) -> Iterator[tuple[Server, str]]:
-    """A server this suite may restart: the engine's own if the suite started it, else a private one (stopped at
-    the end); skips, saying why, when there is neither."""
-    backend = dialects.load(engine.backend)
-    if backend.embedded:
+_PRIVATE = pytest.StashKey[dict[str, "Server | Unavailable"]]()
+
+
+def restartable(engine: EngineUnderTest, config: pytest.Config) -> tuple[Server, str]:
+    """A server this suite may restart: the engine's own if the suite started it, else a private server of its
+    backend (one per backend for the session: the sync and async columns restart the same one); skips, saying why,
+    when there is neither."""
+    if dialects.load(engine.backend).embedded:
         pytest.skip(f"{engine.name}: the database is embedded in the client ({engine.backend}): no server to restart")
     if engine.server.restart is not None:
-        yield engine.server, "the engine's own server"
-        return
-    try:
-        private = provisioning(engine.backend).private_server(engine.backend)
-    except Unavailable as exc:
-        pytest.skip(f"{engine.name} is not a server this suite started ({engine.server.how}) and {exc}")
-    try:
-        yield private, f"a private {engine.backend} server"
-    finally:
-        private.stop()
+        return engine.server, "the engine's own server"
+    private = config.stash.setdefault(_PRIVATE, {})
+    if engine.backend not in private:
+        try:
+            private[engine.backend] = started = provisioning(engine.backend).private_server(engine.backend)
+            config.add_cleanup(started.stop)
+        except Unavailable as exc:
+            private[engine.backend] = exc
+    found = private[engine.backend]
+    if isinstance(found, Unavailable):
+        pytest.skip(f"{engine.name} is not a server this suite started ({engine.server.how}) and {found}")
+    return found, f"a private {engine.backend} server"
 
 
-def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
+def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe,
+                                   request: pytest.FixtureRequest) -> None:
     """A server restarted (down 3 s) under 8 workers, for every driver: no error reaches a caller, no acknowledged
     effect is lost, none is doubled, and the restart was really absorbed (retries happened)."""
     backend = dialects.load(idem_engine.backend)
     drivers = [idem_engine.driver] if idem_engine.driver is not None else list(backend.usable_drivers())
     if not drivers:
         pytest.skip(f"no sync driver of {idem_engine.backend} can be imported here")
-    with restartable(idem_engine) as (server, where):
-        reports = [restart_under_load(server, driver, idem_engine.driver is not None) for driver in drivers]
+    server, where = restartable(idem_engine, request.config)
+    reports = [restart_under_load(server, driver, idem_engine.driver is not None) for driver in drivers]
     failures = {r.driver: [f"{type(e).__name__}: {e}" for e in r.errors][:3] for r in reports if r.errors}
     assert failures == {}, f"errors reached callers: {failures}"
     assert {r.driver: (r.lost, r.doubled) for r in reports} == {r.driver: ([], {}) for r in reports}
