@@ -183,8 +183,8 @@ class Telemetry:
 
     def _event(self, outcome: str) -> None:
         """A rare outcome (a takeover, a lost lease) as an event on the current span: the run's, the HTTP request's,
-        or the caller's own around the step-by-step API. Common outcomes are the run span's attribute instead (an
-        event per replay would cost more than the rest of its telemetry)."""
+        or the caller's own around the step-by-step API. Common outcomes are the run span's attribute instead: an
+        event on every replay is work the SDK would do per request for what the attribute already says."""
         span = self._trace.get_current_span()
         if span.is_recording():
             span.add_event(EVENT, {OUTCOME: outcome})
