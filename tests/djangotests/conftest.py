@@ -1,0 +1,42 @@
+"""The Django tests' project (tests/django_site) configured for pytest-django, and what the tests share: users, a
+client per alias, row and record counts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+django = pytest.importorskip("django", reason="the [django] extra is not installed")
+pytest.importorskip("rest_framework", reason="the [django] extra (djangorestframework) is not installed")
+pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_site.settings")
+django.setup()  # pytest-django sets Django up only for settings it saw before collection
+
+from django.conf import settings  # noqa: E402
+from django_common import Site  # noqa: E402
+from pytest_django.fixtures import live_server  # noqa: E402, F401  (pytest-django's, over tests/conftest.py's engines)
+
+
+@pytest.fixture(params=["default", "postgresql", "mariadb"], ids=["sqlite", "postgresql", "mariadb"])
+def alias(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name not in settings.DATABASES:
+        pytest.skip(settings.UNAVAILABLE.get(name, f"no {name} database"))
+    return name
+
+
+@pytest.fixture
+def site(alias: str, live_server: Any, django_user_model: Any) -> Iterator[Site]:  # noqa: F811
+    for name in ("alice", "bob"):
+        django_user_model.objects.create_user(name, password=f"{name}-password")
+    yield Site(live_server.url, alias)
+
+
+@pytest.fixture(autouse=True)
+def _all_databases(request: pytest.FixtureRequest) -> None:
+    """Every test here may touch every alias (the live server's views write to theirs)."""
+    marker = request.node.get_closest_marker("django_db")
+    assert marker is None or marker.kwargs.get("databases") == "__all__", "mark Django tests with databases='__all__'"
