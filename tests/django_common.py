@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,3 +55,38 @@ class Site:
 
 def new_key() -> str:
     return f"key-{secrets.token_hex(6)}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
+    """gunicorn serving `app` from `cwd` on a free loopback port, its output in `log`, until the block ends (then
+    stopped, by its pid)."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "gunicorn"), app, "-w", str(workers), "-b", f"127.0.0.1:{port}",
+               "--graceful-timeout", "5", "--timeout", "120"]
+    with open(log, "ab") as out:
+        server = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gunicorn did not start (exit {server.returncode}); see {log}") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)
