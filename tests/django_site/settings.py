@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from idem_dialects.engines import Unavailable, get
@@ -23,8 +25,10 @@ STATIC_URL = "/static/"  # the live server serves static files from it
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # test users log in on every request
 
+# With the example project's app (examples/django_postgres), whose code the Django docs page shows and runs.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "examples" / "django_postgres"))
 INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions", "rest_framework",
-                  "idem_dialects.django", "django_site"]
+                  "idem_dialects.django", "django_site", "payments"]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
