@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import subprocess
@@ -65,13 +64,13 @@ def free_port() -> int:
 
 @contextmanager
 def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
-    """gunicorn serving `app` from `cwd` on a free loopback port, its output in `log`, until the block ends (then
-    stopped, by its pid)."""
+    """gunicorn serving `app` from `cwd` on a free loopback port, with the environment `env` (all of it), its output
+    in `log`, until the block ends (then stopped, by its pid)."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "gunicorn"), app, "-w", str(workers), "-b", f"127.0.0.1:{port}",
                "--graceful-timeout", "5", "--timeout", "120"]
     with open(log, "ab") as out:
-        server = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
+        server = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -82,7 +81,11 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"gunicorn did not start (exit {server.returncode}); see {log}") from None
                 time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
+        try:
+            yield f"http://127.0.0.1:{port}"
+        except BaseException as exc:
+            exc.add_note(f"gunicorn's log ({log}):\n{log.read_text(errors='replace')[-3000:]}")
+            raise
     finally:
         server.terminate()
         try:

@@ -33,10 +33,3 @@ def site(alias: str, live_server: Any, django_user_model: Any) -> Iterator[Site]
     for name in ("alice", "bob"):
         django_user_model.objects.create_user(name, password=f"{name}-password")
     yield Site(live_server.url, alias)
-
-
-@pytest.fixture(autouse=True)
-def _all_databases(request: pytest.FixtureRequest) -> None:
-    """Every test here may touch every alias (the live server's views write to theirs)."""
-    marker = request.node.get_closest_marker("django_db")
-    assert marker is None or marker.kwargs.get("databases") == "__all__", "mark Django tests with databases='__all__'"

@@ -27,7 +27,7 @@ def served(site: Site, tmp_path: Path) -> Iterator[tuple[Site, Path]]:
     keep = ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")
     databases = {alias: {k: connections[alias].settings_dict[k] for k in keep} for alias in connections}
     flag = tmp_path / "crash"
-    env = {"PYTHONPATH": str(TESTS), "DJANGO_SETTINGS_MODULE": "django_site.settings",
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "DJANGO_SETTINGS_MODULE": "django_site.settings",
            "IDEM_DJANGO_DATABASES": json.dumps(databases), "IDEM_CRASH_FLAG": str(flag)}
     with gunicorn("django_site.wsgi:application", TESTS, env, workers=2, log=tmp_path / "gunicorn.log") as url:
         yield Site(url, site.alias), flag
