@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -130,6 +131,10 @@ def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **
     has set ``request.user``). `using`, `scope` and IdempotencyPolicy options override ``settings.IDEMPOTENCY``."""
 
     def decorate(view: View) -> View:
+        if inspect.iscoroutinefunction(view):
+            raise ImproperlyConfigured(f"@idempotent decorates sync views; {view.__qualname__} is async (use a sync"
+                                       " view, or IdempotencyMiddleware, which Django runs around async views too)")
+
         @functools.wraps(view)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             view_self, request, rest = _split(args)

@@ -26,6 +26,7 @@ from .models import Payment
 CALLS: Counter[str] = Counter()  # view executions by "alias:view:key" (the live server runs in this process)
 _calls_lock = threading.Lock()
 EXPLODED: set[str] = set()
+STARTED, GATE = threading.Event(), threading.Event()  # the gated view has begun / may finish
 
 
 def ran(request: Any, alias: str, name: str) -> None:
@@ -68,6 +69,16 @@ def views_for(alias: str) -> dict[str, Any]:
             payment = pay(request, alias)
             return Response({"id": payment.pk}, status=201)
 
+    class Gated(APIView):
+        """An external call in progress until the test opens the gate."""
+
+        @idempotent(using=alias, lease=timedelta(seconds=30))
+        def post(self, request: Request) -> Response:
+            ran(request, alias, "gated")
+            STARTED.set()
+            assert GATE.wait(60)
+            return Response({"charged": 1}, status=201)
+
     class Crash(APIView):
         """Writes, then (once, when the test asks through a file) tells its pid and waits to be killed."""
 
@@ -104,8 +115,8 @@ def views_for(alias: str) -> dict[str, Any]:
             return JsonResponse({"id": pay(request, alias, request.headers["X-Account"]).pk}, status=201)
 
     return {"payments": Payments.as_view(), "explode": Explode.as_view(), "external": External.as_view(),
-            "crash": Crash.as_view(), "viewset": Accounts.as_view({"post": "create"}), "api_view": api_function,
-            "function": function,
+            "gated": Gated.as_view(), "crash": Crash.as_view(), "viewset": Accounts.as_view({"post": "create"}),
+            "api_view": api_function, "function": function,
             "class": idempotent(using=alias, scope=lambda r: r.headers.get("X-Account"))(ClassBased.as_view())}
 
 
@@ -118,3 +129,13 @@ def middleware_payments(request: HttpRequest) -> JsonResponse:
         raise RuntimeError("after the ORM write")
     payment = Payment.objects.using(alias).create(account=str(request.user), amount=1)
     return JsonResponse({"id": payment.pk, "user": str(request.user)}, status=201)
+
+
+async def middleware_async_payments(request: HttpRequest) -> JsonResponse:
+    """An async view under /mw/: Django runs it from the sync middleware chain; its ORM calls come back to the thread
+    (and the connection) that holds the record's transaction."""
+    alias = settings.IDEMPOTENCY["DATABASE"]
+    payment = await Payment.objects.using(alias).acreate(account="async", amount=1)
+    if request.headers.get("X-Explode"):
+        raise RuntimeError("after the ORM write")
+    return JsonResponse({"id": payment.pk}, status=201)

@@ -57,3 +57,13 @@ def test_paths_outside_the_policy_pass_through(mw: Site) -> None:
     key = new_key()
     first = mw.post("payments", key)  # the decorated DRF view: its own decorator, not the middleware
     assert first.status_code == 201 and mw.records(key) == 1
+
+
+def test_an_async_view_behind_the_middleware_shares_the_transaction(mw: Site) -> None:
+    key = new_key()
+    failed = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol", "X-Explode": "1"})
+    assert failed.status_code == 500 and mw.rows() == 0 and mw.records(key) == 0
+    first = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol"})
+    again = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol"})
+    assert first.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content and mw.rows() == 1 and mw.records(key) == 1

@@ -129,3 +129,47 @@ def test_missing_key_is_400_and_the_view_does_not_run(site: Site) -> None:
     resp = site.post("payments", None)
     assert resp.status_code == 400 and resp.json()["type"] == PROBLEM + "missing-key"
     assert site.rows() == 0
+
+
+def test_external_call_mode_duplicate_while_the_view_runs_is_409_with_retry_after(site: Site) -> None:
+    from django_site.views import GATE, STARTED
+
+    STARTED.clear()
+    GATE.clear()
+    key = new_key()
+    first: list[Any] = []
+    thread = threading.Thread(target=lambda: first.append(site.post("gated", key)))
+    thread.start()
+    try:
+        assert STARTED.wait(30)
+        duplicate = site.post("gated", key)
+        assert duplicate.status_code == 409 and duplicate.json()["type"] == PROBLEM + "request-in-flight"
+        assert int(duplicate.headers["retry-after"]) >= 1
+    finally:
+        GATE.set()
+        thread.join(60)
+    assert first[0].status_code == 201
+    assert site.post("gated", key).headers["idempotent-replayed"] == "true" and calls(site, "gated", key) == 1
+
+
+@pytest.fixture
+def atomic_requests(site: Site) -> Any:
+    """ATOMIC_REQUESTS on the site's alias: Django wraps each view in its own atomic block (the decorator's block is
+    a savepoint inside it; the middleware's encloses it)."""
+    from django.db import connections
+
+    settings_dict = connections.settings[site.alias]
+    settings_dict["ATOMIC_REQUESTS"] = True
+    yield site
+    settings_dict["ATOMIC_REQUESTS"] = False
+
+
+def test_with_atomic_requests_a_raising_view_still_leaves_neither_row_nor_record(atomic_requests: Site) -> None:
+    site, key = atomic_requests, new_key()
+    assert site.post("explode", key).status_code == 500
+    assert site.rows() == 0 and site.records(key) == 0
+    first = site.post("explode", key)
+    assert first.status_code == 201
+    again = site.post("explode", key)
+    assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+    assert site.rows() == 1 and site.records(key) == 1
