@@ -4,9 +4,11 @@ with a test database of this run's own. The views write to each alias (urls.py).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -15,7 +17,6 @@ from typing import Any
 from idem_dialects.engines import Unavailable, get
 
 RUN = secrets.token_hex(4)
-STATE = tempfile.mkdtemp(prefix=f"idem-django-{RUN}-")
 SECRET_KEY = "test-only"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
@@ -45,12 +46,8 @@ AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend",
 # The middleware takes part only under /mw/ (the decorated views are elsewhere).
 IDEMPOTENCY: dict[str, Any] = {"DATABASE": "default", "POLICY": {"paths": lambda path: path.startswith("/mw/")}}
 
-DATABASES: dict[str, Any] = {
-    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(STATE, "app.sqlite3"),
-                "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
-                "TEST": {"NAME": os.path.join(STATE, "test.sqlite3")}},
-}
 UNAVAILABLE: dict[str, str] = {}  # alias -> why this machine has no such database
+DATABASES: dict[str, Any] = {}
 
 
 def _server(alias: str, engine: str, django_engine: str, options: dict[str, Any]) -> None:
@@ -64,14 +61,19 @@ def _server(alias: str, engine: str, django_engine: str, options: dict[str, Any]
                         "OPTIONS": options, "TEST": {"NAME": f"idem_dj_{RUN}"}}
 
 
-_server("postgresql", "postgresql", "django.db.backends.postgresql", {})
 try:  # Django's MySQL backend imports MySQLdb: mysqlclient if installed, else PyMySQL in its place
     import MySQLdb  # noqa: F401
 except ImportError:
     import pymysql
 
     pymysql.install_as_MySQLdb()
-_server("mariadb", "mariadb", "django.db.backends.mysql", {"charset": "utf8mb4"})
 if os.environ.get("IDEM_DJANGO_DATABASES"):  # a server process (gunicorn) on the test run's own databases
     DATABASES = json.loads(os.environ["IDEM_DJANGO_DATABASES"])
-ALIASES = list(DATABASES)
+else:
+    STATE = tempfile.mkdtemp(prefix=f"idem-django-{RUN}-")
+    atexit.register(shutil.rmtree, STATE, True)
+    DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(STATE, "app.sqlite3"),
+                            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
+                            "TEST": {"NAME": os.path.join(STATE, "test.sqlite3")}}
+    _server("postgresql", "postgresql", "django.db.backends.postgresql", {})
+    _server("mariadb", "mariadb", "django.db.backends.mysql", {"charset": "utf8mb4"})
