@@ -12,12 +12,14 @@ import pytest
 django = pytest.importorskip("django", reason="the [django] extra is not installed")
 pytest.importorskip("rest_framework", reason="the [django] extra (djangorestframework) is not installed")
 pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_site.settings")
-django.setup()  # pytest-django sets Django up only for settings it saw before collection
+# pytest-django sets Django up only for settings it saw before collection: set up here. The variable goes again once
+# the settings are loaded, so subprocesses of other tests (pytest runs of their own) do not inherit this project.
+os.environ["DJANGO_SETTINGS_MODULE"] = "django_site.settings"
+django.setup()
+del os.environ["DJANGO_SETTINGS_MODULE"]
 
 from django.conf import settings  # noqa: E402
 from django_common import Site  # noqa: E402
-from pytest_django.fixtures import live_server  # noqa: E402, F401  (pytest-django's, over tests/conftest.py's engines)
 
 
 @pytest.fixture(params=["default", "postgresql", "mariadb"], ids=["sqlite", "postgresql", "mariadb"])
@@ -29,7 +31,7 @@ def alias(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def site(alias: str, live_server: Any, django_user_model: Any) -> Iterator[Site]:  # noqa: F811
+def site(alias: str, live_server: Any, django_user_model: Any) -> Iterator[Site]:
     for name in ("alice", "bob"):
         django_user_model.objects.create_user(name, password=f"{name}-password")
     yield Site(live_server.url, alias)
