@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from django.db import DatabaseError as DjangoDatabaseError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
 from ..errors import ConfigurationError, RetryCause
@@ -128,7 +129,17 @@ class DjangoCore(Core):
         # the caller's transaction, so the attempt is not run again inside it; the error goes to the caller.
         if connections[self.using].in_atomic_block:
             return None
-        return super().retry_cause(exc)
+        return super().retry_cause(self._as_sqlalchemy(exc))
+
+    def _as_sqlalchemy(self, exc: BaseException) -> BaseException:
+        """A database error Django raised (its BEGIN, COMMIT or ROLLBACK, the view's ORM) as SQLAlchemy raises the
+        same driver error, so the backend classifies it by the driver's code as it classifies its own statements'."""
+        dialect = self.engine.dialect
+        orig = exc.__cause__
+        if not isinstance(exc, DjangoDatabaseError) or not isinstance(orig, dialect.loaded_dbapi.Error):
+            return exc
+        return DBAPIError.instance(None, None, orig, dialect.loaded_dbapi.Error, dialect=dialect,
+                                   connection_invalidated=dialect.is_disconnect(orig, None, None))
 
 
 class DjangoStore(IdempotencyStore):
@@ -183,9 +194,17 @@ class DjangoStore(IdempotencyStore):
     def _transaction(self, begin: Begin) -> Iterator[Connection]:
         # `begin` is the backend's way to begin its own transactions; in Django the connection's settings decide
         # (e.g. SQLite's OPTIONS {"transaction_mode": "IMMEDIATE"}).
-        with transaction.atomic(using=self.using), self.connection() as conn:
-            self.backend.live_features(conn)
-            yield conn
+        try:
+            with transaction.atomic(using=self.using), self.connection() as conn:
+                self.backend.live_features(conn)
+                yield conn
+        except (DjangoDatabaseError, DBAPIError):
+            # A connection that died under Django's BEGIN or COMMIT is closed only at the request's end; close it now
+            # (as Django would then) so that a retry of this attempt gets a new one.
+            wrapper = connections[self.using]
+            if not wrapper.in_atomic_block:
+                wrapper.close_if_unusable_or_obsolete()
+            raise
 
 
 def _never_connects() -> NoReturn:

@@ -16,10 +16,12 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.test import RequestFactory, override_settings
 from django_common import new_key
 from django_site.models import Payment
+from sqlalchemy import create_engine
 
-from idem_dialects import Claimed, ConfigurationError, RetryCause, dialects
+from idem_dialects import Claimed, ConfigurationError, RetryCause, dialects, engines
 from idem_dialects.django import DjangoStore, get_store, idempotent
 from idem_dialects.django.connection import engine_url
+from idem_dialects.engines import provisioning
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 PROBLEM = "urn:idem-dialects:problem:"
@@ -141,3 +143,38 @@ def test_the_migration_made_the_tables_and_idem_purge_empties_them(alias: str) -
     assert not store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: 2).replayed
     with pytest.raises(CommandError, match="not a duration"):
         call_command("idem_purge", "--older-than", "soon", "--database", alias)
+
+
+def end_django_session(alias: str) -> None:
+    """End, from another session, the server session of this thread's Django connection for `alias`."""
+    backend = get_store(alias).backend
+    provision = provisioning(backend.name)
+    if provision.session_id_sql is None or provision.end_session_sql is None:
+        pytest.skip(f"{type(backend).__name__}: no server session to end (embedded)")
+    with connections[alias].cursor() as cursor:
+        cursor.execute(provision.session_id_sql)
+        session = int(cursor.fetchone()[0])
+    server = engines.get({"postgresql": "postgresql", "mariadb": "mariadb"}[alias]).provide()
+    other = create_engine(server.url)
+    try:
+        with other.connect() as conn:
+            conn.exec_driver_sql(provision.end_session_sql.format(id=session))
+            conn.commit()
+    finally:
+        other.dispose()
+
+
+def test_a_lost_connection_is_retried_on_a_new_one_and_the_effect_runs_once(alias: str) -> None:
+    store = get_store(alias)
+    store.run(scope="s", operation="op", key=new_key(), request={}, effect=lambda conn: 0)  # Django's connection open
+    end_django_session(alias)
+    before = store.retries[RetryCause.CONNECTION]
+    runs: list[int] = []
+
+    def paying(conn: Any) -> int:
+        runs.append(1)
+        return Payment.objects.using(alias).create(account="a", amount=1).pk
+
+    result = store.run(scope="s", operation="op", key=new_key(), request={}, effect=paying)
+    assert not result.replayed and runs == [1] and count(alias) == 1
+    assert store.retries[RetryCause.CONNECTION] == before + 1  # Django's own error on the dead connection, classified
