@@ -154,7 +154,7 @@ def end_django_session(alias: str) -> None:
     with connections[alias].cursor() as cursor:
         cursor.execute(provision.session_id_sql)
         session = int(cursor.fetchone()[0])
-    server = engines.get({"postgresql": "postgresql", "mariadb": "mariadb"}[alias]).provide()
+    server = engines.get(alias).provide()  # the aliases are named after their catalogue engines
     other = create_engine(server.url)
     try:
         with other.connect() as conn:
