@@ -6,6 +6,7 @@
         "SCOPE": "idem_dialects.django.user_scope",   # callable(request) -> owner, or its dotted path
         "POLICY": {"methods": ["POST", "PATCH"]},     # IdempotencyPolicy's other keyword arguments
         "RETRY": None,                           # an idem_dialects.RetryPolicy
+        "RETENTION": timedelta(hours=24),        # how long completed records replay; what idem_purge deletes after
     }
 
 Every key is optional. Callables in it (SCOPE, and POLICY's ``operation`` when it is one) receive the Django request
@@ -17,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,13 +26,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, IdemError
 from ..http.core import HttpRequest, IdempotencyPolicy
+from ..limits import check_retention
+from ..retention import DEFAULT_RETENTION
 from ..retry import RetryPolicy
 from .connection import DjangoStore
 
 SETTING = "IDEMPOTENCY"
-_KEYS = ("DATABASE", "TABLE_PREFIX", "SCOPE", "POLICY", "RETRY")
+_KEYS = ("DATABASE", "TABLE_PREFIX", "SCOPE", "POLICY", "RETRY", "RETENTION")
 _POLICY_KEYS = frozenset(f.name for f in fields(IdempotencyPolicy) if f.init) - {"scope"}
 
 Scope = Callable[[Any], object]
@@ -57,6 +61,7 @@ class Config:
     scope: Scope = user_scope
     policy: Mapping[str, Any] = field(default_factory=dict)
     retry: RetryPolicy | None = None
+    retention: timedelta = DEFAULT_RETENTION
 
     def make_policy(self, scope: Scope | str | None = None, **overrides: Any) -> IdempotencyPolicy:
         """The policy of POLICY with `overrides`; `scope` (or SCOPE) and a callable `operation` take the Django
@@ -112,6 +117,10 @@ def _read() -> Config:
         raise ImproperlyConfigured(f"settings.{SETTING}['POLICY'] must be a dict of IdempotencyPolicy options")
     if config.retry is not None and not isinstance(config.retry, RetryPolicy):
         raise ImproperlyConfigured(f"settings.{SETTING}['RETRY'] must be an idem_dialects.RetryPolicy")
+    try:
+        check_retention(config.retention)
+    except IdemError as exc:
+        raise ImproperlyConfigured(f"settings.{SETTING}['RETENTION']: {exc}") from exc
     config.make_policy()  # every problem of the policy now, not at the first request
     return config
 
@@ -137,7 +146,7 @@ def get_store(using: str | None = None) -> DjangoStore:
         store = _stores.get((alias, config.table_prefix))
         if store is None:
             store = _stores[alias, config.table_prefix] = DjangoStore(
-                alias, table_prefix=config.table_prefix, retry=config.retry)
+                alias, table_prefix=config.table_prefix, retry=config.retry, retention=config.retention)
         return store
 
 
@@ -147,8 +156,7 @@ def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in (SETTING, "DATABASES"):
         with _lock:
             _config = None
-            if setting == "DATABASES":
-                _stores.clear()
+            _stores.clear()
 
 
 setting_changed.connect(_reset)

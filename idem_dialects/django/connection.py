@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from django.db import DatabaseError as DjangoDatabaseError
@@ -27,7 +28,9 @@ from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
 from ..errors import ConfigurationError, RetryCause
 from ..fingerprint import Encoder
+from ..limits import check_retention
 from ..protocol import Core
+from ..retention import DEFAULT_RETENTION
 from ..retry import RetryPolicy
 from ..steps import Begin
 from ..store import IdempotencyStore
@@ -119,8 +122,8 @@ class DjangoCore(Core):
     """The protocol for one Django database alias."""
 
     def __init__(self, using: str, engine: Engine, table_prefix: str, retry: RetryPolicy | None,
-                 encoder: Encoder | None) -> None:
-        super().__init__(engine, table_prefix, retry, encoder)
+                 encoder: Encoder | None, retention: timedelta) -> None:
+        super().__init__(engine, table_prefix, retry, encoder, retention)
         self.using = using
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
@@ -148,7 +151,7 @@ class DjangoStore(IdempotencyStore):
     gives each thread its own connection); share one per alias (`idem_dialects.django.get_store`)."""
 
     def __init__(self, using: str = "default", *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
         self.using = using
         wrapper = connections[using]
         url = engine_url(wrapper)
@@ -156,11 +159,12 @@ class DjangoStore(IdempotencyStore):
         self._borrowed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, BorrowedConnection] = weakref.WeakKeyDictionary()
         self._initialized = False
         self._lock = threading.Lock()
-        self._adopt(DjangoCore(using, self.engine, table_prefix, retry, encoder))
+        self._adopt(DjangoCore(using, self.engine, table_prefix, retry, encoder, check_retention(retention)))
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, **engine_options: Any) -> NoReturn:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 **engine_options: Any) -> NoReturn:
         raise ConfigurationError("DjangoStore uses a Django database alias, not a URL: DjangoStore(using='default')")
 
     def __repr__(self) -> str:

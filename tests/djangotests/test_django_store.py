@@ -90,7 +90,8 @@ def test_from_url_and_bad_settings_say_what_to_do() -> None:
     for setting, message in [({"NOPE": 1}, "unknown key"), ({"DATABASE": "missing"}, "not in DATABASES"),
                              ({"POLICY": {"colour": "red"}}, "unknown idempotency policy option"),
                              ({"SCOPE": "no.such.callable"}, "cannot import"),
-                             ({"POLICY": {"lease": 5}}, "lease must be a positive timedelta")]:
+                             ({"POLICY": {"lease": 5}}, "lease must be a positive timedelta"),
+                             ({"RETENTION": 5}, "RETENTION")]:
         with override_settings(IDEMPOTENCY=setting), pytest.raises(ImproperlyConfigured, match=message):
             get_store()
 
@@ -143,6 +144,19 @@ def test_the_migration_made_the_tables_and_idem_purge_empties_them(alias: str) -
     assert not store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: 2).replayed
     with pytest.raises(CommandError, match="not a duration"):
         call_command("idem_purge", "--older-than", "soon", "--database", alias)
+
+
+def test_idem_purge_defaults_to_the_configured_retention(alias: str) -> None:
+    with override_settings(IDEMPOTENCY={"RETENTION": timedelta(hours=2)}):
+        store = get_store(alias)
+        assert store.retention == timedelta(hours=2)
+        key = new_key()
+        store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: 1)
+        out = StringIO()
+        call_command("idem_purge", "--database", alias, stdout=out)
+        assert "older than 2:00:00" in out.getvalue()
+        assert store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: 2).replayed  # kept
+        assert store.stats().completed >= 1
 
 
 def end_django_session(alias: str) -> None:
