@@ -42,9 +42,10 @@ Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters 
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
 
 On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
-exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect);
-claim connections set ``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a
-certification failure and 1047 (node not ready) as its own cause.
+exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect)
+unless the URL says ``writers=single`` (a load balancer sends every session to one node); claim connections set
+``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a certification failure and 1047
+(node not ready) as its own cause.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
+from . import options
 from .base import Backend
 from .types import Utf8Bytes
 
@@ -188,6 +190,7 @@ class MySQLBackend(Backend):
     # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
     async_drivers: ClassVar[tuple[str, ...]] = ("asyncmy",)
     base_features: ClassVar[Features] = MySQLFeatures()
+    url_options = frozenset({options.FAILOVER_WINDOW, options.WRITERS})
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
         ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
@@ -216,6 +219,11 @@ class MySQLBackend(Backend):
         # A ROLLBACK on every return is one round trip per request; _reset_unless_clean sends it only when needed.
         opts.setdefault("pool_reset_on_return", None)
         return opts
+
+    @classmethod
+    def url_features(cls, url: URL) -> Features:
+        options.choice(url, options.WRITERS, cls.url_options)  # a wrong value fails now, not at the first connection
+        return super().url_features(url)
 
     @classmethod
     def resolve_url(cls, url: URL) -> URL:
@@ -291,8 +299,11 @@ class MySQLBackend(Backend):
             conn.rollback()
         if row is not None and str(row[1]).upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
-            # effect callable may run on several nodes for one key; its database writes still land once.
-            refined = refined.replace(wsrep=True, exclusive_claim=False, multi_primary=True)
+            # effect callable may run on several nodes for one key; its database writes still land once. Unless
+            # the URL says one node takes every session (a load balancer with backup servers): then the claim's
+            # row lock excludes the other claimers, as on a single server.
+            single = options.choice(self.engine.url, options.WRITERS, self.url_options) == "single"
+            refined = refined.replace(wsrep=True, exclusive_claim=single, multi_primary=True)
         return refined
 
     def share_lock(self, conn: Connection) -> str:

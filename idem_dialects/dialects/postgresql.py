@@ -20,6 +20,7 @@ usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK viol
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib.util import find_spec
@@ -58,6 +59,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
+from . import options
 from .base import AnyRow, Backend, replay_columns
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
@@ -114,10 +116,15 @@ def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
     return None
 
 
+def _unique_statement_name() -> str:
+    return f"__idem_{uuid.uuid4().hex}__"
+
+
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
     async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
+    url_options = frozenset({options.FAILOVER_WINDOW, options.POOLER})
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -136,6 +143,28 @@ class PostgreSQLBackend(Backend):
         if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
             url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
+
+    @classmethod
+    def url_features(cls, url: URL) -> Features:
+        features = super().url_features(url)
+        if options.choice(url, options.POOLER, cls.url_options) == "transaction":
+            return features.replace(session_state=False)
+        return features
+
+    def connect_params(self, params: dict[str, Any]) -> None:
+        if self.features.session_state:
+            return
+        # Behind a transaction-mode pooler a prepared statement would be sent to a server session that never
+        # prepared it (or prepared another under its name): no driver may prepare across transactions.
+        driver = self.engine.dialect.driver
+        if driver in ("psycopg", "psycopg_async"):
+            params["prepare_threshold"] = None  # psycopg 3: never prepare (default: after 5 executions)
+        elif driver == "asyncpg":
+            # asyncpg's own statement cache off (its introspection then uses unnamed statements); SQLAlchemy's
+            # dialect prepares every statement itself: no cache, and names no other session can have used.
+            params["statement_cache_size"] = 0
+            params["prepared_statement_cache_size"] = 0
+            params["prepared_statement_name_func"] = _unique_statement_name
 
     def refine_features(self, conn: Connection, features: Features) -> Features:
         refined = super().refine_features(conn, features)
