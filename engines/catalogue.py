@@ -9,16 +9,26 @@ from .containers import container
 from .servers import Provider, Server, Unavailable, embedded_postgres, env_var, from_env, local_service, sqlite_file
 
 
-def galera(spec: EngineSpec) -> Server:
-    from .galera import galera_cluster  # started only when this engine is asked for
-
-    return galera_cluster(spec)
-
-
-def postgresql_ha(spec: EngineSpec) -> Server:
-    from .pg_ha import postgresql_ha as start
+# HA and pooling stacks: each module is imported only when its engine is asked for.
+def postgresql_patroni(spec: EngineSpec) -> Server:
+    from .patroni import postgresql_patroni as start
 
     return start(spec)
+
+
+def pgbouncer_transaction(spec: EngineSpec) -> Server:
+    from .pgbouncer import pgbouncer_transaction as start
+
+    return start(spec)
+
+
+def galera_haproxy(layout: str) -> Provider:
+    def provide(spec: EngineSpec) -> Server:
+        from .haproxy import provide as start
+
+        return start(spec, layout)
+
+    return provide
 
 
 class EngineUnavailable(Unavailable):
@@ -41,6 +51,8 @@ class EngineSpec:
     providers: Sequence[Provider] = field(default_factory=tuple)
     enable_hint: str = ""
     url_example: str = ""
+    # HA stacks: the longest failover measured here, in seconds (RetryPolicy.total must exceed it).
+    failover_window: float | None = None
 
     def how_to_enable(self) -> str:
         """One line: the env var and URL shape, then whatever else would provide this engine."""
@@ -84,15 +96,28 @@ ENGINES: dict[str, EngineSpec] = {
                    [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
                    "or run a server on 127.0.0.1:3306 (user root, database test)",
                    "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
-        # Clusters the project runs itself from Debian packages (engines/galera.py, engines/pg_ha.py). A URL from
-        # the environment reaches a cluster of yours, but then the checks that need node controls skip.
-        EngineSpec("galera", "mariadb", "MariaDB Galera cluster (3 nodes)", [galera],
-                   "or apt-get install galera-4 rsync mariadb-server (3 nodes then run on loopback ports)",
-                   "mariadb+pymysql://USER:PASSWORD@LOAD_BALANCER:3306/DB?charset=utf8mb4"),
-        EngineSpec("postgresql-ha", "postgresql", "PostgreSQL primary + synchronous standby", [postgresql_ha],
-                   "or apt-get install postgresql-15 (initdb, pg_basebackup: a primary and a standby then run on"
-                   " loopback ports)",
-                   "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"),
+        # HA and pooling stacks as deployments run them, from Debian's packages, on loopback ports (engines/patroni.py,
+        # engines/pgbouncer.py, engines/haproxy.py). A URL from the environment reaches a stack of yours, but then the
+        # checks that need node controls skip. `failover_window` is what a failover took here (README, Clusters).
+        EngineSpec("postgresql-patroni", "postgresql", "PostgreSQL 15 under Patroni (etcd, synchronous mode)",
+                   [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members and"
+                   " 2 Patroni nodes then run on loopback ports)",
+                   "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"
+                   "&failover_window=15", failover_window=15.0),
+        EngineSpec("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
+                   [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a PostgreSQL"
+                   " server then run on loopback ports)",
+                   "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction"),
+        EngineSpec("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
+                   [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
+                   " nodes and HAProxy then run on loopback ports)",
+                   "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&failover_window=10",
+                   failover_window=10.0),
+        EngineSpec("galera-haproxy-single-writer", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, one writer",
+                   [galera_haproxy("single")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
+                   " nodes and HAProxy then run on loopback ports)",
+                   "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&writers=single"
+                   "&failover_window=10", failover_window=10.0),
         EngineSpec("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                    url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         EngineSpec("mssql-2022", "mssql", "SQL Server 2022", [container("mcr.microsoft.com/mssql/server:2022-latest")],

@@ -29,7 +29,7 @@ class Unavailable(Exception):
 class Server:
     """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
     `restart` (only for a server this process started) stops and starts it again, returning once it answers;
-    `controls` (clusters only) reach single nodes, kill a node or the primary, promote the standby."""
+    `controls` (clusters only) reach single nodes, kill a node or the leader, await the failover, rejoin the node."""
 
     engine: str
     url: URL

@@ -32,13 +32,15 @@ def test_env_var_naming() -> None:
 
 def test_catalogue_has_every_engine() -> None:
     assert set(ENGINES) == {"sqlite", "postgresql-18", "postgresql", "mariadb", "mysql-8.4", "mssql-2022",
-                            "mssql-2025", "oracle-23", "oracle-26", "galera", "postgresql-ha"}
+                            "mssql-2025", "oracle-23", "oracle-26", "postgresql-patroni", "pgbouncer-transaction",
+                            "galera-haproxy-all-writers", "galera-haproxy-single-writer"}
 
 
 def test_families_expand() -> None:
     assert expand(["mssql"]) == ["mssql-2022", "mssql-2025"]
     assert expand(["oracle", "mysql"]) == ["oracle-23", "oracle-26", "mysql-8.4"]
     assert expand(["postgresql"]) == ["postgresql"]  # an exact name wins over the family
+    assert expand(["galera-haproxy"]) == ["galera-haproxy-all-writers", "galera-haproxy-single-writer"]
     assert expand(["sqlite", "sqlite"]) == ["sqlite"]
     assert expand(["all"]) == list(ENGINES)
     with pytest.raises(KeyError, match="unknown engine 'db2'"):

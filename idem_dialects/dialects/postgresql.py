@@ -20,7 +20,6 @@ usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK viol
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib.util import find_spec
@@ -116,8 +115,10 @@ def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
     return None
 
 
-def _unique_statement_name() -> str:
-    return f"__idem_{uuid.uuid4().hex}__"
+def _unnamed_statement() -> str:
+    """The statement name SQLAlchemy's asyncpg dialect prepares under: '' is PostgreSQL's unnamed statement, which
+    asyncpg (its cache off) parses again with every execution, so nothing is left on any server session."""
+    return ""
 
 
 class PostgreSQLBackend(Backend):
@@ -160,11 +161,11 @@ class PostgreSQLBackend(Backend):
         if driver in ("psycopg", "psycopg_async"):
             params["prepare_threshold"] = None  # psycopg 3: never prepare (default: after 5 executions)
         elif driver == "asyncpg":
-            # asyncpg's own statement cache off (its introspection then uses unnamed statements); SQLAlchemy's
-            # dialect prepares every statement itself: no cache, and names no other session can have used.
+            # asyncpg's own statement cache off; SQLAlchemy's dialect prepares every statement itself: no cache
+            # there either, and the unnamed statement, which lives only until the next one.
             params["statement_cache_size"] = 0
             params["prepared_statement_cache_size"] = 0
-            params["prepared_statement_name_func"] = _unique_statement_name
+            params["prepared_statement_name_func"] = _unnamed_statement
 
     def refine_features(self, conn: Connection, features: Features) -> Features:
         refined = super().refine_features(conn, features)
