@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from idem_dialects import AsyncIdempotencyStore, Result
+from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result
 
 T = TypeVar("T")
 
@@ -106,6 +106,8 @@ class BridgedStore:
         type(self.aio.backend)(self.engine)  # consumes the URL's options on this engine too (e.g. a pooler's)
         event.listen(self.aio.engine.sync_engine, "before_cursor_execute",
                      lambda *args: self.engine.dispatch.before_cursor_execute(*args))
+        # The same flows on the checks' sync connections (a check driving a Connection of `engine` itself).
+        self.sync = IdempotencyStore(self.engine, table_prefix=table_prefix)
         self.table_prefix = self.aio.table_prefix
         self.tables = self.aio.tables
         self.backend = _BridgedBackend(self.aio.backend)
@@ -149,22 +151,22 @@ class BridgedStore:
     # that sync connection; test_async.py proves those cases on the async drivers natively.
     def claim(self, conn: BridgedConnection | Connection, **kwargs: Any) -> Any:
         if isinstance(conn, Connection):
-            return self.aio._core.claim(conn, **kwargs)
+            return self.sync.claim(conn, **kwargs)
         return self._loop.call(self.aio.claim(conn.aconn, **kwargs))
 
     def complete(self, conn: BridgedConnection | Connection, claimed: Any, response: Any, status: int = 200) -> None:
         if isinstance(conn, Connection):
-            return self.aio._core.complete(conn, claimed, response, status)
+            return self.sync.complete(conn, claimed, response, status)
         self._loop.call(self.aio.complete(conn.aconn, claimed, response, status))
 
     def release(self, conn: BridgedConnection | Connection, claimed: Any) -> bool:
         if isinstance(conn, Connection):
-            return self.aio._core.release(conn, claimed)
+            return self.sync.release(conn, claimed)
         return self._loop.call(self.aio.release(conn.aconn, claimed))
 
     def accept_message(self, conn: BridgedConnection | Connection, **kwargs: Any) -> bool:
         if isinstance(conn, Connection):
-            return self.aio._core.accept_message(conn, **kwargs)
+            return self.sync.accept_message(conn, **kwargs)
         return self._loop.call(self.aio.accept_message(conn.aconn, **kwargs))
 
     def run(self, *, effect: Callable[[Connection], Any], **kwargs: Any) -> Result:

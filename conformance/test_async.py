@@ -304,19 +304,19 @@ def test_async_leased_claim_commit_reply_lost_continues_as_owner(idem_engine: En
 
     async def main() -> None:
         async with async_store(idem_engine) as (store, effects):
-            real = store.transaction
+            real = store._transaction  # every transaction the store's loop opens
             lost: list[bool] = []
 
             @asynccontextmanager
-            async def reply_lost_once() -> AsyncIterator[AsyncConnection]:
-                async with real() as conn:
+            async def reply_lost_once(begin: Any) -> AsyncIterator[AsyncConnection]:
+                async with real(begin) as conn:
                     yield conn
                 if not lost:  # the first transaction (the claim) committed; its reply "never arrived"
                     lost.append(True)
                     raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"),
                                            connection_invalidated=True)
 
-            store.transaction = reply_lost_once  # type: ignore[method-assign]
+            store._transaction = reply_lost_once  # type: ignore[method-assign]
             effect = functools.partial(_applied, effects)
             result = await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
                                      lease=timedelta(seconds=30), retry=RetryPolicy(total=5))

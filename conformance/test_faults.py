@@ -90,24 +90,24 @@ def _lost_reply() -> OperationalError:
                             connection_invalidated=True)
 
 
-@pytest.mark.idem_api("sync")  # patches the sync store's transaction; test_async.py has the async store's twin
+@pytest.mark.idem_api("sync")  # patches the sync store's loop; test_async.py has the async store's twin
 def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: IdempotencyStore, idem_effects: Effects,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim token on
     the in-flight record and carries on as the owner: the run completes and the effect ran once."""
     store, effects = idem_store, idem_effects
-    real = store.transaction
+    real = store._transaction  # every transaction the store's loop opens
     lost: list[bool] = []
 
     @contextmanager
-    def reply_lost_once() -> Iterator[Connection]:
-        with real() as conn:
+    def reply_lost_once(begin: Any) -> Iterator[Connection]:
+        with real(begin) as conn:
             yield conn
         if not lost:  # the first transaction (the claim) committed; its reply "never arrived"
             lost.append(True)
             raise _lost_reply()
 
-    monkeypatch.setattr(store, "transaction", reply_lost_once)
+    monkeypatch.setattr(store, "_transaction", reply_lost_once)
     result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
                        lease=timedelta(seconds=30), retry=RetryPolicy(total=5))
     assert lost and not result.replayed

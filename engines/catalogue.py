@@ -6,16 +6,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .containers import container
-from .servers import Provider, Server, Unavailable, embedded_postgres, env_var, from_env, local_service, sqlite_file
+from .servers import (
+    Provider,
+    Server,
+    Unavailable,
+    described,
+    embedded_postgres,
+    env_var,
+    from_env,
+    local_service,
+    sqlite_file,
+)
 
 
 # HA and pooling stacks: each module is imported only when its engine is asked for.
+@described("3 etcd members and 2 PostgreSQL 15 nodes under Patroni, started on loopback ports from the machine's"
+           " patroni, etcd-server and PostgreSQL 15 packages")
 def postgresql_patroni(spec: EngineSpec) -> Server:
     from .patroni import postgresql_patroni as start
 
     return start(spec)
 
 
+@described("PgBouncer (pool_mode=transaction) and a PostgreSQL 15 server, started on loopback ports from the"
+           " machine's pgbouncer and PostgreSQL 15 packages")
 def pgbouncer_transaction(spec: EngineSpec) -> Server:
     from .pgbouncer import pgbouncer_transaction as start
 
@@ -23,6 +37,9 @@ def pgbouncer_transaction(spec: EngineSpec) -> Server:
 
 
 def galera_haproxy(layout: str) -> Provider:
+    @described(f"HAProxy ({'all nodes take writes' if layout == 'all' else 'one writer, two backups'}) in front of a"
+               " 3-node Galera cluster, started on loopback ports from the machine's haproxy, galera-4 and"
+               " mariadb-server packages")
     def provide(spec: EngineSpec) -> Server:
         from .haproxy import provide as start
 

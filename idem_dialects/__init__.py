@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from .aio import AsyncIdempotencyStore
 from .encoding import default_encoder
 from .errors import (
     AsyncMisuse,
@@ -32,6 +32,19 @@ from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .protocol import Reply
 from .retry import RetryPolicy
 from .store import IdempotencyStore
+
+if TYPE_CHECKING:
+    from .aio import AsyncIdempotencyStore
+
+
+def __getattr__(name: str) -> Any:
+    # The async store loads SQLAlchemy's asyncio layer, which needs greenlet (the [async] extra): only when used.
+    if name == "AsyncIdempotencyStore":
+        from .aio import AsyncIdempotencyStore
+
+        return AsyncIdempotencyStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = version("idem-dialects")

@@ -1,118 +1,69 @@
-"""AsyncIdempotencyStore: the same protocol on SQLAlchemy's AsyncEngine, awaited.
+"""AsyncIdempotencyStore: the protocol's flows (`protocol.py`) awaited, for asyncio code.
 
-One protocol, no second copy: every statement, error classification and retry rule is the sync store's, executed
-on the async driver through SQLAlchemy's greenlet bridge (`AsyncConnection.run_sync`). Only what must await is
-written here: the transaction, awaiting the effect, sleeping between retries (asyncio.sleep), and cleaning up after
-a cancelled task.
+No second copy of the protocol: the flows are the sync store's, and their SQL steps (the backends' sync code) run on
+the async driver through SQLAlchemy's greenlet bridge (`AsyncConnection.run_sync`). Only what must await is written
+here: opening and ending transactions, awaiting the effect, sleeping between retries, and finishing a release while
+the task is being cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
-from importlib.util import find_spec
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
-from sqlalchemy import make_url
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.schema import Table
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import dialects
-from .dialects.base import Backend
-from .errors import AsyncMisuse, LeaseLost, MissingDriver, RetryCause
-from .features import Features
-from .guard import engine_options as guarded_options
-from .limits import check_status
+from .errors import AsyncMisuse
+from .fingerprint import Encoder
 from .outcomes import Claimed, Outcome, Result
-from .protocol import Request, finished, owning_engine, refuse_sync_effect, reply
-from .retry import EffectFailed, RetryPolicy, acall_with_retry, effect_failure
-from .schema import Tables
-from .store import _NO_PAYLOAD, IdempotencyStore
+from .protocol import NO_PAYLOAD, Core
+from .retry import RetryPolicy
+from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
+from .storebase import StoreBase, owning_engine, refuse_sync_effect
+from .url import async_drivers_hint, target
 
+T = TypeVar("T")
 AsyncEffect = Callable[[AsyncConnection], Awaitable[Any]]
 
 
-class _Core(IdempotencyStore):
-    """The sync store's protocol methods, called only inside `run_sync` on the async engine's sync facade."""
-
-    _bridged = True
-
-
-def _is_async_driver(url: URL) -> bool:
-    try:
-        # What create_async_engine would load: psycopg and oracledb name a sync and an async dialect.
-        return bool(getattr(url.get_dialect(_is_async=True), "is_async", False))
-    except (NoSuchModuleError, ArgumentError):
-        return True  # unknown driver: let create_async_engine report it as SQLAlchemy does
-
-
-def installed_async_drivers(backend: str) -> tuple[str, ...]:
-    """The async drivers a backend declares that are importable here (what `--idem-api async` runs on)."""
-    return tuple(d for d in dialects.load(backend).async_drivers if find_spec(d) is not None)
-
-
-def async_drivers_hint(backend: type[Backend]) -> str:
-    names = [f"{backend.name}+{driver}" for driver in backend.async_drivers]
-    return " or ".join(names) if names else f"no async driver is declared for {backend.name}"
-
-
-class AsyncIdempotencyStore:
+class AsyncIdempotencyStore(StoreBase):
     """Idempotency records for one database, for asyncio code: the sync store's API, awaited. Share one per engine.
 
     `async with store:` (or `await store.close()`) disposes of an engine the store created (`from_url`) and leaves
     an engine the caller passed in alone."""
 
-    def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+                 encoder: Encoder | None = None) -> None:
         if not isinstance(engine, AsyncEngine):
             raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
                               f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
                               " create_async_engine on an async driver")
         self.engine = engine
-        core = self._core = _Core(engine.sync_engine, table_prefix=table_prefix, retry=retry)
-        # The sync store's own objects, shared (set once there; `features` is a property: it is refined on connect).
-        self.table_prefix: str = core.table_prefix
-        self.backend: Backend = core.backend
-        self.tables: Tables = core.tables
-        self.retry: RetryPolicy = core.retry
-        self.retries: Counter[str] = core.retries  # retries `run` absorbed, by cause, since this store was made
+        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder))
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
-        self._turns = None if self._core.features.concurrent_connections else asyncio.Lock()
-        self._owns_engine = False
+        self._turns = None if self.features.concurrent_connections else asyncio.Lock()
 
     @classmethod
-    def from_url(
-        cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None, **engine_options: Any
-    ) -> AsyncIdempotencyStore:
+    def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+                 encoder: Encoder | None = None, **engine_options: Any) -> AsyncIdempotencyStore:
         """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
-        parsed = make_url(url)
-        backend = dialects.load(parsed.get_backend_name())
-        if not _is_async_driver(parsed):
-            raise AsyncMisuse(f"{parsed.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
-                              f" or an async driver here ({async_drivers_hint(backend)})")
-        try:
-            engine = create_async_engine(parsed, **guarded_options(backend, parsed, engine_options))
-        except ImportError as exc:
-            raise MissingDriver(parsed.drivername, "pip install 'idem-dialects[async]' (PostgreSQL, SQLite,"
-                                " MySQL/MariaDB), '[oracle]' or '[mssql]'", exc) from exc
-        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry), engine.sync_engine.dispose)
-
-    @property
-    def features(self) -> Features:
-        return self._core.features
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        return self._core.retry_cause(exc)
+        found = target(url)
+        if not found.async_capable:
+            raise AsyncMisuse(f"{found.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
+                              f" or an async driver here ({async_drivers_hint(found.backend)})")
+        engine = found.create_async_engine(**engine_options)
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
+                             engine.sync_engine.dispose)
 
     async def close(self) -> None:
+        """Dispose of the engine's connections if this store created the engine; a caller's engine is theirs."""
         if self._owns_engine:
             await self.engine.dispose()
 
@@ -129,23 +80,97 @@ class AsyncIdempotencyStore:
     # --- schema --------------------------------------------------------------------------------------------------
 
     async def create_tables(self) -> None:
-        async with self.engine.begin() as conn:
-            await conn.run_sync(lambda c: self.tables.metadata.create_all(c, checkfirst=True))
+        await self.drive(self.core.create_tables())
 
     async def drop_tables(self) -> None:
-        async with self.engine.begin() as conn:
-            await conn.run_sync(lambda c: self.tables.metadata.drop_all(c, checkfirst=True))
+        await self.drive(self.core.drop_tables())
 
     # --- the step-by-step API ------------------------------------------------------------------------------------
 
     def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
-        """A connection in a transaction begun the way the engine needs (the backend's own `transaction`);
-        commits on success, rolls back on an error or cancellation (or discards the connection if that fails)."""
-        return self._transaction(self.backend.transaction)
+        """A connection in a transaction begun the way the engine needs; commits on success, rolls back on an
+        error or cancellation (or discards the connection if that fails)."""
+        return self._transaction(Begin.STORE)
+
+    async def claim(self, conn: AsyncConnection, *, scope: str, operation: str, key: str, request: Any,
+                    lease: timedelta | None = None) -> Outcome:
+        """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
+        req = self.core.request(scope, operation, key, request, lease)
+        await _own(conn).run_sync(self.core.checked)
+        return await self.drive(self.core.claim(req), conn)
+
+    async def complete(self, conn: AsyncConnection, claimed: Claimed, response: Any, status: int = 200) -> None:
+        """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
+        await self.drive(self.core.complete(claimed, response, status), _own(conn))
+
+    async def release(self, conn: AsyncConnection, claimed: Claimed) -> bool:
+        """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
+        return await self.drive(self.core.release(claimed), _own(conn))
+
+    async def accept_message(self, conn: AsyncConnection, *, subscriber: str, message_id: str,
+                             payload: Any = NO_PAYLOAD) -> bool:
+        """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
+        A redelivery whose payload differs from the first one's raises RequestMismatch."""
+        flow = self.core.accept_message(subscriber, message_id, payload)
+        await _own(conn).run_sync(self.core.checked)
+        return await self.drive(flow, conn)
+
+    # --- the whole protocol in one call --------------------------------------------------------------------------
+
+    async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: AsyncEffect,
+                  status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None) -> Result:
+        """Claim, await `effect(conn)` and store its response once; replay it to every retry.
+
+        `effect` is an `async def` taking the AsyncConnection (a sync function is refused with AsyncMisuse before
+        any SQL). Raises what the sync `run` raises. A cancelled task leaves no claim behind beyond its lease: an
+        atomic claim rolls back with the transaction, a leased one is released."""
+        flow = self.core.run(scope=scope, operation=operation, key=key, request=request, status=status,
+                              lease=lease, retry=retry)  # validates everything before the first connection
+        refuse_sync_effect(effect)
+        return await self.drive(flow, effect=effect)
+
+    # --- retention -----------------------------------------------------------------------------------------------
+
+    async def purge(self, older_than: timedelta, batch_size: int = 1000,
+                    progress: Callable[[str, int], None] | None = None) -> int:
+        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
+        messages as old, in batches of one transaction each. A live in-flight claim is never touched.
+        `progress(table, deleted)` is called after each batch."""
+        return await self.drive(self.core.purge(older_than, batch_size, progress))
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+
+    async def drive(self, flow: Flow[T], conn: AsyncConnection | None = None,
+                     effect: AsyncEffect | None = None) -> T:
+        """Run `flow` to its end, each step awaited here (how adapters such as the HTTP runner run their flows)."""
+        stepper = Stepper(flow)
+        while (step := stepper.next()) is not None:
+            try:
+                stepper.send(await self._execute(step, conn, effect))
+            except BaseException as exc:
+                stepper.throw(exc)
+        return stepper.value
+
+    async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
+        if isinstance(step, Sql):
+            assert conn is not None, "a statement step needs a transaction"
+            return await conn.run_sync(step.fn)
+        if isinstance(step, Effect):
+            assert effect is not None, "a flow with an Effect step needs an effect"
+            return await effect(conn)  # type: ignore[arg-type]
+        if isinstance(step, Transaction):
+            body = self._in_transaction(step, effect)
+            # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).
+            return await (asyncio.shield(body) if step.shielded else body)
+        await asyncio.sleep(step.seconds)
+        return None
+
+    async def _in_transaction(self, step: Transaction, effect: AsyncEffect | None) -> Any:
+        async with self._transaction(step.begin) as conn:
+            return await self.drive(step.body, conn, effect)
 
     @asynccontextmanager
-    async def _transaction(self, begin: Callable[[Connection], AbstractContextManager[None]]
-                           ) -> AsyncIterator[AsyncConnection]:
+    async def _transaction(self, begin: Begin) -> AsyncIterator[AsyncConnection]:
         async with self._turn(), self._connection() as conn:
             ending = await conn.run_sync(self._begin, begin)
             try:
@@ -175,116 +200,15 @@ class AsyncIdempotencyStore:
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
 
-    def _begin(self, conn: Connection, begin: Callable[[Connection], AbstractContextManager[None]]
-               ) -> AbstractContextManager[None]:
-        self.backend.live_features(conn)
-        ending = begin(conn)
+    def _begin(self, conn: Connection, begin: Begin) -> AbstractContextManager[None]:
+        backend = self.backend
+        backend.live_features(conn)
+        ending = (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn)
         ending.__enter__()
         return ending
 
-    async def claim(self, conn: AsyncConnection, *, scope: str, operation: str, key: str, request: Any,
-                    lease: timedelta | None = None) -> Outcome:
-        """Claim the key, or tell why not (the sync store's `claim`, on this connection)."""
-        return await _sync(conn).run_sync(lambda c: self._core.claim(
-            c, scope=scope, operation=operation, key=key, request=request, lease=lease))
 
-    async def complete(self, conn: AsyncConnection, claimed: Claimed, response: Any, status: int = 200) -> None:
-        """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
-        await _sync(conn).run_sync(self._core.complete, claimed, response, status)
-
-    async def release(self, conn: AsyncConnection, claimed: Claimed) -> bool:
-        """Give up a claim that was not completed; False if it was no longer held."""
-        return await _sync(conn).run_sync(self._core.release, claimed)
-
-    async def accept_message(self, conn: AsyncConnection, *, subscriber: str, message_id: str,
-                             payload: Any = _NO_PAYLOAD) -> bool:
-        """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery."""
-        return await _sync(conn).run_sync(lambda c: self._core.accept_message(
-            c, subscriber=subscriber, message_id=message_id, payload=payload))
-
-    # --- the whole protocol in one call --------------------------------------------------------------------------
-
-    async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: AsyncEffect,
-                  status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None) -> Result:
-        """Claim, await `effect(conn)` and store its response once; replay it to every retry.
-
-        `effect` is an `async def` taking the AsyncConnection (a sync function is refused with AsyncMisuse before
-        any SQL). Raises what the sync `run` raises. A cancelled task leaves no claim behind beyond its lease: an
-        atomic claim rolls back with the transaction, a leased one is released."""
-        req = Request.check(scope, operation, key, request, lease)
-        check_status(status)
-        refuse_sync_effect(effect)
-        once = self._run_atomic if lease is None else self._run_leased
-        return await acall_with_retry(retry or self.retry, self.retry_cause, lambda: once(req, effect, status),
-                                      self._core._count_retry)
-
-    async def _run_atomic(self, req: Request, effect: AsyncEffect, status: int) -> Result:
-        async with self._transaction(self.backend.claim_transaction) as conn:
-            outcome = await conn.run_sync(self._core._claim, req)
-            if not isinstance(outcome, Claimed):
-                return finished(outcome, req)
-            response, code = await _call(effect, conn, status)
-            await conn.run_sync(self._core.complete, outcome, response, code)
-            return Result(response, code, replayed=False)
-
-    async def _run_leased(self, req: Request, effect: AsyncEffect, status: int) -> Result:
-        async with self._transaction(self.backend.claim_transaction) as conn:
-            outcome = await conn.run_sync(self._core._claim, req)
-        if not isinstance(outcome, Claimed):
-            return finished(outcome, req)
-        try:
-            async with self.transaction() as conn:
-                response, code = await _call(effect, conn, status)
-                await conn.run_sync(self._core.complete, outcome, response, code)
-        except LeaseLost:
-            raise
-        except BaseException as exc:
-            # Let the next attempt claim at once instead of waiting out the lease. Shielded: a task cancelled again
-            # while releasing still releases (the lease ends on its own if even that fails).
-            try:
-                await asyncio.shield(self._release(outcome))
-            except BaseException as release_error:
-                failed = effect_failure(exc)
-                (exc if failed is None else failed.error).add_note(
-                    f"releasing the claim also failed (not retried): {type(release_error).__name__}")
-            raise
-        return Result(response, code, replayed=False)
-
-    async def _release(self, claimed: Claimed) -> None:
-        async with self.transaction() as conn:
-            await conn.run_sync(self._core.release, claimed)
-
-    # --- retention -----------------------------------------------------------------------------------------------
-
-    async def purge(self, older_than: timedelta, batch_size: int = 1000) -> int:
-        """Delete records completed (or abandoned) longer than `older_than` ago, and processed messages as old,
-        in batches of one transaction each, retried like `run`. A live in-flight claim is never touched."""
-        total = 0
-        for table, condition in self._core._purge_targets(older_than, batch_size):
-            while True:
-                batch = functools.partial(self._purge_batch, table, condition, batch_size)
-                deleted = await acall_with_retry(self.retry, self.retry_cause, batch, self._core._count_retry)
-                total += deleted
-                if deleted < batch_size:
-                    break
-        return total
-
-    async def _purge_batch(self, table: Table, condition: ColumnElement[bool], batch_size: int) -> int:
-        async with self.transaction() as conn:
-            return await conn.run_sync(self.backend.purge_batch, table, condition, batch_size)
-
-
-async def _call(effect: AsyncEffect, conn: AsyncConnection, status: int) -> tuple[Any, int]:
-    """Await the effect. Its error is marked as the effect's (EffectFailed, unwrapped by the retry loop), so a
-    failing rollback after it cannot take its place; a cancellation is not an error and propagates as it is."""
-    try:
-        response = await effect(conn)
-    except Exception as exc:
-        raise EffectFailed(exc) from exc
-    return reply(response, status)
-
-
-def _sync(conn: object) -> AsyncConnection:
+def _own(conn: object) -> AsyncConnection:
     if not isinstance(conn, AsyncConnection):
         raise AsyncMisuse(f"AsyncIdempotencyStore needs the AsyncConnection of `async with store.transaction()`, got"
                           f" {type(conn).__name__}; a sync Connection belongs to IdempotencyStore")
@@ -299,4 +223,3 @@ async def _abort(conn: AsyncConnection, ending: AbstractContextManager[None], ex
     except BaseException:
         with contextlib.suppress(BaseException):
             await conn.invalidate()
-

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sqlalchemy import MetaData, PrimaryKeyConstraint, create_mock_engine
+from sqlalchemy import MetaData, PrimaryKeyConstraint
 from sqlalchemy.engine import URL
 from sqlalchemy.types import TypeDecorator
 
-from . import dialects
-from .guard import parse_url
 from .schema import Tables, build_tables, check_prefix
+from .url import offline
 
 
 def include_tables(metadata: MetaData, url: str | URL, table_prefix: str = "idem_") -> Tables:
@@ -30,11 +29,7 @@ def include_tables(metadata: MetaData, url: str | URL, table_prefix: str = "idem
     Columns get the database types the backend's own types store into (a key kept as UTF-8 bytes is its
     VARBINARY/RAW column), which is what the migration creates and what autogenerate compares with the database.
     """
-    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
-    parsed = parse_url(text if "://" in text else f"{text}://")
-    backend_cls = dialects.load(parsed.get_backend_name())
-    mock = create_mock_engine(backend_cls.resolve_url(parsed), lambda *args, **kwargs: None)
-    backend = backend_cls(mock)  # type: ignore[arg-type]
+    backend = offline(url)
     tables = build_tables(check_prefix(table_prefix), backend, metadata)
     for table in (tables.records, tables.messages):
         for column in table.columns:

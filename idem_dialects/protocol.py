@@ -1,25 +1,54 @@
-"""The engine- and I/O-neutral pieces both stores share: request validation, what an effect may return, how an
-outcome becomes a Result or an error, and the guards that keep sync and async from being mixed."""
+"""The protocol, written once and free of I/O: claim -> compare -> effect -> complete, leases, retries, retention.
+
+Every operation is a flow (`steps.py`): a generator that yields steps and is sent their results. The sync store
+executes those steps with plain calls and the async store awaits them, so neither holds a decision of its own.
+Generator-driven steps rather than one API generated from the other (httpcore's unasync): the SQL of every step is
+the backends' sync code in both stores (the async one runs it through SQLAlchemy's greenlet bridge), so the two
+differ only in how four kinds of step are executed, which two short loops say better than a generated second copy.
+"""
 
 from __future__ import annotations
 
-import inspect
+import logging
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy import Delete, Engine, Update, and_, bindparam, delete, or_, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Table
 
-from .dialects.base import Backend
-from .errors import AsyncMisuse, InvalidPayload, RequestInFlight, RequestMismatch, UnsupportedIsolation
-from .fingerprint import Encoder, fingerprint
+from . import dialects
+from .dialects.base import Backend, configured_isolation
+from .errors import (
+    ClaimRaced,
+    LeaseLost,
+    RequestInFlight,
+    RequestMismatch,
+    UnsupportedIsolation,
+)
+from .features import Features
+from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
+from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import check_status, lease_seconds
-from .outcomes import InFlight, Mismatch, Outcome, Replayed, Result
+from .limits import check_batch_size, check_older_than, check_status, lease_seconds
+from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
+from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
+from .steps import Begin, Effect, Flow, rowcount, sql, transaction
+
+T = TypeVar("T")
+_Fenceable = TypeVar("_Fenceable", Update, Delete)
+NO_PAYLOAD: Any = object()
+# A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
+# `run` should back off from, not a loop to spin in.
+_CLAIM_ROUNDS = 5
+log = logging.getLogger("idem_dialects")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +78,13 @@ class Request:
     # knows the claim is its own (its COMMIT went through, the reply was lost) and carries on as the owner.
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
-    @classmethod
-    def check(cls, scope: object, operation: object, key: object, request: object, lease: timedelta | None,
-              encoder: Encoder | None = None, identity_limit: int = MAX_IDENTITY_BYTES) -> Request:
-        fields = {"scope": check_identifier("scope", scope), "operation": check_identifier("operation", operation),
-                  "key": check_identifier("key", key)}
-        check_identity_size(fields, identity_limit)  # one limit on every engine (README: Inputs, limits and errors)
-        return cls(fields["scope"], fields["operation"], fields["key"], fingerprint(request, encoder=encoder),
-                   lease_seconds(lease))
-
     @property
     def ident(self) -> dict[str, str]:
         return {"scope": self.scope, "operation": self.operation, "idem_key": self.key}
+
+    def claimed(self, *, taken_over: bool = False) -> Claimed:
+        return Claimed(self.scope, self.operation, self.key, self.fingerprint, self.token, self.lease is not None,
+                       taken_over)
 
 
 def reply(response: Any, status: int) -> tuple[Any, int]:
@@ -68,25 +92,6 @@ def reply(response: Any, status: int) -> tuple[Any, int]:
     if isinstance(response, Reply):
         return response.response, check_status(response.status)
     return response, status
-
-
-class _OwnsEngine(Protocol):
-    _owns_engine: bool
-
-
-_Store = TypeVar("_Store", bound=_OwnsEngine)
-
-
-def owning_engine(make: Callable[[], _Store], dispose: Callable[[], object]) -> _Store:
-    """The store `make` builds on an engine its `from_url` created: `close()` disposes of that engine later; if the
-    store cannot be built, the engine is disposed of now, since no caller ever holds it."""
-    try:
-        store = make()
-    except BaseException:
-        dispose()
-        raise
-    store._owns_engine = True
-    return store
 
 
 def finished(outcome: Outcome, req: Request) -> Result:
@@ -100,46 +105,260 @@ def finished(outcome: Outcome, req: Request) -> Result:
     raise RequestInFlight(*ident, outcome.retry_after)
 
 
-# --- keeping sync and async apart ----------------------------------------------------------------------------------
+class Core:
+    """What the sync and async stores share: the backend, the tables, validation, and every flow."""
 
-def is_async_callable(fn: object) -> bool:
-    """An `async def` function, a partial of one, or an object whose `__call__` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+    def __init__(self, engine: Engine, table_prefix: str, retry: RetryPolicy | None, encoder: Encoder | None) -> None:
+        self.engine = engine
+        self.encoder = encoder  # turns values that are not plain JSON (Decimal, datetime, ...) into JSON
+        self.table_prefix = check_prefix(table_prefix)
+        self.retry = retry or RetryPolicy()
+        self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
+        self.backend.check_retry_budget(self.retry.total)  # warns if shorter than the URL's failover_window
+        check_isolation(self.backend, configured_isolation(engine))
+        self.tables: Tables = build_tables(self.table_prefix, self.backend)
+        guard(engine, self.backend, (self.tables.records.name, self.tables.messages.name))
+        # The portable identity limit, or the backend's own if lower (checked before any SQL).
+        self.identity_limit = min(MAX_IDENTITY_BYTES, self.backend.features.max_identity_bytes or MAX_IDENTITY_BYTES)
+        self.retries: Counter[str] = Counter()  # retries absorbed, by cause, since the store was made
+        self._retries_lock = threading.Lock()
 
+    @property
+    def features(self) -> Features:
+        return self.backend.features
 
-def refuse_async_effect(effect: object) -> None:
-    if is_async_callable(effect):
-        raise AsyncMisuse("effect is an `async def` function: the sync IdempotencyStore calls its effect"
-                          " synchronously; use AsyncIdempotencyStore (idem_dialects.AsyncIdempotencyStore) for"
-                          " async effects, or pass a plain function")
-    if not callable(effect):
-        raise InvalidPayload("effect", f"must be callable, got {type(effect).__name__}")
+    # --- validation, before any SQL ----------------------------------------------------------------------------
 
+    def request(self, scope: object, operation: object, key: object, request: object,
+                lease: timedelta | None) -> Request:
+        fields = {"scope": check_identifier("scope", scope), "operation": check_identifier("operation", operation),
+                  "key": check_identifier("key", key)}
+        check_identity_size(fields, self.identity_limit)  # one limit on every engine
+        return Request(fields["scope"], fields["operation"], fields["key"],
+                       fingerprint(request, encoder=self.encoder), lease_seconds(lease))
 
-def refuse_sync_effect(effect: object) -> None:
-    if not callable(effect):
-        raise InvalidPayload("effect", f"must be an `async def` function, got {type(effect).__name__}")
-    if not is_async_callable(effect):
-        raise AsyncMisuse("effect must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
-                          " awaits it); for a sync function write `async def effect(conn): return await"
-                          " conn.run_sync(sync_effect)`, or use the sync IdempotencyStore")
+    def checked(self, conn: Connection) -> None:
+        """A caller's connection for the step-by-step API: its isolation level allowed, features refined."""
+        check_isolation(self.backend, configured_isolation(conn))
+        self.backend.live_features(conn)
 
+    # --- the step-by-step protocol -----------------------------------------------------------------------------
 
-def refuse_awaitable(response: object) -> None:
-    """A sync effect that returned an awaitable (e.g. a lambda calling an async function) never ran its body."""
-    if inspect.isawaitable(response):
-        close = getattr(response, "close", None)
-        if callable(close):
-            close()  # no "coroutine was never awaited" warning: the error below says what happened
-        raise AsyncMisuse("the effect returned an awaitable: the sync IdempotencyStore does not await it; use"
-                          " AsyncIdempotencyStore for async effects")
+    def claim(self, req: Request) -> Flow[Outcome]:
+        """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over)."""
+        t, backend, ident = self.tables.records, self.backend, req.ident
+        # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
+        # abandoned, so its lease is already over and the next caller takes it over.
+        hold = req.lease or 0.0
+        clock = {"created_at": 0.0, "locked_until": hold}
+        values = dict(ident, fingerprint=req.fingerprint, claim_token=req.token)
+        for _ in range(_CLAIM_ROUNDS):
+            inserted, row = yield from sql(lambda c: backend.claim_or_read(c, t, values, clock, ident))
+            if inserted:
+                return req.claimed()
+            if row is None:
+                continue  # the winner rolled back or was purged after our insert saw it: claim again
+            if row.fingerprint != req.fingerprint:
+                return Mismatch(row.fingerprint, req.fingerprint)
+            if row.completed_at is not None:
+                return Replayed(decode_response(bytes(row.response)), row.status, row.completed_at,
+                                own=row.claim_token == req.token)
+            if req.lease is not None and row.claim_token == req.token:
+                log.info("resuming our own claim on key %r (its commit went through, the reply was lost)", req.key)
+                return req.claimed()
+            if row.locked_until > row.db_now:
+                return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
+            # The holder's lease is over: take the claim over, fenced on the token we saw.
+            takeover = backend.prepared(("takeover", t, hold), lambda: self._fenced(update(t)).values(
+                claim_token=bindparam("new_token", type_=t.c.claim_token.type), locked_until=backend.now_plus(hold)))
+            params = backend.params(ident, "w_") | {"w_claim_token": row.claim_token, "new_token": req.token}
+            if (yield from rowcount(takeover, params)) == 1:
+                log.warning("took over the claim on key %r in %r/%r: its holder's lease ended without completing",
+                            req.key, req.scope, req.operation)
+                return req.claimed(taken_over=True)
+        raise ClaimRaced(f"key {req.key!r} in {req.scope!r}/{req.operation!r} changed under {_CLAIM_ROUNDS} claims")
 
+    def complete(self, claimed: Claimed, response: Any, status: int = 200) -> Flow[None]:
+        """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over).
+        Validates eagerly: bad input raises here, before the flow runs."""
+        body = encode_response(response, self.encoder)
+        check_status(status)
+        return self._complete(claimed, body, status)
 
-def is_async_dialect(target: Engine | URL) -> bool:
-    """True for an engine or URL whose driver is asyncio-only (asyncpg, aiosqlite, asyncmy, ...)."""
-    if isinstance(target, URL):
+    def _complete(self, claimed: Claimed, body: bytes, status: int) -> Flow[None]:
+        t, backend = self.tables.records, self.backend
+        stmt = backend.prepared(("complete", t), lambda: self._fenced(update(t)).values(
+            completed_at=backend.now(), locked_until=backend.now(), **backend.binds(t, ("status", "response"))))
+        params = self._fence_params(claimed) | backend.params({"status": status, "response": body})
+        if (yield from rowcount(stmt, params)) != 1:
+            log.warning("lost the claim on key %r in %r/%r before completing it (taken over or completed)",
+                        claimed.key, claimed.scope, claimed.operation)
+            raise LeaseLost(claimed.scope, claimed.operation, claimed.key, claimed.token)
+
+    def release(self, claimed: Claimed) -> Flow[bool]:
+        """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
+        t = self.tables.records
+        stmt = self.backend.prepared(("release", t), lambda: self._fenced(delete(t)))
+        params = self._fence_params(claimed)
+        return (yield from rowcount(stmt, params)) == 1
+
+    def _fenced(self, stmt: _Fenceable) -> _Fenceable:
+        """`stmt` restricted to one record, still in flight, still held by the claim token w_claim_token."""
+        t = self.tables.records
+        names = (*KEY_COLUMNS, "claim_token")
+        return stmt.where(*(t.c[n] == b for n, b in self.backend.binds(t, names, "w_").items()),
+                          t.c.completed_at.is_(None))
+
+    @staticmethod
+    def _fence_params(claimed: Claimed) -> dict[str, Any]:
+        return {"w_scope": claimed.scope, "w_operation": claimed.operation, "w_idem_key": claimed.key,
+                "w_claim_token": claimed.token}
+
+    def accept_message(self, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> Flow[bool]:
+        """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
+        A redelivery whose payload differs from the first one's raises RequestMismatch. Validates eagerly."""
+        ident = {"subscriber": check_identifier("subscriber", subscriber),
+                 "message_id": check_identifier("message_id", message_id)}
+        check_identity_size(ident, self.identity_limit)
+        fp = None if payload is NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
+        return self._accept_message(ident, fp)
+
+    def _accept_message(self, ident: dict[str, str], fp: str | None) -> Flow[bool]:
+        t, backend = self.tables.messages, self.backend
+        for _ in range(_CLAIM_ROUNDS):
+            if (yield from sql(lambda c: backend.insert_if_absent(c, t, dict(ident, fingerprint=fp),
+                                                                 {"processed_at": 0.0}))):
+                return True
+            row = yield from sql(lambda c: backend.read_row(c, t, ident))
+            if row is None:
+                continue  # purged or rolled back in between
+            if fp is not None and row.fingerprint is not None and row.fingerprint != fp:
+                raise RequestMismatch(ident["subscriber"], "message", ident["message_id"], row.fingerprint, fp)
+            return False
+        raise ClaimRaced(f"message {ident['message_id']!r} of {ident['subscriber']!r} changed under"
+                         f" {_CLAIM_ROUNDS} attempts")
+
+    # --- the whole protocol in one call ------------------------------------------------------------------------
+
+    def run(self, *, scope: str, operation: str, key: str, request: Any, status: int = 200,
+            lease: timedelta | None = None, retry: RetryPolicy | None = None,
+            on_effect: Callable[[Any], Any] | None = None) -> Flow[Result]:
+        """Claim, run the effect (an `Effect` step) and store its response once; replay it to every retry.
+        `on_effect` turns the effect's value into what is stored (an adapter's hook; its errors roll back like the
+        effect's own). Validates eagerly: bad input raises here, before the flow runs."""
+        req = self.request(scope, operation, key, request, lease)
+        check_status(status)
+        once = self._atomic if lease is None else self._leased
+        return self.retrying(lambda: once(req, status, on_effect), retry)
+
+    def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
+        """`attempt()` re-run on the backend's retryable errors within the retry budget, counted in `retries`."""
+        return retrying(policy or self.retry, self.backend.retry_cause, attempt, self._count_retry)
+
+    def _count_retry(self, cause: str) -> None:
+        with self._retries_lock:
+            self.retries[cause] += 1
+
+    def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None) -> Flow[Result]:
+        def body() -> Flow[Result]:
+            outcome = yield from self.claim(req)
+            if not isinstance(outcome, Claimed):
+                return finished(outcome, req)
+            response, code = yield from self.effect(status, on_effect)
+            yield from self.complete(outcome, response, code)
+            return Result(response, code, replayed=False)
+
+        return (yield from transaction(body(), Begin.CLAIM))
+
+    def _leased(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None) -> Flow[Result]:
         try:
-            return bool(getattr(target.get_dialect(), "is_async", False))
-        except (NoSuchModuleError, ArgumentError):
-            return False  # an unknown dialect or driver: reported where the engine is built, as before
-    return bool(getattr(target.dialect, "is_async", False))
+            outcome = yield from transaction(self.claim(req), Begin.CLAIM)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Cancelled (or interrupted) around the claim's COMMIT, which may have gone through: release what
+                # may be ours (fenced by this run's token, so nothing else), or retries would wait out the lease.
+                yield from self.release_after(req.claimed(), exc)
+            raise
+        if not isinstance(outcome, Claimed):
+            return finished(outcome, req)
+
+        def body() -> Flow[tuple[Any, int]]:
+            response, code = yield from self.effect(status, on_effect)
+            yield from self.complete(outcome, response, code)
+            return response, code
+
+        try:
+            response, code = yield from transaction(body())
+        except LeaseLost:
+            raise
+        except BaseException as exc:
+            # Let the next attempt (a retry of ours or the client's) claim at once instead of waiting out the lease.
+            yield from self.release_after(outcome, exc)
+            raise
+        return Result(response, code, replayed=False)
+
+    @staticmethod
+    def effect(status: int, on_effect: Callable[[Any], Any] | None = None) -> Flow[tuple[Any, int]]:
+        """Call the effect: (response, status) to store. Its error is marked as the effect's (EffectFailed,
+        unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
+        try:
+            response = yield Effect()
+            if on_effect is not None:
+                response = on_effect(response)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            raise EffectFailed(exc) from exc
+        return reply(response, status)
+
+    def release_after(self, claimed: Claimed, error: BaseException) -> Flow[None]:
+        """Release `claimed` in a transaction of its own after `error`, even if cancelled meanwhile; a release that
+        fails becomes a note on the error (the lease still ends on its own)."""
+        try:
+            yield from transaction(self.release(claimed), shielded=True)
+        except BaseException as release_error:
+            failed = effect_failure(error)
+            (error if failed is None else failed.error).add_note(
+                f"releasing the claim also failed (not retried): {type(release_error).__name__}")
+
+    # --- schema and retention ----------------------------------------------------------------------------------
+
+    def create_tables(self) -> Flow[None]:
+        yield from transaction(sql(lambda c: self.tables.metadata.create_all(c, checkfirst=True)))
+
+    def drop_tables(self) -> Flow[None]:
+        yield from transaction(sql(lambda c: self.tables.metadata.drop_all(c, checkfirst=True)))
+
+    def purge(self, older_than: timedelta, batch_size: int = 1000,
+              progress: Callable[[str, int], None] | None = None) -> Flow[int]:
+        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed messages
+        as old, in batches of one transaction each, each retried like `run`. A live in-flight claim is never
+        touched. `progress(table, deleted)` is called after each batch. Validates eagerly."""
+        check_older_than(older_than)
+        check_batch_size(batch_size)
+        cutoff = self.backend.now_plus(-older_than.total_seconds())
+        r, m = self.tables.records.c, self.tables.messages.c
+        targets = [
+            (self.tables.records, or_(
+                and_(r.completed_at.is_not(None), r.completed_at < cutoff),
+                and_(r.completed_at.is_(None), r.locked_until < self.backend.now(), r.created_at < cutoff),
+            )),
+            (self.tables.messages, m.processed_at < cutoff),
+        ]
+        return self._purge(targets, batch_size, progress)
+
+    def _purge(self, targets: list[tuple[Table, ColumnElement[bool]]], batch_size: int,
+               progress: Callable[[str, int], None] | None) -> Flow[int]:
+        total = 0
+        for table, condition in targets:
+            while True:
+                def batch(table: Table = table, condition: ColumnElement[bool] = condition) -> Flow[int]:
+                    return transaction(sql(lambda c: self.backend.purge_batch(c, table, condition, batch_size)))
+
+                deleted = yield from self.retrying(batch)
+                total += deleted
+                if progress is not None:
+                    progress(table.name, deleted)
+                if deleted < batch_size:
+                    break
+        return total

@@ -58,7 +58,8 @@ def test_missing_binaries_skip_with_install_hint(no_cluster_binaries: None,
         with pytest.raises(EngineUnavailable) as err:
             get(name).provide()
         assert missing in err.value.reasons[-1] and hint in err.value.hint, (name, err.value)
-    assert main(["engines", *(arg for name in STACKS for arg in ("--engine", name)), "--format", "json"]) == 0
+    engines = [arg for name in STACKS for arg in ("--engine", name)]
+    assert main(["engines", "--probe", *engines, "--format", "json"]) == 0
     found = json.loads(capsys.readouterr().out)["engines"]
     for name, (missing, hint) in STACKS.items():
         assert not found[name]["available"] and missing in found[name]["reason"] and hint in found[name]["hint"]

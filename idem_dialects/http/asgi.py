@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..aio import AsyncIdempotencyStore
-from .adriver import AsyncIdempotency
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
 from .problems import HttpResponse
+from .runner import AsyncIdempotency
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -254,9 +255,20 @@ class HandlerErrors:
     def __init__(self) -> None:
         self.raised: list[BaseException] = []
 
-    def note(self, exc: BaseException) -> None:
-        if not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
-            self.raised.append(exc)
+    @contextmanager
+    def noting(self, conn: Any = None) -> Iterator[None]:
+        """Around one call of the handler: its own exceptions are noted, so `answer` re-raises them unchanged; in
+        atomic mode `conn`, the record's transaction, is its `current_connection()` meanwhile."""
+        token = None if conn is None else _connection.set(conn)
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
+                self.raised.append(exc)
+            raise
+        finally:
+            if token is not None:
+                _connection.reset(token)
 
     def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
         """The problem for an error of the layer or the store; re-raises the handler's own."""

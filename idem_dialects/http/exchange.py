@@ -1,89 +1,95 @@
-"""One idempotent request on its way through a driver: what `driver` (sync) and `adriver` (async) decide alike.
+"""One idempotent request, as a protocol flow: what the sync and async runners (`runner.py`) execute alike.
 
-The drivers differ only in how they do I/O (calling or awaiting the store and the handler); what the store is asked,
-how a handler's response is stored or answered, and which errors become problems is decided here, once.
+Atomic mode: the store's `run` flow claims, calls the handler with the record's connection (an `Effect` step) and
+stores the response in the same transaction, so the handler's writes and the record commit together or not at all.
+External-call mode (`policy.lease`): the claim commits alone, the handler runs outside any transaction, then the
+response is stored in a short transaction of its own, or the claim is released if the handler failed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IdemError
-from ..outcomes import Outcome, Result
-from ..store import Reply
+from ..outcomes import Claimed
+from ..protocol import Core, Reply
+from ..steps import Begin, Effect, Flow, transaction
 from .core import (
     Call,
     HandlerErrors,
+    HttpRequest,
     IdempotencyPolicy,
     NotStored,
     ResponseTooLarge,
-    _connection,
     encode_stored,
     outcome_response,
+    prepare,
     replay_response,
 )
 from .problems import HttpResponse
 
 
-@dataclass
-class Exchange:
-    """A prepared call under a policy, with what its handler raised and (atomic mode) the response it stored."""
+def exchange(core: Core, policy: IdempotencyPolicy, req: HttpRequest, errors: HandlerErrors) -> Flow[HttpResponse]:
+    """The answer to `req`: the handler's response (an `Effect` step), a replay, or a problem. `errors` holds what
+    the handler raised, which is re-raised unchanged, never turned into a problem."""
+    prepared = prepare(policy, req)
+    if prepared is None:
+        passed: HttpResponse = yield Effect()  # not an idempotent request: the handler, untouched
+        return passed
+    if isinstance(prepared, HttpResponse):
+        return prepared
+    try:
+        if policy.lease is None:
+            return (yield from _atomic(core, policy, prepared))
+        return (yield from _external(core, policy, prepared))
+    except (ResponseTooLarge, IdemError) as exc:
+        return errors.answer(policy, exc)
 
-    policy: IdempotencyPolicy
-    call: Call
-    errors: HandlerErrors = field(default_factory=HandlerErrors)
-    _stored: list[HttpResponse] = field(default_factory=list)
 
-    @property
-    def identity(self) -> dict[str, Any]:
-        """The keyword arguments that name the record to the store's `run` and `claim`."""
-        return {"scope": self.call.scope, "operation": self.call.operation, "key": self.call.key,
-                "request": self.call.request}
+def _identity(call: Call) -> dict[str, Any]:
+    return {"scope": call.scope, "operation": call.operation, "key": call.key, "request": call.request}
 
-    @contextmanager
-    def handling(self, conn: Any = None) -> Iterator[None]:
-        """Around one call of the handler: its own exceptions are noted, so `answer` re-raises them unchanged; in
-        atomic mode `conn`, the record's transaction, is its `current_connection()` meanwhile."""
-        token = None if conn is None else _connection.set(conn)
-        try:
-            yield
-        except BaseException as exc:
-            self.errors.note(exc)
-            raise
-        finally:
-            if token is not None:
-                _connection.reset(token)
 
-    def answer(self, exc: ResponseTooLarge | IdemError) -> HttpResponse:
-        """The problem for an error of the layer or the store; re-raises the handler's own."""
-        return self.errors.answer(self.policy, exc)
+def _atomic(core: Core, policy: IdempotencyPolicy, call: Call) -> Flow[HttpResponse]:
+    handled: list[HttpResponse] = []  # this request's own response, answered as the handler made it
 
-    # --- atomic mode: claim, handler and record in one `run` ---------------------------------------------------
+    def stored(resp: HttpResponse) -> Reply:
+        if not policy.store_status(resp.status):
+            raise NotStored(resp)  # rolls the claim and the handler's writes back
+        handled[:] = [resp]
+        return Reply(encode_stored(policy, resp), resp.status)
 
-    def stored(self, resp: HttpResponse) -> Reply:
-        """What the effect returns to `run` for the handler's response; NotStored rolls a status not stored back."""
-        if not self.policy.store_status(resp.status):
-            raise NotStored(resp)
-        self._stored[:] = [resp]
-        return Reply(encode_stored(self.policy, resp), resp.status)
+    try:
+        result = yield from core.run(**_identity(call), on_effect=stored)
+    except NotStored as ns:
+        return ns.response
+    if result.replayed:
+        return replay_response(policy, call, result.response, result.status)
+    return handled[0]
 
-    def ran(self, result: Result) -> HttpResponse:
-        """The answer once `run` returned: a replay, or the response this request's handler stored."""
-        if result.replayed:
-            return replay_response(self.policy, self.call, result.response, result.status)
-        return self._stored[0]
 
-    # --- external-call mode: claim, handler outside any transaction, then complete or release -------------------
-
-    def unclaimed(self, outcome: Outcome) -> HttpResponse:
-        """The answer for a claim that was not won: a replay, a 422 or a 409."""
-        answer = outcome_response(self.policy, self.call, outcome)
-        assert answer is not None, "a claim that was won has no answer yet"
+def _external(core: Core, policy: IdempotencyPolicy, call: Call) -> Flow[HttpResponse]:
+    req = core.request(call.scope, call.operation, call.key, call.request, policy.lease)
+    outcome = yield from core.retrying(lambda: transaction(core.claim(req), Begin.CLAIM))
+    if not isinstance(outcome, Claimed):
+        answer = outcome_response(policy, call, outcome)
+        assert answer is not None
         return answer
+    try:
+        resp: HttpResponse = yield Effect()
+    except BaseException as exc:
+        yield from core.release_after(outcome, exc)
+        raise  # the handler's own error, unchanged
+    if not policy.store_status(resp.status):
+        yield from _release(core, outcome)
+        return resp
+    body = encode_stored(policy, resp)
+    yield from core.retrying(lambda: transaction(core.complete(outcome, body, resp.status)))
+    return resp
 
-    def to_store(self, resp: HttpResponse) -> bytes | None:
-        """The record for the handler's response, or None when its status is not stored (the claim is released)."""
-        return encode_stored(self.policy, resp) if self.policy.store_status(resp.status) else None
+
+def _release(core: Core, claimed: Claimed) -> Flow[None]:
+    try:
+        yield from core.retrying(lambda: transaction(core.release(claimed)))
+    except Exception:  # the lease ends on its own; the handler's outcome matters more
+        pass

@@ -17,10 +17,10 @@ from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from ..aio import AsyncIdempotencyStore
-from .adriver import AsyncIdempotency
 from .asgi import STATE_KEY, decode_headers
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, current_connection
 from .problems import HttpResponse
+from .runner import AsyncIdempotency
 
 
 def idem_connection(request: Request) -> Any:

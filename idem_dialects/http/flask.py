@@ -22,8 +22,8 @@ import flask
 
 from ..store import IdempotencyStore
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
-from .driver import Idempotency
 from .problems import HttpResponse
+from .runner import Idempotency
 
 F = TypeVar("F", bound=Callable[..., Any])
 

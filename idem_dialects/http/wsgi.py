@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection
 
 from ..store import IdempotencyStore
 from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
-from .driver import Idempotency
 from .problems import HttpResponse
+from .runner import Idempotency
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]

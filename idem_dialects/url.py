@@ -1,0 +1,111 @@
+"""One home for a database URL: which backend, which driver, sync or async, and the engine built from it.
+
+Every caller (both stores' `from_url`, the CLI, the conformance suite) asks `target(url)`; nothing else parses a URL
+or decides whether its driver is asyncio-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, create_engine, create_mock_engine, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from . import dialects
+from .errors import ConfigurationError, InvalidURL, MissingDriver
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from .dialects.base import Backend
+
+
+def parse(url: str | URL) -> URL:
+    """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL."""
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise InvalidURL() from None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A URL resolved: the backend its dialect name selects and the driver SQLAlchemy will load for it."""
+
+    url: URL  # what engines are built from (a bare URL may have been given the installed driver)
+    backend: type[Backend]
+    driver: str
+    asyncio_only: bool  # asyncpg, aiosqlite, asyncmy, aioodbc: usable by AsyncIdempotencyStore only
+    async_capable: bool  # has an asyncio form (psycopg and oracledb have both)
+
+    @property
+    def drivername(self) -> str:
+        return self.url.drivername
+
+    def engine_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """`create_engine` options for a store's own engine: ``hide_parameters`` unless the caller says otherwise,
+        so no stored response, token or request value reaches an error message or a log line (SQLAlchemy's
+        ``echo`` included), then what the backend needs."""
+        return self.backend.engine_options(self.url, {"hide_parameters": True, **options})
+
+    def install_hint(self) -> str:
+        return dialects.install_hint(self.backend.name, self.driver)
+
+    def create_engine(self, **options: Any) -> Engine:
+        """A sync engine with the store's options; MissingDriver (saying what to install) if the driver cannot load."""
+        try:
+            return create_engine(self.url, **self.engine_options(options))
+        except ImportError as exc:
+            raise MissingDriver(self.drivername, self.install_hint(), exc) from exc
+
+    def create_async_engine(self, **options: Any) -> AsyncEngine:
+        """An AsyncEngine with the store's options (imports SQLAlchemy's asyncio layer, which needs greenlet)."""
+        if find_spec("greenlet") is None:
+            raise MissingDriver(self.drivername, "pip install 'idem-dialects[async]' (asyncio needs greenlet)",
+                                ModuleNotFoundError("No module named 'greenlet'"))
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        try:
+            return create_async_engine(self.url, **self.engine_options(options))
+        except ImportError as exc:
+            raise MissingDriver(self.drivername, self.install_hint(), exc) from exc
+
+
+def target(url: str | URL) -> Target:
+    """Resolve `url` without connecting: InvalidURL, UnsupportedEngine (no backend for its dialect) or a
+    ConfigurationError (SQLAlchemy has no such driver) now, rather than a connection error later."""
+    parsed = parse(url)
+    backend = dialects.load(parsed.get_backend_name())
+    parsed = backend.resolve_url(parsed)
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        name, _, driver = parsed.drivername.partition("+")
+        raise ConfigurationError(f"SQLAlchemy has no driver {driver!r} for {name}:// URLs; leave it out"
+                                 f" ({name}://) for the default, or see the supported drivers in README") from None
+    asynchronous = dialect.get_async_dialect_cls(parsed)
+    return Target(parsed, backend, dialect.driver, bool(getattr(dialect, "is_async", False)),
+                  bool(getattr(asynchronous, "is_async", False)))
+
+
+def offline(url: str | URL, executor: Callable[..., object] = lambda *args, **kwargs: None) -> Backend:
+    """The backend of `url` (or of a bare backend name: ``postgresql`` stands for ``postgresql://``) on a mock engine
+    whose statements go to `executor`: DDL compiled by SQLAlchemy's own dialect, without a driver or a server."""
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    parsed = parse(text if "://" in text else f"{text}://")
+    backend = dialects.load(parsed.get_backend_name())
+    return backend(create_mock_engine(backend.resolve_url(parsed), executor))  # type: ignore[arg-type]
+
+
+def async_drivers(backend: type[Backend]) -> tuple[str, ...]:
+    """The async drivers a backend declares that are importable here (what the async store can run on)."""
+    return tuple(d for d in backend.async_drivers if find_spec(d) is not None)
+
+
+def async_drivers_hint(backend: type[Backend]) -> str:
+    names = [f"{backend.name}+{driver}" for driver in backend.async_drivers]
+    return " or ".join(names) if names else f"no async driver is declared for {backend.name}"
