@@ -11,7 +11,9 @@
 The health check is real: HAProxy runs an external check (`CHECK_SCRIPT`, the ``mariadb`` client) every second
 that passes only on a node whose ``wsrep_local_state`` is 4 (Synced) and ``wsrep_ready`` ON, so a node that is
 joining, donating or outside the primary component gets no sessions; a node marked down has its sessions shut
-(``on-marked-down shutdown-sessions``) so clients reconnect to a healthy one. The failover control kills a node
+(``on-marked-down shutdown-sessions``) so clients reconnect to a healthy one. The check tolerates a slow machine
+(a node is marked down after 3 failed checks, each allowed 10 s; a dead node fails each at once), and a connection
+HAProxy cannot make is redispatched to another server (``option redispatch``). The failover control kills a node
 (all writers: node 3; single writer: the node taking the sessions), waits for HAProxy to mark it down, and
 rejoins it afterwards (IST).
 """
@@ -34,10 +36,9 @@ from .local import free_ports, spawn, start_cluster, stop_group, wait_until
 from .servers import Server, Unavailable
 
 HAPROXY = Path("/usr/sbin/haproxy")
-HINT = "apt-get install haproxy galera-4 rsync mariadb-server (3 Galera nodes and HAProxy then run on loopback ports)"
 CHECK_SCRIPT = """#!/bin/sh
 # HAProxy external check ($3: the server's address, $4: its port): a Galera node that is Synced and ready.
-status=$(mariadb --no-defaults --protocol=tcp -h "$3" -P "$4" -u root --connect-timeout=2 -N -B \\
+status=$(mariadb --no-defaults --protocol=tcp -h "$3" -P "$4" -u root --connect-timeout=5 -N -B \\
   -e "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_local_state', 'wsrep_ready')") || exit 1
 case "$status" in *"wsrep_local_state	4"*) ;; *) exit 1 ;; esac
 case "$status" in *"wsrep_ready	ON"*) exit 0 ;; esac
@@ -108,10 +109,12 @@ class HAProxyGalera:
 
 defaults
   mode tcp
-  timeout connect 2s
+  timeout connect 5s
   timeout client 1h
   timeout server 1h
-  timeout check 3s
+  timeout check 10s
+  retries 3
+  option redispatch
 
 listen {self.name}
   bind 127.0.0.1:{self.port}
@@ -119,7 +122,7 @@ listen {self.name}
 {stick}  option external-check
   external-check path "/usr/bin:/bin"
   external-check command {check}
-  default-server check inter 1s fall 2 rise 2 on-marked-down shutdown-sessions
+  default-server check inter 1s fall 3 rise 2 on-marked-down shutdown-sessions
 """ + "\n".join(servers) + "\n"
 
     def _admin(self, command: str) -> str:

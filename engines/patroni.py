@@ -35,8 +35,6 @@ from .pgserver import bindir, query
 from .servers import Server, Unavailable
 
 ETCD, PATRONI = Path("/usr/bin/etcd"), Path("/usr/bin/patroni")
-HINT = "apt-get install patroni etcd-server postgresql-15 (3 etcd members and 2 Patroni nodes then run on loopback"
-HINT += " ports)"
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 10, 1, 3  # Patroni wants ttl >= loop_wait + 2 x retry_timeout
 MAX_LAG = 1024 * 1024  # maximum_lag_on_failover (bytes): Patroni's default
 
@@ -55,10 +53,14 @@ def _get(port: int, path: str) -> Any:
 
 
 def _postmaster_pid(datadir: Path) -> int | None:
+    """The pid in the data dir's postmaster.pid if that process is still this data dir's postmaster (a killed
+    postmaster leaves its file behind, and the kernel may give its pid to any other process since)."""
     try:
-        return int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+        pid = int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
+    return pid if str(datadir).encode() in args else None
 
 
 def _children(pid: int) -> list[int]:

@@ -26,7 +26,6 @@ from .pgserver import PgServer, bindir, query
 from .servers import Server, Unavailable
 
 PGBOUNCER = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
-HINT = "apt-get install pgbouncer postgresql-15 (PgBouncer and a PostgreSQL server then run on loopback ports)"
 # Server connections per database/user pair: fewer than the 8 workers of tests/test_pooler.py (and the 16 threads
 # some checks race), so PgBouncer really multiplexes and a client's next transaction lands on another server session
 # (without ?pooler=transaction 411 of 3,200 runs failed here on prepared statements); enough for what a check holds

@@ -16,7 +16,6 @@ from .servers import Unavailable
 
 BIN_DIRS = (os.environ.get("IDEM_PG_BINDIR", ""), "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin",
             "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/18/bin")
-HINT = "apt-get install postgresql-15 (or set IDEM_PG_BINDIR to a PostgreSQL bin directory with initdb)"
 
 
 def bindir() -> Path:

@@ -17,7 +17,7 @@ import pytest
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
 from idem_dialects.conformance.plugin import unique_prefix
 from idem_dialects.conformance.support import Effects
-from idem_dialects.engines import Unavailable, patroni
+from idem_dialects.engines import Unavailable, get, patroni
 from idem_dialects.engines.pgserver import query
 
 REQ = {"amount": 1}
@@ -28,7 +28,7 @@ def async_cluster() -> Iterator[patroni.PatroniCluster]:
     try:
         cluster = patroni.patroni_cluster(synchronous=False)
     except Unavailable as exc:
-        pytest.skip(f"Patroni unavailable: {exc}; to enable: {patroni.HINT}")
+        pytest.skip(f"Patroni unavailable: {exc}; to enable: {get('postgresql-patroni').how_to_enable()}")
     yield cluster
     cluster.stop()
 

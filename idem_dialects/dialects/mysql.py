@@ -226,11 +226,6 @@ class MySQLBackend(Backend):
         return opts
 
     @classmethod
-    def url_features(cls, url: URL) -> Features:
-        options.choice(url, options.WRITERS, cls.url_options)  # a wrong value fails now, not at the first connection
-        return super().url_features(url)
-
-    @classmethod
     def resolve_url(cls, url: URL) -> URL:
         # A bare mysql:// or mariadb:// means mysqlclient to SQLAlchemy; the [mysql] extra installs PyMySQL instead.
         if url.drivername == cls.name and find_spec("MySQLdb") is None and find_spec("pymysql") is not None:

@@ -15,6 +15,10 @@ fresh transaction. The read therefore takes no row lock: FOR SHARE would only ad
 
 ON CONFLICT DO NOTHING never raises for the arbiter index, so a duplicate claim leaves the caller's transaction
 usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK violation still raises.
+
+The protocol keeps no session state (no SET, advisory lock or temporary table), so it works through a
+transaction-mode pooler such as PgBouncer once the URL says ``?pooler=transaction``: then no driver prepares a
+statement that a later transaction, on another server session, would use (`connect_params`).
 """
 
 from __future__ import annotations
