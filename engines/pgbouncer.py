@@ -20,10 +20,9 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec
+from .entry import CatalogueEntry, Server, Unavailable
 from .local import chown_tree, free_ports, spawn, start_cluster, stop_group, wait_until
 from .pgserver import PgServer, bindir, query
-from .servers import Server, Unavailable
 
 PGBOUNCER = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 # Server connections per database/user pair: fewer than the 8 workers of tests/test_pooler.py (and the 16 threads
@@ -96,7 +95,7 @@ pidfile = {self.root / "pgbouncer.pid"}
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def pgbouncer_transaction(spec: EngineSpec) -> Server:
+def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
     pgbouncer, bin_dir = _pgbouncer(), bindir()
     stack = start_cluster(lambda root, user: PooledServer(root, user, bin_dir, pgbouncer), prefix="idem-pgbouncer-",
                           user="postgres", driver=("psycopg", "psycopg", "postgresql"))
@@ -104,4 +103,4 @@ def pgbouncer_transaction(spec: EngineSpec) -> Server:
                      query={"pooler": "transaction"})
     how = (f"PgBouncer ({pgbouncer}, pool_mode=transaction, {POOL_SIZE} server connections) on 127.0.0.1:{stack.port}"
            f" in front of PostgreSQL ({bin_dir}) on 127.0.0.1:{stack.server.port}; started in {stack.started_in:.1f} s")
-    return Server(spec.name, url, how, stack.stop)
+    return Server(entry.name, url, how, stack.stop)

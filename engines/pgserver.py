@@ -11,8 +11,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from .entry import Unavailable
 from .local import LocalNode, chown_tree, run_as, spawn, stop_group, wait_until
-from .servers import Unavailable
 
 BIN_DIRS = (os.environ.get("IDEM_PG_BINDIR", ""), "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin",
             "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/18/bin")

@@ -15,7 +15,7 @@ from idem_dialects.cli import main
 from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
-from idem_dialects.engines import ENGINES, EngineUnavailable, env_var, get, haproxy, patroni, pgbouncer, pgserver
+from idem_dialects.engines import ENGINES, EntryUnavailable, env_var, get, haproxy, patroni, pgbouncer, pgserver
 from idem_dialects.engines import galera as galera_engine
 from idem_dialects.errors import CannotConnect, RetryCause
 
@@ -55,7 +55,7 @@ def test_stacks_are_in_the_catalogue_with_their_failover_windows() -> None:
 def test_missing_binaries_skip_with_install_hint(no_cluster_binaries: None,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     for name, (missing, hint) in STACKS.items():
-        with pytest.raises(EngineUnavailable) as err:
+        with pytest.raises(EntryUnavailable) as err:
             get(name).provide()
         assert missing in err.value.reasons[-1] and hint in err.value.hint, (name, err.value)
     engines = [arg for name in STACKS for arg in ("--engine", name)]
@@ -71,7 +71,7 @@ def test_postgresql_binaries_missing(no_cluster_binaries: None, monkeypatch: pyt
     monkeypatch.setattr(patroni, "PATRONI", Path("/bin/sh"))
     monkeypatch.setattr(pgbouncer, "PGBOUNCER", ("/bin/sh",))
     for name in ("postgresql-patroni", "pgbouncer-transaction"):
-        with pytest.raises(EngineUnavailable) as err:
+        with pytest.raises(EntryUnavailable) as err:
             get(name).provide()
         assert "no PostgreSQL server binaries" in err.value.reasons[-1] and "postgresql-15" in err.value.hint
 
