@@ -2,10 +2,10 @@
 the `galera-haproxy-*` engines, engines/haproxy.py).
 
 Node 1 is initialised with mariadb-install-db and bootstraps the cluster (--wsrep-new-cluster); nodes 2 and 3
-start on empty data dirs and receive node 1's state by rsync SST. Every node runs with --no-defaults (the
-machine's own MariaDB configuration never applies) as the `mysql` user when we are root: mariadbd drops to it
-before the SST script starts its rsync daemon, so the daemon writes the joiner's data dir as its owner (an rsync
-daemon started by root would drop to `nobody`). A killed node restarts on its data dir and rejoins by IST.
+start on empty data dirs, one after the other, and receive node 1's state by rsync SST. Every node runs with
+--no-defaults (the machine's own MariaDB configuration never applies) as the `mysql` user when we are root: mariadbd
+drops to it before the SST script starts its rsync daemon, so the daemon writes the joiner's data dir as its owner
+(an rsync daemon started by root would drop to `nobody`). A killed node restarts on its data dir and rejoins by IST.
 """
 
 from __future__ import annotations
@@ -131,9 +131,8 @@ class GaleraCluster:
         chown_tree(self.root, self.user)
         first.proc = spawn(self.args(first, bootstrap=True), first.log)
         self.wait_synced(first, 60)
-        for node in self.nodes[1:]:
+        for node in self.nodes[1:]:  # one state transfer at a time: two at once from one donor can abort on a busy host
             node.proc = spawn(self.args(node, bootstrap=False), node.log)
-        for node in self.nodes[1:]:
             self.wait_synced(node, 120)
         self.started_in = time.monotonic() - started
         conn = _client(first.port)  # the database the URLs name

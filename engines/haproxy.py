@@ -66,6 +66,7 @@ class HAProxyGalera:
     started_in: float = 0.0
     failed_over_in: float | None = None
     rejoined_in: float | None = None
+    first_failure: str | None = None
 
     @property
     def root(self) -> Path:
@@ -205,15 +206,27 @@ listen {self.name}
 
 
 def galera_haproxy(layout: str) -> HAProxyGalera:
+    """Start the stack; a start that fails (a Galera state transfer can abort on a loaded host) is tried once more
+    on fresh data dirs, and the first failure is kept in `first_failure`."""
     galera_provider = _require()
-    return start_cluster(lambda root, user: HAProxyGalera(GaleraCluster(root, user, galera_provider), layout),
-                         prefix=f"idem-galera-{layout}-", user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
+
+    def start() -> HAProxyGalera:
+        return start_cluster(lambda root, user: HAProxyGalera(GaleraCluster(root, user, galera_provider), layout),
+                             prefix=f"idem-galera-{layout}-", user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
+
+    try:
+        return start()
+    except Unavailable as exc:
+        stack = start()
+        stack.first_failure = str(exc)
+        return stack
 
 
 def provide(entry: CatalogueEntry, layout: str) -> Server:
     stack = galera_haproxy(layout)
     ports = ", ".join(str(n.port) for n in stack.galera.nodes)
     what = "round robin over every node" if layout == "all" else "node 1, nodes 2 and 3 as backups"
+    retried = f" (second attempt; the first failed: {stack.first_failure})" if stack.first_failure else ""
     how = (f"HAProxy ({HAPROXY}, {what}, external wsrep health check) on 127.0.0.1:{stack.port} in front of a 3-node"
-           f" Galera cluster (galera-4, rsync SST) on ports {ports}; started in {stack.started_in:.1f} s")
+           f" Galera cluster (galera-4, rsync SST) on ports {ports}; started in {stack.started_in:.1f} s{retried}")
     return Server(entry.name, stack.url(entry.failover_window), how, stack.stop, controls=stack)
