@@ -206,7 +206,7 @@ class AsyncIdempotencyStore(StoreBase):
 
     def _begin(self, conn: Connection, begin: Begin) -> AbstractContextManager[None]:
         backend = self.backend
-        backend.live_features(conn)
+        self.core.ready(conn)
         ending = (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn)
         ending.__enter__()
         return ending

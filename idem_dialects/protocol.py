@@ -140,8 +140,17 @@ class Core:
                        fingerprint(request, encoder=self.encoder), lease_seconds(lease))
 
     def checked(self, conn: Connection) -> None:
-        """A caller's connection for the step-by-step API: its isolation level allowed, features refined."""
+        """A caller's connection for the step-by-step API: its isolation level allowed, then `ready`."""
         check_isolation(self.backend, configured_isolation(conn))
+        self.ready(conn)
+
+    def ready(self, conn: Connection) -> None:
+        """A connection about to run the store's statements: refused, before any of them, if its driver commits every
+        statement alone (connect_args={"autocommit": True}, sqlite3's isolation_level=None, ...: a failing effect
+        would leave its claim behind and run again); the features refined from the server on first use."""
+        setting = self.backend.autocommit_setting(conn)
+        if setting is not None:
+            raise UnsupportedIsolation(self.backend.name, "AUTOCOMMIT", self.features.isolation_levels, setting)
         self.backend.live_features(conn)
 
     # --- the step-by-step protocol -----------------------------------------------------------------------------

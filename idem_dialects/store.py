@@ -161,6 +161,6 @@ class IdempotencyStore(StoreBase):
     def _transaction(self, begin: Begin) -> Iterator[Connection]:
         backend = self.backend
         with backend.connect(self.engine) as conn:
-            backend.live_features(conn)
+            self.core.ready(conn)
             with (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn):
                 yield conn

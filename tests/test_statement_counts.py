@@ -16,6 +16,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -170,6 +171,7 @@ class RecordingConnection:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.dialect = engine.dialect
+        self.connection = SimpleNamespace(dbapi_connection=None)  # no driver connection behind it
         self.info: dict[str, Any] = {}
         self.statements: list[str] = []
         self.commits = 0

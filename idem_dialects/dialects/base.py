@@ -55,6 +55,9 @@ class Backend:
     base_features: ClassVar[Features] = Features()
     # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
     async_drivers: ClassVar[tuple[str, ...]] = ()
+    # The connect arguments with which a driver opens its connections in autocommit mode (create_engine's
+    # connect_args), by SQLAlchemy driver name: named in the error that refuses them, tried by the conformance suite.
+    autocommit_connect_args: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -129,6 +132,28 @@ class Backend:
             raise problem from exc
         with conn:
             yield conn
+
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        """The driver setting that has `conn`'s DB-API connection commit every statement alone (what the user must
+        remove), or None. Read without a round trip; the portable default asks SQLAlchemy's dialect, which knows
+        each driver's attribute (psycopg's `autocommit`, PyMySQL's server status, pyodbc's `autocommit`, ...)."""
+        dbapi: Any = conn.connection.dbapi_connection
+        if dbapi is None:  # a connection already closed or invalidated: nothing runs on it
+            return None
+        detect = getattr(conn.dialect, "detect_autocommit_setting", None)  # not in every SQLAlchemy 2.0
+        try:
+            # Before SQLAlchemy knew, the PEP 249 attribute (a method on MySQL drivers, so never `True` there).
+            on = detect(dbapi) if detect is not None else getattr(dbapi, "autocommit", None) is True
+        except NotImplementedError:  # a dialect that cannot tell: nothing to refuse
+            return None
+        return self.autocommit_name(conn.dialect.driver) if on else None
+
+    def autocommit_name(self, driver: str) -> str:
+        """How a user of `driver` most likely turned autocommit on, for the error that asks them to remove it."""
+        args = self.autocommit_connect_args.get(driver)
+        if args is None:
+            return f"{driver}'s autocommit, set on the DB-API connection"
+        return f"{driver}'s connect_args={dict(args)!r}"
 
     def connect_error(self, exc: DBAPIError) -> IdemError | None:
         """What a failure to open a connection means, by the driver's error class and codes: CannotConnect

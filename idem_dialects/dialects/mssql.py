@@ -234,6 +234,7 @@ def check_index_key(table: Table, values: Mapping[str, Any]) -> None:
 class MSSQLBackend(Backend):
     name = "mssql"
     async_drivers = ("aioodbc",)
+    autocommit_connect_args = {driver: {"autocommit": True} for driver in ("pyodbc", "aioodbc", "mssqlpython")}
     base_features = Features(isolation_levels=("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT"),
                              max_identity_bytes=INDEX_KEY_LIMIT)
 

@@ -187,6 +187,8 @@ class MySQLBackend(Backend):
     name = "mysql"
     # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
     async_drivers: ClassVar[tuple[str, ...]] = ("asyncmy",)
+    autocommit_connect_args: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        driver: {"autocommit": True} for driver in ("pymysql", "mysqldb", "asyncmy", "mysqlconnector")}
     base_features: ClassVar[Features] = MySQLFeatures()
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
@@ -350,6 +352,14 @@ class MySQLBackend(Backend):
         if code == ER_NO_SUCH_TABLE:
             return MISSING_TABLE
         return NO_PRIVILEGE if code in (ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED) else None
+
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        dbapi = conn.connection.dbapi_connection
+        # mysql-connector's `autocommit` property asks the server (a round trip); it keeps the value it set here.
+        own = getattr(dbapi, "_autocommit", None) if conn.dialect.driver == "mysqlconnector" else None
+        if isinstance(own, bool):
+            return self.autocommit_name(conn.dialect.driver) if own else None
+        return super().autocommit_setting(conn)
 
     def connect_error(self, exc: DBAPIError) -> IdemError | None:
         code = error_code(exc)

@@ -118,6 +118,9 @@ class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
     async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
+    # psycopg 3 (sync and async) takes autocommit when connecting; psycopg2 and pg8000 only as an attribute, asyncpg not
+    # at all (SQLAlchemy emulates it). The dialect reads each one's state (Backend.autocommit_setting).
+    autocommit_connect_args = {"psycopg": {"autocommit": True}}
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)

@@ -43,6 +43,8 @@ _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
 _SQLITE_CONSTRAINT_UNIQUE = 2067
 # Set by claim_transaction in Connection.info: the claim reads before it takes the write lock.
 _READ_FIRST = "idem_dialects.sqlite_read_first"
+# Set by _begin in Connection.info: the user's isolation_level while ours (None) is in force for the transaction.
+_USER_ISOLATION = "idem_dialects.sqlite_user_isolation"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
 
 
@@ -53,6 +55,8 @@ def is_memory(url: URL) -> bool:
 class SQLiteBackend(Backend):
     name = "sqlite"
     async_drivers = ("aiosqlite",)
+    # sqlite3's (and so aiosqlite's) autocommit mode: no implicit BEGIN, every statement outside BEGIN commits alone.
+    autocommit_connect_args = {driver: {"isolation_level": None} for driver in ("pysqlite", "aiosqlite")}
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",))
 
@@ -113,13 +117,25 @@ class SQLiteBackend(Backend):
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
             previous = dbapi.isolation_level  # type: ignore[union-attr]
             dbapi.isolation_level = None  # type: ignore[union-attr]
+            conn.info[_USER_ISOLATION] = previous
             try:
                 with conn.begin():
                     conn.exec_driver_sql(begin)
                     yield
             finally:
+                conn.info.pop(_USER_ISOLATION, None)
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
                     dbapi.isolation_level = previous  # type: ignore[union-attr]
+
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        dbapi: Any = conn.connection.dbapi_connection
+        if dbapi is None:
+            return None
+        if getattr(dbapi, "autocommit", None) is True:  # Python 3.12+: commit() and rollback() then do nothing
+            return f"{conn.dialect.driver}'s autocommit=True"
+        # Inside the store's own transaction (`_begin`) isolation_level is None by our doing: judge the user's.
+        level = conn.info[_USER_ISOLATION] if _USER_ISOLATION in conn.info else dbapi.isolation_level
+        return self.autocommit_name(conn.dialect.driver) if level is None else None
 
     def claim_or_read(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
