@@ -25,7 +25,7 @@ from .fingerprint import Encoder
 from .outcomes import Claimed, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, StoreBase, owning_engine, refuse_sync_effect
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Transaction, execute_unlogged
 from .url import async_drivers_hint, target
 
 T = TypeVar("T")
@@ -158,7 +158,7 @@ class AsyncIdempotencyStore(StoreBase):
     async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
         if isinstance(step, Sql):
             assert conn is not None, "a statement step needs a transaction"
-            return await conn.run_sync(step.fn)
+            return await conn.run_sync(execute_unlogged, step.fn)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             return await effect(conn)  # type: ignore[arg-type]

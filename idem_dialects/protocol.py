@@ -13,6 +13,7 @@ import inspect
 import logging
 import threading
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .dialects.base import Backend, configured_isolation
 from .errors import (
     AsyncMisuse,
     ClaimRaced,
+    IdemWarning,
     InvalidPayload,
     LeaseLost,
     RequestInFlight,
@@ -52,6 +54,7 @@ NO_PAYLOAD: Any = object()
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
 log = logging.getLogger("idem_dialects")
+_warned: set[str] = set()  # what driver logging would expose, warned of once per process
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,10 @@ class Core:
         setting = self.backend.autocommit_setting(conn)
         if setting is not None:
             raise UnsupportedIsolation(self.backend.name, "AUTOCOMMIT", self.features.isolation_levels, setting)
+        exposure = self.backend.log_exposure()
+        if exposure is not None and exposure not in _warned:
+            _warned.add(exposure)
+            warnings.warn(exposure, IdemWarning, stacklevel=2)
         self.backend.live_features(conn)
 
     # --- the step-by-step protocol -----------------------------------------------------------------------------

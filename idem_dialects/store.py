@@ -18,7 +18,7 @@ from .outcomes import Claimed, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Transaction, execute_unlogged
 from .url import target
 
 T = TypeVar("T")
@@ -145,7 +145,7 @@ class IdempotencyStore(StoreBase):
 
     def _execute(self, step: Step, conn: Connection | None, effect: SyncEffect | None) -> Any:
         if isinstance(step, Sql):
-            return step.fn(conn)  # type: ignore[arg-type]
+            return execute_unlogged(conn, step.fn)  # type: ignore[arg-type]
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             response = effect(conn)  # type: ignore[arg-type]

@@ -148,6 +148,11 @@ class Backend:
             return None
         return self.autocommit_name(conn.dialect.driver) if on else None
 
+    def log_exposure(self) -> str | None:
+        """What the driver's own logging, as configured now, would record of stored values (the store warns once
+        per process, naming it), or None. SQLAlchemy's engine log is handled by the store for every driver."""
+        return None
+
     def autocommit_name(self, driver: str) -> str:
         """How a user of `driver` most likely turned autocommit on, for the error that asks them to remove it."""
         args = self.autocommit_connect_args.get(driver)

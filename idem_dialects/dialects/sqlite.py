@@ -12,10 +12,11 @@ as BEGIN IMMEDIATE and claims as usual; it never upgrades a read transaction to 
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime
 from typing import Any
 
@@ -116,16 +117,25 @@ class SQLiteBackend(Backend):
         with lock:
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
             previous = dbapi.isolation_level  # type: ignore[union-attr]
-            dbapi.isolation_level = None  # type: ignore[union-attr]
             conn.info[_USER_ISOLATION] = previous
             try:
+                # Inside the try: aiosqlite sets it in its thread, and a task cancelled meanwhile must still restore
+                # it, or the pool would hand out a connection in autocommit mode.
+                dbapi.isolation_level = None  # type: ignore[union-attr]
                 with conn.begin():
                     conn.exec_driver_sql(begin)
                     yield
             finally:
                 conn.info.pop(_USER_ISOLATION, None)
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
-                    dbapi.isolation_level = previous  # type: ignore[union-attr]
+                    _restore_isolation(conn, dbapi, previous)
+
+    def log_exposure(self) -> str | None:
+        if self.engine.dialect.driver != "aiosqlite" or not logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG):
+            return None
+        return ("the 'aiosqlite' logger is at DEBUG: it records every statement with its parameters, so the store's"
+                " claim tokens, request fingerprints and stored responses would appear in your logs; set"
+                " logging.getLogger('aiosqlite').setLevel(logging.INFO) to keep them out")
 
     def autocommit_setting(self, conn: Connection) -> str | None:
         dbapi: Any = conn.connection.dbapi_connection
@@ -208,6 +218,17 @@ class SQLiteBackend(Backend):
             if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
                 return RetryCause.BUSY
         return super().retry_cause(exc)
+
+
+def _restore_isolation(conn: Connection, dbapi: Any, previous: str | None) -> None:
+    """Give the connection back the user's isolation_level. If its driver connection died under a cancelled
+    statement (aiosqlite: "no active connection") that fails: discard the connection instead (never pooled in
+    autocommit mode), and let the error that ended the transaction, usually the cancellation, go on unchanged."""
+    try:
+        dbapi.isolation_level = previous
+    except Exception:
+        with suppress(Exception):
+            conn.invalidate()
 
 
 def _use_wal(dbapi_connection: Any, _record: Any) -> None:
