@@ -44,12 +44,12 @@ MODULES: dict[str, tuple[str, ...]] = {
              "idem_dialects.http.flask", "uvicorn", "httpx"),
     "drivers": ("psycopg2", "pg8000", "mysql.connector"),
     "alembic": ("alembic", "idem_dialects.migrations"),
+    "docs": ("sphinx", "myst_parser", "furo", "sphinxarg", "sybil"),
 }
 # Modules the base install must not load on `import idem_dialects` / `import idem_dialects.http`: SQLAlchemy's asyncio
 # layer needs greenlet, and the workshop (CLI, bench, reporting, catalogue, suite) is not the library.
-NOT_LOADED = ("sqlalchemy.ext.asyncio", "greenlet", "idem_dialects.aio", "idem_dialects.cli", "idem_dialects.commands",
-              "idem_dialects.benchmark", "idem_dialects.reporting", "idem_dialects.engines",
-              "idem_dialects.conformance", "pytest")
+NOT_LOADED = ("sqlalchemy.ext.asyncio", "greenlet", "idem_dialects.aio", "idem_dialects.cli", "idem_dialects.engines",
+              "idem_dialects.conformance", "pytest", "jinja2")
 
 IMPORT_PROBE = """
 import importlib, json, sys

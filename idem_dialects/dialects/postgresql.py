@@ -121,6 +121,16 @@ class PostgreSQLBackend(Backend):
     # psycopg 3 (sync and async) takes autocommit when connecting; psycopg2 and pg8000 only as an attribute, asyncpg not
     # at all (SQLAlchemy emulates it). The dialect reads each one's state (Backend.autocommit_setting).
     autocommit_connect_args = {"psycopg": {"autocommit": True}}
+    plpgsql_baseline = True
+    replay_cpu_target_ms = 0.7
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        if driver in ("psycopg", "psycopg2"):
+            return "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
+        if driver == "asyncpg":  # SQLAlchemy's adapter starts an asyncpg Transaction: BEGIN on the wire
+            return "asyncpg sends BEGIN when a transaction starts (one more round trip)"
+        return None
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)

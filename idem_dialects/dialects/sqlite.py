@@ -59,7 +59,7 @@ class SQLiteBackend(Backend):
     # sqlite3's (and so aiosqlite's) autocommit mode: no implicit BEGIN, every statement outside BEGIN commits alone.
     autocommit_connect_args = {driver: {"isolation_level": None} for driver in ("pysqlite", "aiosqlite")}
     # SQLite transactions are serializable; that is the only level it has.
-    base_features = Features(isolation_levels=("SERIALIZABLE",))
+    base_features = Features(isolation_levels=("SERIALIZABLE",), writers=1)  # one write lock per database
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)

@@ -1,0 +1,184 @@
+"""The idem-dialects command. Each subcommand lives in idem_dialects.cli.commands.<name>, imported only when it runs
+(`idem-dialects demo` never loads pytest, the engine catalogue or the benchmark).
+
+Every expected error ends in at most two lines on stderr (what failed; how to fix it) and a documented exit status
+(idem_dialects.cli.commands), never a traceback: `main` handles the library's errors, driver and connection errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn, Protocol
+
+from .. import __version__
+from .commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
+
+
+class Command(Protocol):
+    """What a module of idem_dialects.cli.commands provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def load(name: str) -> Command:
+    """The module of subcommand `name`, imported only now. Explicit imports (no import by name), so mypy checks
+    that each module really provides add_arguments and run."""
+    module: Command
+    if name == "demo":
+        from .commands import demo as module
+    elif name == "engines":
+        from .commands import engines as module
+    elif name == "matrix":
+        from .commands import matrix as module
+    elif name == "check":
+        from .commands import check as module
+    elif name == "bench":
+        from .commands import bench as module
+    elif name == "report":
+        from .commands import report as module
+    elif name == "init":
+        from .commands import init as module
+    elif name == "ddl":
+        from .commands import ddl as module
+    elif name == "purge":
+        from .commands import purge as module
+    else:
+        raise KeyError(f"unknown subcommand {name!r}")
+    return module
+
+
+# The registry of subcommands and their one-line help (enough for `idem-dialects --help`); `load` imports one.
+COMMANDS: dict[str, str] = {
+    "demo": "run the reference example (debits with one idempotency key) on an embedded SQLite database, step by step",
+    "engines": "list every engine: available here or not, how, and what would enable it",
+    "matrix": "run the conformance suite across engines and compare their behaviour",
+    "check": "run the conformance suite against one database URL",
+    "bench": "measure what idempotency costs on one or several databases, beside the bare effect",
+    "report": "render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML file",
+    "init": "create the idempotency tables in the database at URL (idempotent)",
+    "ddl": "print the CREATE statements for a database URL or backend, without connecting",
+    "purge": "delete records completed longer ago than --older-than, in batches, with progress",
+}
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: the first argument that is not an option (the top-level parser
+    has only --help and --version, which take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (to add its arguments), the others are listed by name."""
+    parser = Parser(
+        prog="idem-dialects",
+        description="Idempotency keys in SQL: one protocol, a backend per engine, one conformance suite.",
+        epilog=f"exit status: 0 success; 1 a conformance check failed; {EXIT_UNAVAILABLE} a database did not answer"
+               f" or a required engine is unavailable; {EXIT_USAGE} a wrong command line or argument value;"
+               f" {EXIT_CONFIG} a configuration error (URL, driver, tables, privileges). The message says how to fix"
+               " it.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            load(name).add_arguments(sub_parser)
+    return parser
+
+
+def unwritable(path: str) -> str | None:
+    """Why a report could not be written to `path` (checked before any work), or None."""
+    target = Path(path)
+    if target.is_dir():
+        return "it is a directory"
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        return f"directory {parent} does not exist"
+    if (target.exists() and not os.access(target, os.W_OK)) or (not target.exists() and not os.access(parent, os.W_OK)):
+        return "permission denied"
+    return None
+
+
+def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
+    """(what failed, how to fix it, exit status) for an expected error; None for a bug, which keeps its traceback."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    from ..errors import (
+        CannotConnect,
+        ConfigurationError,
+        ConnectionConfigError,
+        IdemError,
+        InvalidURL,
+        RetriesExhausted,
+    )
+
+    unreachable = "check that the server runs and listens at the URL's host and port"
+    if isinstance(exc, RetriesExhausted) and isinstance(exc.last_error, CannotConnect):
+        exc = exc.last_error  # a database that never answered within the retry budget
+    if isinstance(exc, ConnectionConfigError):  # wrong password, unknown database: the message has the fix
+        return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
+    if isinstance(exc, CannotConnect):
+        return str(exc).strip().splitlines()[0], unreachable, EXIT_UNAVAILABLE
+    if isinstance(exc, InvalidURL):  # a wrong command line
+        return str(exc), None, EXIT_USAGE
+    if isinstance(exc, ConfigurationError):  # the library's messages say how to fix it themselves
+        return str(exc).strip().splitlines()[0], None, EXIT_CONFIG
+    if isinstance(exc, RetriesExhausted):
+        return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
+    if isinstance(exc, IdemError):  # e.g. an argument value out of bounds (InvalidPayload)
+        return str(exc).strip().splitlines()[0], None, EXIT_USAGE
+    if isinstance(exc, DBAPIError):
+        orig = exc.orig if exc.orig is not None else exc
+        first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+        if exc.statement is None:  # no statement: opening the connection failed
+            return f"cannot connect ({type(orig).__name__}): {first}", unreachable, EXIT_UNAVAILABLE
+        return f"database error ({type(orig).__name__}): {first}", None, EXIT_UNAVAILABLE
+    if isinstance(exc, ArgumentError):
+        return str(exc).strip().splitlines()[0], "check the URL and the options given", EXIT_CONFIG
+    if isinstance(exc, OSError):
+        return str(exc), None, EXIT_UNAVAILABLE
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = chosen_command(argv)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    prog = f"idem-dialects {args.command}"
+    output = getattr(args, "output", None)
+    if output and (why := unwritable(output)):
+        print(f"{prog}: cannot write the report to {output}: {why}", file=sys.stderr)
+        print("  fix: give --output a file in an existing, writable directory", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return load(args.command).run(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        explained = explain(exc)
+        if explained is None:
+            raise
+        what, fix, status = explained
+        print(f"{prog}: {what}", file=sys.stderr)
+        if fix:
+            print(f"  fix: {fix}", file=sys.stderr)
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""`idem-dialects bench --api async`: what AsyncIdempotencyStore costs, and whether it keeps the event loop free.
+
+Modes, each run by `concurrency` tasks at once on one event loop, a 10 ms heartbeat task beside them recording its
+worst delay (the event-loop lag a `/health` probe would see):
+
+- ``bare``: the effect alone on the AsyncEngine (UPDATE an account, SELECT its balance) in one transaction;
+- ``first`` / ``replay`` / ``contention``: through `AsyncIdempotencyStore.run` (contention: pairs of tasks send the
+  same key at the same moment, so half the requests replay);
+- ``sync_first`` / ``sync_replay``: the sync IdempotencyStore, same effect, one thread per task (for comparison);
+- the sleep figure: `concurrency` requests whose effect also awaits ``asyncio.sleep(sleep)``, all sent at once —
+  with the async store, the sync store called inside the coroutines (what blocks a server), and the sync store
+  behind ``asyncio.to_thread``. Wall time is reported against the effect time.
+
+Exactly-once is checked in the database at the end: the debits equal the distinct keys sent through a store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, update
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ...aio import AsyncIdempotencyStore
+from ...dialects.base import Backend
+from ...store import IdempotencyStore
+from ...url import async_drivers, target
+from .report import engine_info, machine_info, new_prefix, percentiles
+from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
+from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
+
+SCHEMA = "idem-dialects-bench-async/1"
+INITIAL = 10**15
+
+
+@dataclass
+class ModeResult:
+    requests: int
+    wall_s: float
+    latencies: list[float]
+    worst_lag_ms: float
+    replayed: int = 0
+    cpu_s: float = 0.0
+    statements: StatementLog | None = None
+    extra_round_trips: int = 0  # per statement: the driver's own BEGIN; per reset: a ROLLBACK sent to the server
+
+    def as_dict(self) -> dict[str, Any]:
+        lat = self.latencies
+        n, log = max(1, self.requests), self.statements
+        return {"requests": self.requests, "wall_s": round(self.wall_s, 4),
+                # This process's CPU (all threads) per request; with concurrent tasks the counts are averages.
+                "cpu_ms_per_request": round(self.cpu_s * 1000 / n, 4),
+                "statements_per_request": None if log is None else round(len(log.statements) / n, 2),
+                "round_trips_per_request": None if log is None else round(
+                    (len(log.statements) + log.commits + self.extra_round_trips) / n, 2),
+                "throughput_per_s": round(self.requests / self.wall_s, 1) if self.wall_s else None,
+                "latency_ms": {**percentiles(lat), "mean": round(statistics.fmean(lat) * 1000, 3) if lat else 0.0},
+                "heartbeat_worst_lag_ms": round(self.worst_lag_ms, 2), "replayed": self.replayed}
+
+
+class Heartbeat:
+    """A task that sleeps 10 ms in a loop and remembers the worst extra delay it saw."""
+
+    def __init__(self, period: float = 0.010) -> None:
+        self.period = period
+        self.worst = 0.0
+        self._since = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._since = loop.time()
+            await asyncio.sleep(self.period)
+            self.worst = max(self.worst, loop.time() - self._since - self.period)
+
+    async def __aenter__(self) -> Heartbeat:
+        self.worst = 0.0
+        self._task = asyncio.create_task(self._beat())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        # A beat still waiting when the requests end may be the one the loop starved the longest: count it too.
+        self.worst = max(self.worst, asyncio.get_running_loop().time() - self._since - self.period)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+
+@dataclass
+class AsyncBench:
+    store: AsyncIdempotencyStore
+    sync_store: IdempotencyStore
+    concurrency: int
+    requests: int
+    sleep: float
+    log: Callable[[str], None]
+    results: dict[str, ModeResult] = field(default_factory=dict)
+    keys_sent: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.metadata = MetaData()
+        self.accounts = Table(f"{self.store.table_prefix}acct", self.metadata,
+                              Column("id", Integer, primary_key=True, autoincrement=False),
+                              Column("balance", BigInteger, nullable=False))
+        t = self.accounts
+        self.debit = update(t).where(t.c.id == bindparam("acct")).values(balance=t.c.balance - 1)
+        self.read = select(t.c.balance).where(t.c.id == bindparam("acct"))
+
+    # --- the effect, async and sync ----------------------------------------------------------------------------
+
+    async def effect(self, conn: AsyncConnection, acct: int, sleep: float = 0.0) -> Any:
+        await conn.execute(self.debit, {"acct": acct})
+        if sleep:
+            await asyncio.sleep(sleep)
+        return {"balance": (await conn.execute(self.read, {"acct": acct})).scalar_one()}
+
+    def sync_effect(self, conn: Connection, acct: int, sleep: float = 0.0) -> Any:
+        conn.execute(self.debit, {"acct": acct})
+        if sleep:
+            time.sleep(sleep)
+        return {"balance": conn.execute(self.read, {"acct": acct}).scalar_one()}
+
+    # --- modes -------------------------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        await self.store.create_tables()
+        async with self.store.engine.begin() as conn:
+            await conn.run_sync(self.metadata.create_all)
+            await conn.execute(self.accounts.insert(), [{"id": i, "balance": INITIAL} for i in range(1, 1000)])
+
+    async def teardown(self) -> None:
+        async with self.store.engine.begin() as conn:
+            await conn.run_sync(self.metadata.drop_all)
+        await self.store.drop_tables()
+
+    async def timed(self, name: str, per_task: int, request: Callable[[int, int], Awaitable[bool]]) -> None:
+        """Run `request(task, i)` `per_task` times in each of `concurrency` tasks; it returns True if replayed."""
+        latencies: list[float] = []
+        replayed = 0
+
+        async def worker(task: int) -> None:
+            nonlocal replayed
+            for i in range(per_task):
+                started = time.perf_counter()
+                was_replayed = await request(task, i)  # not `replayed += await ...`: that loses updates
+                replayed += was_replayed
+                latencies.append(time.perf_counter() - started)
+
+        engine = self.sync_store.engine if name.startswith("sync_") else self.store.engine.sync_engine
+        with record_statements(engine) as log:
+            async with Heartbeat() as beat:
+                started, cpu = time.perf_counter(), time.process_time()
+                await asyncio.gather(*(worker(t) for t in range(self.concurrency)))
+                wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        extra = (len(latencies) if implicit_begin(engine) else 0) + (log.resets if reset_reaches_server(engine) else 0)
+        self.results[name] = ModeResult(len(latencies), wall, latencies, beat.worst * 1000, replayed, cpu, log, extra)
+        self.log(f"{name}: {len(latencies)} requests in {wall:.2f}s, worst heartbeat lag {beat.worst * 1000:.1f} ms")
+
+    async def run_key(self, key: str, acct: int, sleep: float = 0.0) -> bool:
+        self.keys_sent.add(key)
+
+        async def effect(conn: AsyncConnection) -> Any:
+            return await self.effect(conn, acct, sleep)
+
+        result = await self.store.run(scope="bench", operation="debit:v1", key=key, request={"amount": 1},
+                                      effect=effect)
+        return result.replayed
+
+    def sync_run_key(self, key: str, acct: int, sleep: float = 0.0) -> bool:
+        self.keys_sent.add(key)
+        result = self.sync_store.run(scope="bench", operation="debit:v1", key=key, request={"amount": 1},
+                                     effect=lambda conn: self.sync_effect(conn, acct, sleep))
+        return result.replayed
+
+    async def run(self) -> None:
+        n, per = self.concurrency, max(1, self.requests // self.concurrency)
+        executor = ThreadPoolExecutor(max_workers=n)
+        loop = asyncio.get_running_loop()
+        try:
+            async def bare(task: int, i: int) -> bool:
+                async with self.store.transaction() as conn:
+                    await self.effect(conn, 900 + task % 50)
+                return False
+
+            await self.timed("bare", per, bare)
+            await self.timed("first", per, lambda t, i: self.run_key(f"f-{t}-{i}", 1 + t))
+            await self.timed("replay", per, lambda t, i: self.run_key(f"f-{t}-{i}", 1 + t))
+            await self.timed("contention", per, lambda t, i: self.run_key(f"c-{t // 2}-{i}", 200 + t // 2))
+
+            def in_thread(key: str, acct: int) -> Awaitable[bool]:
+                return loop.run_in_executor(executor, self.sync_run_key, key, acct)
+
+            await self.timed("sync_first", per, lambda t, i: in_thread(f"s-{t}-{i}", 100 + t))
+            await self.timed("sync_replay", per, lambda t, i: in_thread(f"s-{t}-{i}", 100 + t))
+
+            # The figure: `concurrency` requests at once, each effect also waiting `sleep` seconds.
+            async def sync_in_loop(t: int, i: int) -> bool:
+                return self.sync_run_key(f"L-{t}", 400 + t, self.sleep)  # blocks the loop: what not to do
+
+            await self.timed("sleep_async", 1, lambda t, i: self.run_key(f"S-{t}", 300 + t, self.sleep))
+            await self.timed("sleep_sync_in_loop", 1, sync_in_loop)
+            await self.timed("sleep_sync_to_thread", 1, lambda t, i: asyncio.to_thread(
+                self.sync_run_key, f"T-{t}", 500 + t, self.sleep))
+        finally:
+            executor.shutdown()
+        await self.check_exactly_once()
+
+    async def check_exactly_once(self) -> None:
+        t = self.accounts
+        async with self.store.engine.connect() as conn:
+            debits = (await conn.execute(select(func.sum(INITIAL - t.c.balance)).where(t.c.id < 900))).scalar_one()
+        if int(debits or 0) != len(self.keys_sent):
+            raise ExactlyOnceViolation(f"{debits} debits for {len(self.keys_sent)} distinct keys")
+
+    def report(self, info: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        modes = {name: r.as_dict() for name, r in self.results.items()}
+        bare = modes["bare"]["throughput_per_s"] or 1.0
+        for m in modes.values():
+            m["ratio_to_bare"] = round((m["throughput_per_s"] or 0) / bare, 3)
+        figure = {}
+        for name in ("sleep_async", "sleep_sync_in_loop", "sleep_sync_to_thread"):
+            r = self.results[name]
+            figure[name] = {"wall_s": round(r.wall_s, 3), "x_effect_time": round(r.wall_s / self.sleep, 2),
+                            "heartbeat_worst_lag_ms": round(r.worst_lag_ms, 1)}
+        fig = figure["sleep_async"]
+        return {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
+                "config": {"concurrency": self.concurrency, "requests": self.requests, "sleep_s": self.sleep},
+                "modes": modes, "sleep_figure": figure,
+                "targets": [{"target": f"{self.concurrency} concurrent {self.sleep * 1000:.0f} ms requests < 2x the"
+                                       " effect time", "met": fig["x_effect_time"] < 2, "value": fig["x_effect_time"]},
+                            {"target": "heartbeat worst lag < 50 ms", "met": fig["heartbeat_worst_lag_ms"] < 50,
+                             "value": fig["heartbeat_worst_lag_ms"]},
+                            *self.against_sync(modes)],
+                "exactly_once": {"distinct_keys": len(self.keys_sent)}}
+
+    def against_sync(self, modes: dict[str, Any]) -> list[dict[str, Any]]:
+        """With as many tasks as the sync store has threads, async replays at least as fast, first-time requests
+        faster (throughput ratio async / sync)."""
+        n = self.concurrency
+
+        def ratio(mode: str) -> float:
+            return round((modes[mode]["throughput_per_s"] or 0) / (modes[f"sync_{mode}"]["throughput_per_s"] or 1), 3)
+
+        return [{"target": f"async replay >= sync replay ({n} tasks vs {n} threads)", "met": ratio("replay") >= 1,
+                 "value": ratio("replay")},
+                {"target": f"async first-time > sync first-time ({n} tasks vs {n} threads)",
+                 "met": ratio("first") > 1, "value": ratio("first")}]
+
+
+def async_url(url: URL, driver: str | None) -> URL:
+    """The URL of the same database through an async driver: `url` itself if its driver is asyncio-only, else
+    `driver` or the first async driver the backend declares that is installed here."""
+    with reaching(url):
+        resolved = target(url)
+    if resolved.asyncio_only:
+        return resolved.url
+    chosen = driver or next(iter(async_drivers(resolved.backend)), None)
+    if chosen is None:
+        raise CannotMeasure(f"no async driver for {resolved.backend.name} is installed"
+                            " (pip install 'idem-dialects[async]')")
+    return resolved.url.set(drivername=f"{resolved.backend.name}+{chosen}")
+
+
+def sync_url(url: URL) -> URL:
+    """The URL of the same database through the backend's default sync driver, if `url` names an asyncio-only one."""
+    with reaching(url):
+        resolved = target(url)
+    backend = resolved.backend
+    return backend.resolve_url(url.set(drivername=backend.name)) if resolved.asyncio_only else resolved.url
+
+
+@dataclass(frozen=True)
+class AsyncBenchmark:
+    """`idem-dialects bench --api async`: AsyncIdempotencyStore beside the bare async effect and the sync store."""
+
+    concurrency: int = 20
+    requests: int = 1000
+    sleep: float = 0.2
+    driver: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.requests < 1 or self.sleep <= 0:
+            raise ValueError("--concurrency and --requests must be at least 1, --sleep above 0")
+
+    def refuse(self, backend: type[Backend]) -> str | None:
+        return None
+
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        n = self.concurrency
+        aurl, surl = async_url(url, self.driver), sync_url(url)
+        with reaching(url):
+            sync_store = IdempotencyStore.from_url(surl, table_prefix=new_prefix(), **pool_options(surl, n + 2, n))
+        try:
+            with reaching(url), sync_store.engine.connect() as conn:
+                info = engine_info(sync_store.engine.url, sync_store.engine.dialect, sync_store.backend.name,
+                                   conn.dialect.server_version_info)
+            info.update(sync_driver=info["driver"], driver=aurl.get_driver_name(),
+                        url=aurl.render_as_string(hide_password=True))
+            return asyncio.run(self._measure(aurl, sync_store, info, log))
+        finally:
+            sync_store.close()
+
+    async def _measure(self, url: URL, sync_store: IdempotencyStore, info: dict[str, Any], log: Log) -> dict[str, Any]:
+        n = self.concurrency
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=sync_store.table_prefix,
+                                                  **pool_options(url, n + 2, n)) as store:
+            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log)
+            await bench.setup()
+            started = time.perf_counter()
+            try:
+                await bench.run()
+            finally:
+                await bench.teardown()
+            return bench.report(info, time.perf_counter() - started)

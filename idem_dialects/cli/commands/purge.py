@@ -1,0 +1,46 @@
+"""`idem-dialects purge URL --older-than 24h --batch-size 1000`: retention from the command line, with progress."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import timedelta
+
+from ...store import IdempotencyStore
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(?:(\d+)([smhdw]))+")
+
+
+def duration(text: str) -> timedelta:
+    """'24h', '90m', '7d', '1h30m' -> timedelta (argparse type)."""
+    if not _DURATION.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 24h, 90m, 7d or 1h30m")
+    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="SQLAlchemy URL of the database")
+    parser.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
+                        help="delete records completed longer ago than this (e.g. 24h, 7d; at most 100 years)")
+    parser.add_argument("--batch-size", type=int, default=1000, metavar="N",
+                        help="rows per transaction (default 1000, at most 1,000,000)")
+    parser.add_argument("--table-prefix", default="idem_", help="table name prefix (default: idem_)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    done: dict[str, int] = {}
+
+    def progress(table: str, deleted: int) -> None:
+        done[table] = done.get(table, 0) + deleted
+        if not args.quiet:
+            print(f"  {table}: {done[table]} deleted", file=sys.stderr, flush=True)
+
+    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
+        with store.backend.connect(store.engine):  # fail at once on a database that does not answer (no retries)
+            pass
+        total = store.purge(older_than=args.older_than, batch_size=args.batch_size, progress=progress)
+    print(f"purged {total} rows older than {args.older_than} ({', '.join(f'{t}: {n}' for t, n in done.items())})")
+    return 0
