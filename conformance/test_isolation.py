@@ -95,9 +95,9 @@ def test_driver_autocommit_refused_before_sql(idem_engine: EngineUnderTest,
     plain = idem_make_store()  # creates the tables
     driver = idem_engine.url.get_driver_name()
     ways: dict[str, dict[str, Any]] = {"connect event": {}}
-    connect_args = plain.backend.autocommit_connect_args.get(driver)
-    if connect_args is not None:
-        ways["connect_args"] = {"connect_args": dict(connect_args)}
+    known = plain.backend.driver(driver)
+    if known is not None and known.autocommit_args is not None:
+        ways["connect_args"] = {"connect_args": dict(known.autocommit_args)}
     with effects_table(plain) as fx:
         for i, (way, options) in enumerate(ways.items()):
             store = idem_make_store(**options)

