@@ -40,12 +40,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engines": ("mirakuru",),
     "async": ("greenlet", "asyncpg", "aiosqlite", "asyncmy", "psycopg", "sqlalchemy.ext.asyncio"),
     "conformance": ("pytest", "idem_dialects.conformance.plugin"),
-    "test": ("pytest", "ruff", "mypy", "twine", "check_wheel_contents", "build"),
+    "test": ("pytest", "ruff", "mypy", "twine", "check_wheel_contents", "build", "opentelemetry.sdk"),
     "http": ("idem_dialects.http.asgi", "idem_dialects.http.wsgi", "idem_dialects.http.fastapi",
              "idem_dialects.http.flask", "uvicorn", "httpx"),
     "drivers": ("psycopg2", "pg8000", "mysql.connector"),
     "alembic": ("alembic", "idem_dialects.migrations"),
     "docs": ("sphinx", "myst_parser", "furo", "sphinxarg", "sybil"),
+    "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
 }
 # Modules the base install must not load on `import idem_dialects` / `import idem_dialects.http`: SQLAlchemy's asyncio
 # layer needs greenlet, and the workshop (CLI, bench, reporting, catalogue, suite) is not the library.
