@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from sqlalchemy import func, select
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, InvalidPayload
+from idem_dialects import IdempotencyStore, InvalidPayload
 from idem_dialects.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from idem_dialects.schema import build_tables
 from idem_dialects.url import offline
@@ -133,7 +134,7 @@ def test_retention_is_a_store_setting_used_by_purge(tmp_path: Path) -> None:
 def test_async_store_has_the_same_retention_and_stats(tmp_path: Path) -> None:
     async def main() -> None:
         url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
-        async with AsyncIdempotencyStore.from_url(url, retention=timedelta(0)) as store:
+        async with async_store_class().from_url(url, retention=timedelta(0)) as store:
             await store.create_tables()
 
             async def effect(conn: Any) -> int:
