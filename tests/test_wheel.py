@@ -47,6 +47,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "alembic": ("alembic", "idem_dialects.migrations"),
     "docs": ("sphinx", "myst_parser", "furo", "sphinxarg", "sybil"),
     "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
+    "django": ("django", "rest_framework", "pytest_django", "gunicorn"),
 }
 # Modules the base install must not load on `import idem_dialects` / `import idem_dialects.http`: SQLAlchemy's asyncio
 # layer needs greenlet, and the workshop (CLI, bench, reporting, catalogue, suite) is not the library.
