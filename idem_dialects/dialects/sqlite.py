@@ -155,7 +155,11 @@ class SQLiteBackend(Backend):
             return f"{conn.dialect.driver}'s autocommit=True"
         # Inside the store's own transaction (`_begin`) isolation_level is None by our doing: judge the user's.
         level = conn.info[_USER_ISOLATION] if _USER_ISOLATION in conn.info else dbapi.isolation_level
-        return self.autocommit_name(conn.dialect.driver) if level is None else None
+        # A caller who began explicitly (Django's atomic() issues BEGIN under isolation_level=None) is in a
+        # transaction: the store's statements join it. aiosqlite's adapter does not say; its connection does.
+        raw = getattr(dbapi, "_connection", dbapi)
+        began = getattr(dbapi, "in_transaction", None) or getattr(raw, "in_transaction", False)
+        return self.autocommit_name(conn.dialect.driver) if level is None and not began else None
 
     def claim_or_read(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
