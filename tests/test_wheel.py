@@ -131,7 +131,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     (wheel,) = dist.glob("*.whl")
     (sdist,) = dist.glob("*.tar.gz")
     _run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], cwd=base)
-    _run([sys.executable, "-m", "check_wheel_contents", wheel], cwd=base)
+    _run([sys.executable, "-m", "check_wheel_contents", wheel], cwd=src)  # its configuration: pyproject.toml
     wheelhouse = base / "wheelhouse"
     extras = ",".join(MODULES)
     _run([sys.executable, "-m", "pip", "download", "-q", "--dest", wheelhouse, f"{wheel}[{extras}]"], cwd=base)
