@@ -86,10 +86,10 @@ def _drivers(url: URL) -> list[str | None]:
         return [None, *store.backend.usable_drivers(asynchronous=True)]
 
 
-def test_no_stored_value_in_any_log(live_server: Any, captured: io.StringIO) -> None:
-    for driver in _drivers(live_server.url):
-        url = live_server.url if driver is None else live_server.url.set(
-            drivername=f"{live_server.url.get_backend_name()}+{driver}")
+def test_no_stored_value_in_any_log(live_engine: Any, captured: io.StringIO) -> None:
+    for driver in _drivers(live_engine.url):
+        url = live_engine.url if driver is None else live_engine.url.set(
+            drivername=f"{live_engine.url.get_backend_name()}+{driver}")
         prefix = f"lg{uuid.uuid4().hex[:8]}_"
         captured.seek(0)
         captured.truncate()
@@ -99,7 +99,7 @@ def test_no_stored_value_in_any_log(live_server: Any, captured: io.StringIO) -> 
                 (_run_sync if driver is None else _run_async)(url, prefix)
             finally:
                 logging.getLogger().setLevel(logging.WARNING)  # reading the tokens back must not log them
-                tokens = _tokens_and_drop(live_server.url, prefix)
+                tokens = _tokens_and_drop(live_engine.url, prefix)
                 logging.getLogger().setLevel(logging.DEBUG)
         text = captured.getvalue()
         assert len(tokens) == RUNS and "sqlalchemy.engine" in text, "the runs were not logged at all"
