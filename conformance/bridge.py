@@ -24,10 +24,6 @@ from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result
 T = TypeVar("T")
 
 
-def async_url(url: URL, driver: str) -> URL:
-    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
-
-
 class _Loop:
     """An event loop running in a daemon thread of its own for the rest of the process, shared by every bridged
     store. It is never stopped: SQLAlchemy's greenlets belong to this thread, and an exception a check keeps

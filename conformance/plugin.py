@@ -32,11 +32,15 @@ from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
 from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
 from idem_dialects.features import Features
 
-from .bridge import async_url
 from .naming import PROVISIONED, check_id, observation_property
 from .support import Effects, effects_table, stores
 
 _counter = itertools.count()
+
+
+def async_url(url: URL, driver: str) -> URL:
+    """`url` with its driver replaced by the async `driver` (the bridge, and so greenlet, is loaded only if used)."""
+    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
 
 
 @dataclass

@@ -11,17 +11,22 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from idem_dialects import AsyncIdempotencyStore, Replayed, RequestInFlight, RetryPolicy, UnsupportedIsolation
+import idem_dialects
+from idem_dialects import Replayed, RequestInFlight, RetryPolicy, UnsupportedIsolation
 
 from .plugin import EngineUnderTest, unique_prefix
 from .test_isolation import KNOWN_LEVELS
+
+if TYPE_CHECKING:  # at run time only the async columns load them: without greenlet ([async]) there are none
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from idem_dialects import AsyncIdempotencyStore
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
@@ -53,7 +58,8 @@ class AsyncEffects:
 async def async_store(idem_engine: EngineUnderTest, **options: Any) -> AsyncIterator[tuple[AsyncIdempotencyStore,
                                                                                            AsyncEffects]]:
     """An async store and its effects table on fresh tables, dropped (and the engine disposed) on exit."""
-    async with AsyncIdempotencyStore.from_url(idem_engine.url, table_prefix=unique_prefix(), **options) as store:
+    store_from_url = idem_dialects.AsyncIdempotencyStore.from_url
+    async with store_from_url(idem_engine.url, table_prefix=unique_prefix(), **options) as store:
         effects = AsyncEffects(store)
         await store.create_tables()
         async with store.engine.begin() as conn:
@@ -270,6 +276,8 @@ def test_async_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderT
     refused = [level for level in KNOWN_LEVELS if level not in declared]
     assert "AUTOCOMMIT" in refused
 
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     async def main() -> None:
         for level in refused:
             engine = create_async_engine(idem_engine.url, isolation_level=level)
@@ -278,12 +286,12 @@ def test_async_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderT
                          lambda dbapi_conn, record, seen=connects: seen.append(dbapi_conn))
             try:
                 with pytest.raises(UnsupportedIsolation) as err:
-                    AsyncIdempotencyStore(engine)
+                    idem_dialects.AsyncIdempotencyStore(engine)
             finally:
                 await engine.dispose()
             assert (err.value.level, err.value.supported) == (level, tuple(declared)) and connects == []
             with pytest.raises(UnsupportedIsolation):
-                AsyncIdempotencyStore.from_url(idem_engine.url, isolation_level=level)
+                idem_dialects.AsyncIdempotencyStore.from_url(idem_engine.url, isolation_level=level)
         async with async_store(idem_engine) as (store, _):
             statements: list[str] = []
             event.listen(store.engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, event
@@ -10,6 +11,7 @@ from sqlalchemy import Engine, create_engine, event
 from idem_dialects import IdempotencyStore, UnsupportedIsolation
 
 from .plugin import EngineUnderTest
+from .support import effects_table
 
 REQ = {"amount": 100}
 # Every level SQLAlchemy spells for some engine, plus AUTOCOMMIT (which no backend may declare).
@@ -75,3 +77,52 @@ def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest, i
             idem_store.claim(auto, scope="s", operation="op", key="k", request=REQ)
     assert statements == [], "the claim ran SQL before refusing AUTOCOMMIT"
     idem_observe("isolation levels refused", ", ".join(refused))
+
+
+def _own_engine(store: Any) -> Engine:
+    """The sync Engine the store's statements run on (an async store's: its AsyncEngine's sync facade)."""
+    aio = getattr(store, "aio", None)  # the bridge's AsyncIdempotencyStore under --idem-api async
+    return aio.engine.sync_engine if aio is not None else store.engine  # type: ignore[no-any-return]
+
+
+def test_driver_autocommit_refused_before_sql(idem_engine: EngineUnderTest,
+                                              idem_make_store: Callable[..., IdempotencyStore],
+                                              idem_observe: Callable[[str, object], None]) -> None:
+    """A store whose driver connections commit every statement alone - the driver's own autocommit in connect_args,
+    or turned on in a connect event, where SQLAlchemy's isolation_level never hears of it - refuses `run` and
+    `transaction` with UnsupportedIsolation naming the setting, before any SQL: an effect that writes and fails
+    leaves nothing, twice, and the key is then run once by a correctly configured store."""
+    plain = idem_make_store()  # creates the tables
+    driver = idem_engine.url.get_driver_name()
+    ways: dict[str, dict[str, Any]] = {"connect event": {}}
+    known = plain.backend.driver(driver)
+    if known is not None and known.autocommit_args is not None:
+        ways["connect_args"] = {"connect_args": dict(known.autocommit_args)}
+    with effects_table(plain) as fx:
+        for i, (way, options) in enumerate(ways.items()):
+            store = idem_make_store(**options)
+            engine = _own_engine(store)
+            if way == "connect event":  # SQLAlchemy's own per-driver way of switching autocommit on
+                event.listen(engine, "connect", lambda dbapi, record, e=engine: e.dialect.set_isolation_level(
+                    dbapi, "AUTOCOMMIT"))
+            statements: list[str] = []
+            event.listen(engine, "before_cursor_execute", lambda *a, seen=statements: seen.append(a[2]))
+            key = f"k{i}"
+
+            def failing(conn: Any, key: str = key) -> Any:
+                fx.apply(conn, key)
+                raise RuntimeError("the effect fails after writing")
+
+            for _ in range(2):
+                with pytest.raises(UnsupportedIsolation) as err:
+                    store.run(scope="s", operation="op", key=key, request=REQ, effect=failing)
+                assert err.value.level == "AUTOCOMMIT" and err.value.setting, err.value
+                assert err.value.setting in str(err.value) and "remove that setting" in str(err.value)
+            with pytest.raises(UnsupportedIsolation), store.transaction():
+                pass
+            assert statements == [], f"{way}: the store ran SQL before refusing autocommit"
+            assert fx.count(key) == 0, f"{way}: an effect ran on an autocommit connection"
+            first = plain.run(scope="s", operation="op", key=key, request=REQ, effect=fx.effect(key))
+            again = plain.run(scope="s", operation="op", key=key, request=REQ, effect=fx.effect(key))
+            assert (first.replayed, again.replayed, fx.count(key)) == (False, True, 1)
+            idem_observe(f"driver autocommit by {way}", f"refused before SQL ({err.value.setting})")

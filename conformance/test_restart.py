@@ -17,19 +17,22 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result, RetryPolicy, dialects
+import idem_dialects
+from idem_dialects import IdempotencyStore, Result, RetryPolicy, dialects
 from idem_dialects.dialects.base import Backend
 from idem_dialects.engines import Server, Unavailable, provisioning
 
 from .plugin import EngineUnderTest, unique_prefix
 from .support import Effects, stores
+
+if TYPE_CHECKING:  # loaded only by the async columns: without greenlet ([async]) the module still imports
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
@@ -124,7 +127,8 @@ def _async_load(url: URL, server: Server, load: Load, effects: Effects) -> None:
         return run
 
     async def main() -> None:
-        async with AsyncIdempotencyStore.from_url(url, table_prefix=effects.store.table_prefix) as store:
+        store_from_url = idem_dialects.AsyncIdempotencyStore.from_url
+        async with store_from_url(url, table_prefix=effects.store.table_prefix) as store:
             async def worker(w: int) -> None:
                 for key in load.keys(w):
                     try:

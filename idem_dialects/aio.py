@@ -25,7 +25,7 @@ from .outcomes import Claimed, Outcome, Result
 from .protocol import NO_PAYLOAD, Core
 from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
 from .storebase import StoreBase, owning_engine, refuse_sync_effect
 from .url import async_drivers_hint, target
 
@@ -162,7 +162,7 @@ class AsyncIdempotencyStore(StoreBase):
     async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
         if isinstance(step, Sql):
             assert conn is not None, "a statement step needs a transaction"
-            return await conn.run_sync(step.fn)
+            return await conn.run_sync(execute_unlogged, step.fn)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             return await effect(conn)  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ class AsyncIdempotencyStore(StoreBase):
 
     def _begin(self, conn: Connection, begin: Begin) -> AbstractContextManager[None]:
         backend = self.backend
-        backend.live_features(conn)
+        self.core.ready(conn)
         ending = (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn)
         ending.__enter__()
         return ending

@@ -253,12 +253,18 @@ class AsyncMisuse(ConfigurationError, TypeError):
 class UnsupportedIsolation(ConfigurationError):
     """The engine is configured with an isolation level the backend does not guarantee the protocol under."""
 
-    def __init__(self, backend: str, level: str, supported: Sequence[str]) -> None:
+    def __init__(self, backend: str, level: str, supported: Sequence[str], setting: str | None = None) -> None:
         self.backend = backend
         self.level = level
         self.supported = tuple(supported)
+        self.setting = setting  # the driver's own setting that put the connection in autocommit mode, if that was it
         why = (" (AUTOCOMMIT commits every statement alone, so a failing effect would leave its claim behind)"
                if level == "AUTOCOMMIT" else "")
+        if setting is not None:
+            super().__init__(f"the {backend} backend cannot run on a driver connection in autocommit mode ({setting}):"
+                             " every statement would commit alone, so a failing effect would leave its claim behind;"
+                             " remove that setting (the store begins and commits its own transactions)")
+            return
         super().__init__(f"the {backend} backend does not support isolation_level={level!r}{why}; use one of"
                          f" {', '.join(self.supported)}, or leave isolation_level unset for the engine's default")
 

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from . import dialects
 from .dialects.base import Backend, configured_isolation
 from .errors import (
     ClaimRaced,
+    IdemWarning,
     LeaseLost,
     RequestInFlight,
     RequestMismatch,
@@ -54,6 +56,7 @@ NO_PAYLOAD: Any = object()
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
 log = logging.getLogger("idem_dialects")
+_warned: set[str] = set()  # what driver logging would expose, warned of once per process
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +149,21 @@ class Core:
                        fingerprint(request, encoder=self.encoder), lease_seconds(lease))
 
     def checked(self, conn: Connection) -> None:
-        """A caller's connection for the step-by-step API: its isolation level allowed, features refined."""
+        """A caller's connection for the step-by-step API: its isolation level allowed, then `ready`."""
         check_isolation(self.backend, configured_isolation(conn))
+        self.ready(conn)
+
+    def ready(self, conn: Connection) -> None:
+        """A connection about to run the store's statements: refused, before any of them, if its driver commits every
+        statement alone (connect_args={"autocommit": True}, sqlite3's isolation_level=None, ...: a failing effect
+        would leave its claim behind and run again); the features refined from the server on first use."""
+        setting = self.backend.autocommit_setting(conn)
+        if setting is not None:
+            raise UnsupportedIsolation(self.backend.name, "AUTOCOMMIT", self.features.isolation_levels, setting)
+        exposure = self.backend.log_exposure()
+        if exposure is not None and exposure not in _warned:
+            _warned.add(exposure)
+            warnings.warn(exposure, IdemWarning, stacklevel=2)
         self.backend.live_features(conn)
 
     # --- the step-by-step protocol -----------------------------------------------------------------------------

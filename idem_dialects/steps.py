@@ -59,6 +59,22 @@ Step: TypeAlias = "Sql[Any] | Effect | Transaction | Sleep"
 Flow: TypeAlias = Generator[Step, Any, T]
 
 
+def execute_unlogged(conn: Connection, fn: Callable[[Connection], T]) -> T:
+    """Execute a statement step, `fn(conn)`, out of SQLAlchemy's engine log (both stores' loops run `Sql` steps
+    through this). With echo=True/"debug", or the ``sqlalchemy.engine`` logger at INFO/DEBUG, a connection logs each
+    statement and its result rows - a replay's row holds the stored response and the claim token, which
+    hide_parameters does not cover. The flag is per connection, so the caller's effect on the same connection is
+    logged as before; tests/test_log_secrets.py fails if SQLAlchemy renames it."""
+    echo = getattr(conn, "_echo", False)
+    if not echo:
+        return fn(conn)
+    conn._echo = False
+    try:
+        return fn(conn)
+    finally:
+        conn._echo = echo
+
+
 class Stepper(Generic[T]):
     """A flow as a loop drives it: `next()` is the step to execute (None once the flow has returned `value`);
     `send` gives it the step's result, `throw` the step's error."""

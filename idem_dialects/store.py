@@ -19,7 +19,7 @@ from .protocol import NO_PAYLOAD, Core
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
 from .storebase import StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
 from .url import target
 
@@ -150,7 +150,7 @@ class IdempotencyStore(StoreBase):
 
     def _execute(self, step: Step, conn: Connection | None, effect: SyncEffect | None) -> Any:
         if isinstance(step, Sql):
-            return step.fn(conn)  # type: ignore[arg-type]
+            return execute_unlogged(conn, step.fn)  # type: ignore[arg-type]
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             response = effect(conn)  # type: ignore[arg-type]
@@ -166,6 +166,6 @@ class IdempotencyStore(StoreBase):
     def _transaction(self, begin: Begin) -> Iterator[Connection]:
         backend = self.backend
         with backend.connect(self.engine) as conn:
-            backend.live_features(conn)
+            self.core.ready(conn)
             with (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn):
                 yield conn

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import pytest
 from sqlalchemy import func, select
+
+httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
 
 
 @dataclass

@@ -103,6 +103,7 @@ class ScriptedConnection:
 
     def __init__(self, engine: Engine, script: list[Any], isolation_level: str | None = None) -> None:
         self.dialect = engine.dialect
+        self.connection = SimpleNamespace(dbapi_connection=None)  # no driver connection behind it
         self.script = list(script)
         self.statements: list[tuple[str, dict[str, Any]]] = []
         self.options = {"isolation_level": isolation_level} if isolation_level else {}

@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# SQLAlchemy's asyncio layer needs greenlet, and these tests run on aiosqlite: both come with the [async] extra.
+pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
+pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[async]')")
+
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 

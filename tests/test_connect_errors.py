@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, RetriesExhausted, RetryCause, RetryPolicy
+import idem_dialects
+from idem_dialects import IdempotencyStore, RetriesExhausted, RetryCause, RetryPolicy
 from idem_dialects.dialects import install_hint
 from idem_dialects.dialects.base import Backend
 from idem_dialects.dialects.drivers import LIBLTDL, UNIXODBC
@@ -45,6 +45,8 @@ CLOSED = _closed_port()
 def engine(url: str) -> Engine:
     """The sync engine a store's backend sees: create_async_engine's sync facade for an async driver."""
     try:
+        from sqlalchemy.ext.asyncio import create_async_engine  # needs greenlet: only for an async URL
+
         return create_async_engine(url).sync_engine
     except Exception:  # not an async driver
         return create_engine(url)
@@ -209,7 +211,7 @@ def test_oracledb_thin_codes_sync_and_async(full_code: str, kind: type[Exception
                              connection_id=1)
     assert err.full_code == full_code
     url = "oracle+oracledb://u:p@127.0.0.1:1/?service_name=x"
-    for made in (create_engine(url), create_async_engine(url).sync_engine):
+    for made in (create_engine(url), engine(url)):
         assert type(OracleBackend(made).connect_error(wrapped(err.exc_type(err)))) is kind
     unknown_host = wrapped(err.exc_type(err), socket.gaierror(socket.EAI_NONAME, "unknown"))
     assert type(OracleBackend(create_engine(url)).connect_error(unknown_host)) is (
@@ -271,7 +273,7 @@ def _live(url: str, asynchronous: bool) -> BaseException:
         if asynchronous:
             async def go() -> None:
                 try:
-                    async with AsyncIdempotencyStore.from_url(url, retry=policy) as store:
+                    async with idem_dialects.AsyncIdempotencyStore.from_url(url, retry=policy) as store:
                         async def effect(conn: Any) -> str:
                             return "never"
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pymysql
 import pytest
 from mssql_common import load_pyodbc
 from sqlalchemy import create_engine, make_url
@@ -31,6 +30,11 @@ from idem_dialects.engines import Server, Unavailable, get
 from idem_dialects.retry import EffectFailed, call_with_retry
 
 REQ = {"amount": 100}
+
+
+def _pymysql() -> Any:
+    """PyMySQL (the [mysql] extra), imported by the tests that build its errors: without it they skip, saying so."""
+    return pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
 
 
 def _dropped() -> OperationalError:
@@ -184,6 +188,7 @@ def test_sqlite_file_that_cannot_open_is_a_configuration_error(tmp_path: Path) -
     (1045, ConnectionConfigError), (1698, ConnectionConfigError), (1049, ConnectionConfigError),
 ])
 def test_mysql_connect_errors_classified_by_code(code: int, kind: type[Exception]) -> None:
+    pymysql = _pymysql()
     backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
     exc = OperationalError(None, None, pymysql.err.OperationalError(code, "text that is never read"))
     assert isinstance(backend.connect_error(exc), kind)
@@ -191,6 +196,7 @@ def test_mysql_connect_errors_classified_by_code(code: int, kind: type[Exception
 
 def test_mysql_statement_codes() -> None:
     """1047 (Galera node not ready) is retried as connect; 1969/3024/1317 (statement cancelled) as cancelled."""
+    pymysql = _pymysql()
     backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
     for code, cause in [(1047, RetryCause.CONNECT), (1969, RetryCause.CANCELLED), (3024, RetryCause.CANCELLED),
                         (1317, RetryCause.CANCELLED), (1927, RetryCause.CONNECTION)]:

@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The async store (SQLAlchemy's asyncio layer needs greenlet) on aiosqlite: both come with the [async] extra.
+pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
+pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[async]')")
+
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, InvalidKey, default_encoder

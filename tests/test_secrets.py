@@ -13,10 +13,11 @@ from importlib import import_module
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from sqlalchemy import create_engine
 from sqlalchemy.exc import DBAPIError
 
-from idem_dialects import AsyncIdempotencyStore, Claimed, IdempotencyStore
+from idem_dialects import Claimed, IdempotencyStore
 
 engines: Any = import_module("idem_dialects.engines")
 
@@ -148,6 +149,7 @@ def test_library_errors_never_carry_stored_values(tmp_path: Any) -> None:
 def test_from_url_engines_hide_parameters_sync_and_async(tmp_path: Any) -> None:
     """Both stores' from_url build engines with hide_parameters (no stored value in an error or SQLAlchemy's echo),
     unless the caller says otherwise."""
+    AsyncIdempotencyStore = async_store_class("aiosqlite")
     sync = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 's.db'}")
     shown = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 's.db'}", hide_parameters=False)
     asyn = AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")

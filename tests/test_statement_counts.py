@@ -16,13 +16,15 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool.base import ResetStyle
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, engines
+from idem_dialects import IdempotencyStore, engines
 from idem_dialects.cli.bench import record_statements, statement_kind
 from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean, resets_by_hook
 from idem_dialects.outcomes import Claimed
@@ -108,7 +110,9 @@ def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> 
     same statements as the sync store (the SQLite replay too: deferred, no write lock)."""
     expected = EXPECTED[live_store.backend.name]
     url = live_store.engine.url
-    url = url.set(drivername=f"{url.get_backend_name()}+{live_store.backend.async_drivers[0]}")
+    driver = live_store.backend.async_drivers[0]
+    AsyncIdempotencyStore = async_store_class(driver)
+    url = url.set(drivername=f"{url.get_backend_name()}+{driver}")
 
     async def no_sql(conn: Any) -> dict[str, int]:
         return {"balance": 900}
@@ -167,6 +171,7 @@ class RecordingConnection:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.dialect = engine.dialect
+        self.connection = SimpleNamespace(dbapi_connection=None)  # no driver connection behind it
         self.info: dict[str, Any] = {}
         self.statements: list[str] = []
         self.commits = 0

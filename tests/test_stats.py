@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from sqlalchemy import func, select
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, InvalidPayload
+from idem_dialects import IdempotencyStore, InvalidPayload
 from idem_dialects.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from idem_dialects.schema import build_tables
 from idem_dialects.url import offline
@@ -38,10 +39,10 @@ def _fill(store: IdempotencyStore) -> None:
         store.accept_message(conn, subscriber="projection", message_id="m1")
 
 
-def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_server: Any) -> None:
+def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_engine: Any) -> None:
     prefix = f"st{uuid.uuid4().hex[:6]}_"
-    url = live_server.url.render_as_string(hide_password=False)
-    store = IdempotencyStore.from_url(live_server.url, table_prefix=prefix, retention=timedelta(seconds=1))
+    url = live_engine.url.render_as_string(hide_password=False)
+    store = IdempotencyStore.from_url(live_engine.url, table_prefix=prefix, retention=timedelta(seconds=1))
     try:
         store.create_tables()
         _fill(store)
@@ -64,7 +65,7 @@ def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_server: 
         assert report["messages"] == {"total": 1, "purgeable": 1}
         assert report["oldest_open"]["age_seconds"] > 1
         assert set(report["sizes"]) == {f"{prefix}records", f"{prefix}messages"}
-        assert not live_server.url.password or live_server.url.password not in quiet.stdout
+        assert not live_engine.url.password or live_engine.url.password not in quiet.stdout
 
         alarmed = cli(url, "--table-prefix", prefix, "--retention", "1s", "--fail-on-stuck", "0",
                       "--fail-on-backlog", "4", "--fail-on-age", "1s")
@@ -133,7 +134,7 @@ def test_retention_is_a_store_setting_used_by_purge(tmp_path: Path) -> None:
 def test_async_store_has_the_same_retention_and_stats(tmp_path: Path) -> None:
     async def main() -> None:
         url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
-        async with AsyncIdempotencyStore.from_url(url, retention=timedelta(0)) as store:
+        async with async_store_class().from_url(url, retention=timedelta(0)) as store:
             await store.create_tables()
 
             async def effect(conn: Any) -> int:

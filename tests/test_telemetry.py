@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from otel_common import Sdk, every_attribute, sdk
 from sqlalchemy.engine import make_url
 
 from idem_dialects import (
-    AsyncIdempotencyStore,
     IdempotencyStore,
     LeaseLost,
     RequestInFlight,
@@ -96,7 +96,7 @@ def _sync_scenario(url: str, op: str) -> str:
 
 def _async_scenario(url: str, op: str) -> str:
     async def main() -> str:
-        async with AsyncIdempotencyStore.from_url(url, table_prefix=_prefix()) as store:
+        async with async_store_class().from_url(url, table_prefix=_prefix()) as store:
             await store.create_tables()
             ident = {"scope": "tenant", "operation": op}
 
@@ -224,7 +224,7 @@ def test_no_key_scope_or_payload_in_any_span_or_metric_attribute(otel: Sdk, tmp_
                 store.accept_message(conn, subscriber="projection", message_id=f"msg-{secret}", payload=secret)
     else:
         async def main() -> None:
-            async with AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}") as store:
+            async with async_store_class().from_url(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}") as store:
                 await store.create_tables()
 
                 async def respond(conn: Any) -> str:

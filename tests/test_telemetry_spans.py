@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from otel_common import Sdk, sdk
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore
+from idem_dialects import IdempotencyStore
 from idem_dialects.engines import Unavailable, get
 from idem_dialects.http import IdempotencyPolicy
 
@@ -88,7 +89,7 @@ def test_concurrent_async_runs_nest_in_their_own_task(otel: Sdk, instrumented: A
     tracer = otel.tracer_provider.get_tracer("test")
 
     async def main() -> dict[str, Any]:
-        async with AsyncIdempotencyStore.from_url(url, table_prefix=f"ots{uuid.uuid4().hex[:8]}_") as store:
+        async with async_store_class().from_url(url, table_prefix=f"ots{uuid.uuid4().hex[:8]}_") as store:
             await store.create_tables()
             instrumented(store.engine.sync_engine)
             both = asyncio.Barrier(2)
@@ -136,7 +137,7 @@ def test_asgi_request_span_is_a_child_of_the_server_span(otel: Sdk, tmp_path: Pa
     from idem_dialects.http.asgi import IdempotencyMiddleware
 
     async def main() -> list[int]:
-        async with AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path / 'h.db'}") as store:
+        async with async_store_class().from_url(f"sqlite+aiosqlite:///{tmp_path / 'h.db'}") as store:
             await store.create_tables()
 
             async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -4,6 +4,7 @@ where none is needed (SQLite otherwise)."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -102,6 +103,41 @@ def test_connection_level_autocommit_refused(tmp_path: Path) -> None:
             auto = conn.execution_options(isolation_level="AUTOCOMMIT")
             with pytest.raises(idem.UnsupportedIsolation):
                 store.claim(auto, scope="s", operation="op", key="k", request={})
+
+
+def test_driver_autocommit_on_a_callers_connection_refused_before_sql(tmp_path: Path) -> None:
+    """The step-by-step API on a connection whose sqlite3 connection was put in autocommit mode directly (no
+    SQLAlchemy isolation level): refused before any SQL, naming the setting; inside `store.transaction()`, where
+    the backend itself sets isolation_level=None to issue its own BEGIN, the claim proceeds."""
+    with idem.IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'x.db'}") as store:
+        store.create_tables()
+        statements: list[str] = []
+        event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        with store.engine.connect() as conn:
+            conn.connection.dbapi_connection.isolation_level = None  # type: ignore[union-attr]
+            with pytest.raises(idem.UnsupportedIsolation) as err:
+                store.claim(conn, scope="s", operation="op", key="k", request={})
+            conn.connection.dbapi_connection.isolation_level = ""  # type: ignore[union-attr]
+        assert err.value.setting == "pysqlite's connect_args={'isolation_level': None}" and statements == []
+        with store.transaction() as conn:
+            assert isinstance(store.claim(conn, scope="s", operation="op", key="k", request={}), idem.Claimed)
+
+
+class _AutocommitConnection(sqlite3.Connection):
+    """sqlite3 as Python 3.12+ opens it with autocommit=True (commit() and rollback() then do nothing)."""
+
+    autocommit = True
+
+
+def test_sqlite3_autocommit_attribute_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(path, factory=_AutocommitConnection))
+    store = idem.IdempotencyStore(engine)
+    try:
+        with pytest.raises(idem.UnsupportedIsolation, match="autocommit=True"):
+            store.create_tables()
+    finally:
+        engine.dispose()
 
 
 def test_close_disposes_only_an_engine_it_created(tmp_path: Path) -> None:

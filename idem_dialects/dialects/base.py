@@ -214,6 +214,33 @@ class Backend:
             return CannotConnect(self.name, exc)
         return None
 
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        """The driver setting that has `conn`'s DB-API connection commit every statement alone (what the user must
+        remove), or None. Read without a round trip; the portable default asks SQLAlchemy's dialect, which knows
+        each driver's attribute (psycopg's `autocommit`, PyMySQL's server status, pyodbc's `autocommit`, ...)."""
+        dbapi: Any = conn.connection.dbapi_connection
+        if dbapi is None:  # a connection already closed or invalidated: nothing runs on it
+            return None
+        detect = getattr(conn.dialect, "detect_autocommit_setting", None)  # not in every SQLAlchemy 2.0
+        try:
+            # Before SQLAlchemy knew, the PEP 249 attribute (a method on MySQL drivers, so never `True` there).
+            on = detect(dbapi) if detect is not None else getattr(dbapi, "autocommit", None) is True
+        except NotImplementedError:  # a dialect that cannot tell: nothing to refuse
+            return None
+        return self.autocommit_name(conn.dialect.driver) if on else None
+
+    def autocommit_name(self, driver: str) -> str:
+        """How a user of `driver` most likely turned autocommit on, for the error that asks them to remove it."""
+        known = self.driver(driver)
+        if known is None or known.autocommit_args is None:
+            return f"{driver}'s autocommit, set on the DB-API connection"
+        return f"{driver}'s connect_args={dict(known.autocommit_args)!r}"
+
+    def log_exposure(self) -> str | None:
+        """What the driver's own logging, as configured now, would record of stored values (the store warns once
+        per process, naming it), or None. SQLAlchemy's engine log is handled by the store for every driver."""
+        return None
+
     # --- transactions and the clock --------------------------------------------------------------------------
 
     @contextmanager

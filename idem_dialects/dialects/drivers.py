@@ -4,8 +4,10 @@ native code loads, so that a driver that cannot load says what to install (`Back
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib.util import find_spec
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class Driver:
     # Closing a connection whose server went away leaves its socket open until garbage collection (a
     # ResourceWarning then): the driver's leak, not the caller's.
     leaks_lost_sockets: bool = False
+    # The connect_args that open its connections in autocommit mode (every statement commits alone), which the store
+    # refuses: named in that error, and tried by the conformance suite. None: only as an attribute, if at all.
+    autocommit_args: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def installed(self) -> bool:
         """The driver's module is on the path (not imported: importing may load native libraries)."""

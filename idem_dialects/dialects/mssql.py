@@ -117,6 +117,10 @@ IF @idem_options & {nocount} = 0 SET NOCOUNT OFF;
 SELECT @idem_inserted AS inserted;"""
 
 
+# The connect_args with which these drivers open their connections in autocommit mode (refused by the store).
+_AUTOCOMMIT = {"autocommit": True}
+
+
 class InsertIfAbsent(Executable, ClauseElement):
     """The claim batch around one INSERT; it returns one row, `inserted` (1 or 0)."""
 
@@ -239,10 +243,12 @@ class MSSQLBackend(Backend):
     aliases = ("sqlserver", "tsql")
     extra = "mssql"
     drivers = (
-        Driver("pyodbc", "pyodbc", "idem-dialects[mssql]", libraries=(UNIXODBC,)),
-        Driver("aioodbc", "aioodbc", "idem-dialects[mssql]", sync=False, asynchronous=True, libraries=(UNIXODBC,)),
+        Driver("pyodbc", "pyodbc", "idem-dialects[mssql]", libraries=(UNIXODBC,), autocommit_args=_AUTOCOMMIT),
+        Driver("aioodbc", "aioodbc", "idem-dialects[mssql]", sync=False, asynchronous=True, libraries=(UNIXODBC,),
+               autocommit_args=_AUTOCOMMIT),
         # Bundles Microsoft's ODBC Driver 18 (no system ODBC), which loads libltdl when the first connection opens.
-        Driver("mssqlpython", "mssql_python", "idem-dialects[mssql]", libraries=(LIBLTDL,)),
+        Driver("mssqlpython", "mssql_python", "idem-dialects[mssql]", libraries=(LIBLTDL,),
+               autocommit_args=_AUTOCOMMIT),
         Driver("pymssql", "pymssql", "pymssql"),
     )
     provision = "idem_dialects.dialects.mssql_provision:MSSQLProvision"

@@ -183,6 +183,10 @@ def _primary_key_is_only_unique_key(table: Table) -> bool:
         index.unique for index in table.indexes)
 
 
+# The connect_args with which these drivers open their connections in autocommit mode (refused by the store).
+_AUTOCOMMIT = {"autocommit": True}
+
+
 @dataclass(frozen=True, slots=True)
 class MySQLFeatures(Features):
     # The server's spelling of a shared locking read: FOR SHARE (MySQL 8.0.1+) or LOCK IN SHARE MODE (MariaDB,
@@ -197,11 +201,12 @@ class MySQLBackend(Backend):
     base_features: ClassVar[Features] = MySQLFeatures()
     extra = "mysql"
     drivers = (
-        Driver("pymysql", "pymysql", "idem-dialects[mysql]"),
+        Driver("pymysql", "pymysql", "idem-dialects[mysql]", autocommit_args=_AUTOCOMMIT),
         # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
-        Driver("asyncmy", "asyncmy", "idem-dialects[async]", sync=False, asynchronous=True),
-        Driver("mysqlconnector", "mysql.connector", "mysql-connector-python"),
-        Driver("mysqldb", "MySQLdb", "mysqlclient"),
+        Driver("asyncmy", "asyncmy", "idem-dialects[async]", sync=False, asynchronous=True,
+               autocommit_args=_AUTOCOMMIT),
+        Driver("mysqlconnector", "mysql.connector", "mysql-connector-python", autocommit_args=_AUTOCOMMIT),
+        Driver("mysqldb", "MySQLdb", "mysqlclient", autocommit_args=_AUTOCOMMIT),
         Driver("mariadbconnector", "mariadb", "mariadb"),
     )
     provision = "idem_dialects.dialects.mysql_provision:MySQLProvision"
@@ -381,6 +386,14 @@ class MySQLBackend(Backend):
         if code == ER_NO_SUCH_TABLE:
             return MISSING_TABLE
         return NO_PRIVILEGE if code in (ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED) else None
+
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        dbapi = conn.connection.dbapi_connection
+        # mysql-connector's `autocommit` property asks the server (a round trip); it keeps the value it set here.
+        own = getattr(dbapi, "_autocommit", None) if conn.dialect.driver == "mysqlconnector" else None
+        if isinstance(own, bool):
+            return self.autocommit_name(conn.dialect.driver) if own else None
+        return super().autocommit_setting(conn)
 
     def connect_error(self, exc: BaseException) -> IdemError | None:
         code = error_code(exc)

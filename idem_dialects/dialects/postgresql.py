@@ -155,7 +155,9 @@ class PostgreSQLBackend(Backend):
         Driver("asyncpg", "asyncpg", "idem-dialects[async]", sync=False, asynchronous=True,
                implicit_begin="asyncpg sends BEGIN when a transaction starts (one more round trip)"),
         # psycopg 3 serves both; create_async_engine picks its async mode.
-        Driver("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, implicit_begin=_PSYCOPG_BEGIN),
+        # psycopg 3 takes autocommit when connecting (sync and async); psycopg2 and pg8000 only as an attribute.
+        Driver("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, implicit_begin=_PSYCOPG_BEGIN,
+               autocommit_args={"autocommit": True}),
         Driver("psycopg2", "psycopg2", "psycopg2-binary", implicit_begin=_PSYCOPG_BEGIN),
         # pg8000 1.31: close() after a lost connection fails writing Terminate and never closes its socket file.
         Driver("pg8000", "pg8000", "pg8000", leaks_lost_sockets=True),

@@ -12,10 +12,11 @@ as BEGIN IMMEDIATE and claims as usual; it never upgrades a read transaction to 
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +48,8 @@ _SQLITE_CONSTRAINT_PRIMARYKEY = 1555
 _SQLITE_CONSTRAINT_UNIQUE = 2067
 # Set by claim_transaction in Connection.info: the claim reads before it takes the write lock.
 _READ_FIRST = "idem_dialects.sqlite_read_first"
+# Set by _begin in Connection.info: the user's isolation_level while ours (None) is in force for the transaction.
+_USER_ISOLATION = "idem_dialects.sqlite_user_isolation"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
 
 
@@ -57,8 +60,10 @@ def is_memory(url: URL) -> bool:
 class SQLiteBackend(Backend):
     name = "sqlite"
     aliases = ("sqlite3",)
-    drivers = (Driver("pysqlite", "sqlite3", None),
-               Driver("aiosqlite", "aiosqlite", "idem-dialects[async]", sync=False, asynchronous=True))
+    # sqlite3's (and so aiosqlite's) autocommit mode: no implicit BEGIN, every statement outside BEGIN commits alone.
+    drivers = (Driver("pysqlite", "sqlite3", None, autocommit_args={"isolation_level": None}),
+               Driver("aiosqlite", "aiosqlite", "idem-dialects[async]", sync=False, asynchronous=True,
+                      autocommit_args={"isolation_level": None}))
     embedded = True
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",), writers=1)  # one write lock per database
@@ -122,14 +127,39 @@ class SQLiteBackend(Backend):
         with lock:
             # Turn off sqlite3's implicit (deferred) BEGIN for this transaction only, so ours is the one that runs.
             previous = dbapi.isolation_level  # type: ignore[union-attr]
-            dbapi.isolation_level = None  # type: ignore[union-attr]
+            conn.info[_USER_ISOLATION] = previous
             try:
+                # Inside the try: aiosqlite sets it in its thread, and a task cancelled meanwhile must still restore
+                # it, or the pool would hand out a connection in autocommit mode.
+                dbapi.isolation_level = None  # type: ignore[union-attr]
                 with conn.begin():
                     conn.exec_driver_sql(begin)
                     yield
             finally:
+                conn.info.pop(_USER_ISOLATION, None)
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
-                    dbapi.isolation_level = previous  # type: ignore[union-attr]
+                    _restore_isolation(conn, dbapi, previous)
+
+    def log_exposure(self) -> str | None:
+        if self.engine.dialect.driver != "aiosqlite" or not logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG):
+            return None
+        return ("the 'aiosqlite' logger is at DEBUG: it records every statement with its parameters, so the store's"
+                " claim tokens, request fingerprints and stored responses would appear in your logs; set"
+                " logging.getLogger('aiosqlite').setLevel(logging.INFO) to keep them out")
+
+    def autocommit_setting(self, conn: Connection) -> str | None:
+        dbapi: Any = conn.connection.dbapi_connection
+        if dbapi is None:
+            return None
+        if getattr(dbapi, "autocommit", None) is True:  # Python 3.12+: commit() and rollback() then do nothing
+            return f"{conn.dialect.driver}'s autocommit=True"
+        # Inside the store's own transaction (`_begin`) isolation_level is None by our doing: judge the user's.
+        level = conn.info[_USER_ISOLATION] if _USER_ISOLATION in conn.info else dbapi.isolation_level
+        # A caller who began explicitly (Django's atomic() issues BEGIN under isolation_level=None) is in a
+        # transaction: the store's statements join it. aiosqlite's adapter does not say; its connection does.
+        raw = getattr(dbapi, "_connection", dbapi)
+        began = getattr(dbapi, "in_transaction", None) or getattr(raw, "in_transaction", False)
+        return self.autocommit_name(conn.dialect.driver) if level is None and not began else None
 
     def claim_or_read(
         self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float],
@@ -215,6 +245,17 @@ class SQLiteBackend(Backend):
             if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
                 return RetryCause.BUSY
         return super().retry_cause(exc)
+
+
+def _restore_isolation(conn: Connection, dbapi: Any, previous: str | None) -> None:
+    """Give the connection back the user's isolation_level. If its driver connection died under a cancelled
+    statement (aiosqlite: "no active connection") that fails: discard the connection instead (never pooled in
+    autocommit mode), and let the error that ended the transaction, usually the cancellation, go on unchanged."""
+    try:
+        dbapi.isolation_level = previous
+    except Exception:
+        with suppress(Exception):
+            conn.invalidate()
 
 
 def _use_wal(dbapi_connection: Any, _record: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+pytest.importorskip("greenlet", reason="the [async] extra (greenlet) is not installed")
 pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not installed")
 
 from idem_dialects import AsyncIdempotencyStore
