@@ -40,7 +40,7 @@ from .fingerprint import Encoder, decode_response, encode_response, fingerprint,
 from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_older_than, check_status, lease_seconds
-from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 from .steps import Begin, Effect, Flow, rowcount, sql, transaction
@@ -48,6 +48,8 @@ from .steps import Begin, Effect, Flow, rowcount, sql, transaction
 T = TypeVar("T")
 _Fenceable = TypeVar("_Fenceable", Update, Delete)
 NO_PAYLOAD: Any = object()
+# What a consumer does with a message whose id was first processed with a different payload.
+OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
@@ -219,11 +221,14 @@ class Core:
     def accept_message(self, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> Flow[bool]:
         """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
         A redelivery whose payload differs from the first one's raises RequestMismatch. Validates eagerly."""
+        return self._accept_message(*self._message(subscriber, message_id, payload))
+
+    def _message(self, subscriber: object, message_id: object, payload: Any) -> tuple[dict[str, str], str | None]:
+        """A message's identity and payload fingerprint, validated before any SQL."""
         ident = {"subscriber": check_identifier("subscriber", subscriber),
                  "message_id": check_identifier("message_id", message_id)}
         check_identity_size(ident, self.identity_limit)
-        fp = None if payload is NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
-        return self._accept_message(ident, fp)
+        return ident, None if payload is NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
 
     def _accept_message(self, ident: dict[str, str], fp: str | None) -> Flow[bool]:
         t, backend = self.tables.messages, self.backend
@@ -239,6 +244,39 @@ class Core:
             return False
         raise ClaimRaced(f"message {ident['message_id']!r} of {ident['subscriber']!r} changed under"
                          f" {_CLAIM_ROUNDS} attempts")
+
+    # --- the idempotent consumer ---------------------------------------------------------------------------------
+
+    def consume(self, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD,
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Flow[Delivery]:
+        """Run the handler (an `Effect` step) and record the message in one transaction, re-run on the backend's
+        retryable errors like `run`; a message processed before is acknowledged without running the handler, and
+        one whose payload differs from the first one's gets the disposition `on_mismatch` chooses (a Disposition,
+        or a function of the RequestMismatch that returns one). The handler's own error reaches the caller
+        unchanged. Validates eagerly: bad input raises here, before the flow runs."""
+        ident, fp = self._message(subscriber, message_id, payload)
+        if not (isinstance(on_mismatch, Disposition) or callable(on_mismatch)):
+            raise InvalidPayload("on_mismatch", f"must be a Disposition or a function returning one, got"
+                                                f" {type(on_mismatch).__name__}")
+
+        def once() -> Flow[Delivery]:
+            return transaction(self._consume(ident, fp))
+
+        delivery = yield from self.retrying(once, retry)
+        if delivery.mismatch is not None:
+            chosen = on_mismatch(delivery.mismatch) if callable(on_mismatch) else on_mismatch
+            delivery = Delivery(Disposition(chosen), mismatch=delivery.mismatch)
+        # The one place a message's fate is known: accepted (handler ran), duplicate, or mismatched.
+        return delivery
+
+    def _consume(self, ident: dict[str, str], fp: str | None) -> Flow[Delivery]:
+        try:
+            accepted = yield from self._accept_message(ident, fp)
+        except RequestMismatch as mismatch:
+            return Delivery(Disposition.DEAD_LETTER, mismatch=mismatch)  # its disposition is the caller's choice
+        if not accepted:
+            return Delivery(Disposition.ACK, duplicate=True)
+        return Delivery(Disposition.ACK, value=(yield from self.call_effect()))
 
     # --- the whole protocol in one call ------------------------------------------------------------------------
 
@@ -301,8 +339,13 @@ class Core:
 
     @staticmethod
     def effect(status: int, on_effect: Callable[[Any], Any] | None = None) -> Flow[tuple[Any, int]]:
-        """Call the effect: (response, status) to store. Its error is marked as the effect's (EffectFailed,
-        unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
+        """Call the effect: (response, status) to store."""
+        return reply((yield from Core.call_effect(on_effect)), status)
+
+    @staticmethod
+    def call_effect(on_effect: Callable[[Any], Any] | None = None) -> Flow[Any]:
+        """Call the effect (or a consumer's handler) and return its value. Its error is marked as the effect's
+        (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
         try:
             response = yield Effect()
             if on_effect is not None:
@@ -311,7 +354,7 @@ class Core:
             raise
         except BaseException as exc:
             raise EffectFailed(exc) from exc
-        return reply(response, status)
+        return response
 
     def release_after(self, claimed: Claimed, error: BaseException) -> Flow[None]:
         """Release `claimed` in a transaction of its own after `error`, even if cancelled meanwhile; a release that
@@ -373,26 +416,26 @@ def is_async_callable(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
-def refuse_async_effect(effect: object) -> None:
+def refuse_async_effect(effect: object, name: str = "effect") -> None:
     if is_async_callable(effect):
-        raise AsyncMisuse("effect is an `async def` function: the sync IdempotencyStore calls its effect"
+        raise AsyncMisuse(f"{name} is an `async def` function: the sync IdempotencyStore calls its {name}"
                           " synchronously; use AsyncIdempotencyStore (idem_dialects.AsyncIdempotencyStore) for"
-                          " async effects, or pass a plain function")
+                          f" an async {name}, or pass a plain function")
     if not callable(effect):
-        raise _not_callable(effect, "must be callable")
+        raise _not_callable(effect, name, "must be callable")
 
 
-def refuse_sync_effect(effect: object) -> None:
+def refuse_sync_effect(effect: object, name: str = "effect") -> None:
     if not callable(effect):
-        raise _not_callable(effect, "must be an `async def` function")
+        raise _not_callable(effect, name, "must be an `async def` function")
     if not is_async_callable(effect):
-        raise AsyncMisuse("effect must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
-                          " awaits it); for a sync function write `async def effect(conn): return await"
-                          " conn.run_sync(sync_effect)`, or use the sync IdempotencyStore")
+        raise AsyncMisuse(f"{name} must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
+                          f" awaits it); for a sync function write `async def {name}(conn): return await"
+                          f" conn.run_sync(sync_{name})`, or use the sync IdempotencyStore")
 
 
-def _not_callable(effect: object, rule: str) -> InvalidPayload:
-    return InvalidPayload("effect", f"{rule}, got {type(effect).__name__}")
+def _not_callable(effect: object, name: str, rule: str) -> InvalidPayload:
+    return InvalidPayload(name, f"{rule}, got {type(effect).__name__}")
 
 
 def refuse_awaitable(response: object) -> None:
