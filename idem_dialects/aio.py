@@ -23,9 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
-from .protocol import NO_PAYLOAD, Core, OnMismatch, StoreBase, owning_engine, refuse_sync_effect
+from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
+from .storebase import StoreBase, owning_engine, refuse_sync_effect
 from .url import async_drivers_hint, target
 
 T = TypeVar("T")
@@ -153,19 +154,14 @@ class AsyncIdempotencyStore(StoreBase):
 
     async def drive(self, flow: Flow[T], conn: AsyncConnection | None = None,
                      effect: AsyncEffect | None = None) -> T:
-        """Run `flow` to its end: each step awaited here, its result sent back or its error thrown in."""
-        sent: Any = None
-        error: BaseException | None = None
-        while True:
+        """Run `flow` to its end, each step awaited here (how adapters such as the HTTP runner run their flows)."""
+        stepper = Stepper(flow)
+        while (step := stepper.next()) is not None:
             try:
-                step = flow.send(sent) if error is None else flow.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            sent = error = None
-            try:
-                sent = await self._execute(step, conn, effect)
+                stepper.send(await self._execute(step, conn, effect))
             except BaseException as exc:
-                error = exc
+                stepper.throw(exc)
+        return stepper.value
 
     async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
         if isinstance(step, Sql):

@@ -59,6 +59,32 @@ Step: TypeAlias = "Sql[Any] | Effect | Transaction | Sleep"
 Flow: TypeAlias = Generator[Step, Any, T]
 
 
+class Stepper(Generic[T]):
+    """A flow as a loop drives it: `next()` is the step to execute (None once the flow has returned `value`);
+    `send` gives it the step's result, `throw` the step's error."""
+
+    def __init__(self, flow: Flow[T]) -> None:
+        self._flow = flow
+        self._sent: Any = None
+        self._error: BaseException | None = None
+        self.value: T
+
+    def next(self) -> Step | None:
+        sent, error = self._sent, self._error
+        self._sent = self._error = None
+        try:
+            return self._flow.send(sent) if error is None else self._flow.throw(error)
+        except StopIteration as done:
+            self.value = done.value
+            return None
+
+    def send(self, result: Any) -> None:
+        self._sent = result
+
+    def throw(self, error: BaseException) -> None:
+        self._error = error
+
+
 def sql(fn: Callable[[Connection], T]) -> Flow[T]:
     """A flow of one statement step."""
     return (yield Sql(fn))  # type: ignore[no-any-return]

@@ -15,18 +15,11 @@ from sqlalchemy.engine import URL, Connection
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
-from .protocol import (
-    NO_PAYLOAD,
-    Core,
-    OnMismatch,
-    StoreBase,
-    owning_engine,
-    refuse_async_effect,
-    refuse_awaitable,
-)
+from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Transaction
+from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
+from .storebase import StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
 from .url import target
 
 T = TypeVar("T")
@@ -152,19 +145,14 @@ class IdempotencyStore(StoreBase):
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def drive(self, flow: Flow[T], conn: Connection | None = None, effect: SyncEffect | None = None) -> T:
-        """Run `flow` to its end: each step executed here, its result sent back or its error thrown in."""
-        sent: Any = None
-        error: BaseException | None = None
-        while True:
+        """Run `flow` to its end, each step executed here (how adapters such as the HTTP runner run their flows)."""
+        stepper = Stepper(flow)
+        while (step := stepper.next()) is not None:
             try:
-                step = flow.send(sent) if error is None else flow.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            sent = error = None
-            try:
-                sent = self._execute(step, conn, effect)
+                stepper.send(self._execute(step, conn, effect))
             except BaseException as exc:
-                error = exc
+                stepper.throw(exc)
+        return stepper.value
 
     def _execute(self, step: Step, conn: Connection | None, effect: SyncEffect | None) -> Any:
         if isinstance(step, Sql):
