@@ -24,12 +24,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..aio import AsyncIdempotencyStore
 from ..outcomes import Disposition
 from ..protocol import OnMismatch
-from .base import ConsumerBase, MessageId, header, log
+from .base import ConsumerBase, MessageId, header, log, text
 
 Handler = Callable[[AsyncConnection, Msg], Awaitable[Any]]
 REASON_HEADER = "Idem-Dead-Letter-Reason"
 _BROKER_ERRORS = (nats.errors.Error, ConnectionError)
-nats_msg_id = header("Nats-Msg-Id")  # the publisher's id, which JetStream's own deduplication uses
+MSG_ID_HEADER = "Nats-Msg-Id"
+nats_msg_id = header(MSG_ID_HEADER)  # the publisher's id, which JetStream's own deduplication uses
 
 
 class IdempotentConsumer(ConsumerBase):
@@ -62,15 +63,21 @@ class IdempotentConsumer(ConsumerBase):
             elif disposition is Disposition.RETRY:
                 await msg.nak(delay=self.retry_delay)
             else:
-                await self._dead_letter(msg)
+                await self._dead_letter(msg, message_id)
         except _BROKER_ERRORS as exc:
             # Not settled: JetStream delivers it again after the consumer's ack wait, and the inbox acks that.
             self.counts["unsettled"] += 1
             log.warning("%s: could not %s message %r (%s); JetStream will deliver it again", self.subscriber,
                         disposition.value, message_id, type(exc).__name__)
 
-    async def _dead_letter(self, msg: Msg) -> None:
+    async def _dead_letter(self, msg: Msg, message_id: object) -> None:
         if self.jetstream is not None and self.dead_letter_subject is not None:
-            headers = {**(msg.headers or {}), REASON_HEADER: f"{self.subscriber} gave up on {msg.subject}"}
+            headers = dict(msg.headers or {})
+            # The original Nats-Msg-Id would make JetStream drop the dead letter as a duplicate of the message
+            # itself (same stream, within its window); an id of its own drops only a second dead letter of it.
+            headers.pop(MSG_ID_HEADER, None)
+            headers[REASON_HEADER] = f"{self.subscriber} gave up on {msg.subject}"
+            if text(message_id):
+                headers[MSG_ID_HEADER] = f"{self.subscriber}:dead-letter:{text(message_id)}"
             await self.jetstream.publish(self.dead_letter_subject, msg.data, headers=headers)  # stored, then Term
         await msg.term()
