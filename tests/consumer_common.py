@@ -50,7 +50,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "c
         time.sleep(0.05)
 
 
-async def await_for(condition: Callable[[], Any | Awaitable[Any]], timeout: float = 30.0, what: str = "condition") -> None:
+async def await_for(condition: Callable[[], Any | Awaitable[Any]], timeout: float = 30.0,
+                    what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
