@@ -13,8 +13,8 @@ from __future__ import annotations
 from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
 from .containers import docker_reachable, image_var
 from .controls import ClusterControls
-from .provision import EngineStatus, parse_named_urls, probe, provision
-from .servers import Server, Unavailable, env_var
+from .provision import EngineStatus, parse_named_urls, probe, provision, version_text
+from .servers import Server, Unavailable, describe, env_var
 
 __all__ = [
     "ENGINES",
@@ -24,6 +24,7 @@ __all__ = [
     "EngineUnavailable",
     "Server",
     "Unavailable",
+    "describe",
     "docker_reachable",
     "env_var",
     "expand",
@@ -33,4 +34,5 @@ __all__ = [
     "probe",
     "provision",
     "resolve",
+    "version_text",
 ]

@@ -6,15 +6,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .containers import container
-from .servers import Provider, Server, Unavailable, embedded_postgres, env_var, from_env, local_service, sqlite_file
+from .servers import (
+    Provider,
+    Server,
+    Unavailable,
+    described,
+    embedded_postgres,
+    env_var,
+    from_env,
+    local_service,
+    sqlite_file,
+)
 
 
+@described("a 3-node cluster started on loopback ports from the machine's galera-4 and mariadb-server packages")
 def galera(spec: EngineSpec) -> Server:
     from .galera import galera_cluster  # started only when this engine is asked for
 
     return galera_cluster(spec)
 
 
+@described("a primary and a synchronous standby started on loopback ports from the machine's PostgreSQL 15")
 def postgresql_ha(spec: EngineSpec) -> Server:
     from .pg_ha import postgresql_ha as start
 

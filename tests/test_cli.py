@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from idem_dialects.cli import COMMANDS, main
-from idem_dialects.commands import EXIT_UNAVAILABLE, EXIT_USAGE
+from idem_dialects.cli.commands import EXIT_UNAVAILABLE, EXIT_USAGE
 
-LOADED = "import sys\n{run}\nprint(sorted(m for m in sys.modules if m.startswith('idem_dialects.commands.')" \
-         " or m in ('pytest', 'idem_dialects.benchmark', 'idem_dialects.engines')))\n"
+LOADED = "import sys\n{run}\nprint(sorted(m for m in sys.modules if m.startswith('idem_dialects.cli.commands.')" \
+         " or m in ('pytest', 'idem_dialects.cli.bench', 'idem_dialects.engines')))\n"
 
 
 def loaded_after(run: str) -> str:
@@ -25,9 +25,9 @@ def loaded_after(run: str) -> str:
 
 def test_only_the_subcommand_that_runs_is_imported() -> None:
     run = "from idem_dialects.cli import main\nmain(['demo'])"
-    assert loaded_after(run) == "['idem_dialects.commands.demo']"
+    assert loaded_after(run) == "['idem_dialects.cli.commands.demo']"
     run = "from idem_dialects.cli import main\nmain(['engines', '--engine', 'sqlite', '--format', 'json'])"
-    assert loaded_after(run) == "['idem_dialects.commands.engines', 'idem_dialects.engines']"
+    assert loaded_after(run) == "['idem_dialects.cli.commands.engines', 'idem_dialects.engines']"
 
 
 def test_top_level_help_lists_every_subcommand_without_importing_them() -> None:

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, inspect, select
 
 from idem_dialects import IdempotencyStore
-from idem_dialects.commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
+from idem_dialects.cli.commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
 
 engines: Any = import_module("idem_dialects.engines")
 LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]

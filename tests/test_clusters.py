@@ -49,7 +49,7 @@ def test_missing_binaries_skip_with_install_hint(no_cluster_binaries: None,
     with pytest.raises(EngineUnavailable) as err:
         get("postgresql-ha").provide()
     assert "no PostgreSQL server binaries" in err.value.reasons[-1] and "apt-get install" in err.value.hint
-    assert main(["engines", "--engine", "galera", "--engine", "postgresql-ha", "--format", "json"]) == 0
+    assert main(["engines", "--probe", "--engine", "galera", "--engine", "postgresql-ha", "--format", "json"]) == 0
     found = json.loads(capsys.readouterr().out)["engines"]
     assert not found["galera"]["available"] and "galera-4" in found["galera"]["hint"]
     assert not found["postgresql-ha"]["available"] and "initdb" in found["postgresql-ha"]["reason"] + \

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,12 +86,50 @@ def test_url_from_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert server.url.get_backend_name() == "mssql" and server.how == "URL from IDEM_URL_MSSQL_2022"
 
 
-def test_engines_command(no_docker: None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["engines", "--engine", "sqlite", "--engine", "mssql-2022", "--format", "json"]) == 0
-    found = json.loads(capsys.readouterr().out)["engines"]
+def test_engines_probe_command(no_docker: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engines", "--probe", "--engine", "sqlite", "--engine", "mssql-2022", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    found = report["engines"]
+    assert report["probed"] is True
     assert found["sqlite"]["available"] and found["sqlite"]["how"].startswith("embedded")
     assert not found["mssql-2022"]["available"]
     assert "IDEM_URL_MSSQL_2022" in found["mssql-2022"]["hint"]
-    assert main(["engines", "--engine", "oracle"]) == 0
+    assert main(["engines", "--probe", "--engine", "oracle"]) == 0
     out = capsys.readouterr().out
     assert "oracle-23" in out and "oracle-26" in out and "to enable" in out
+
+
+def test_engines_lists_the_catalogue_without_providing_anything(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """No provider runs (so no server, cluster or container starts), no process is spawned, nothing is connected to:
+    every way of doing so fails the test. A URL in the environment is named, not reached."""
+    import socket
+    import subprocess
+
+    from idem_dialects.engines import EngineSpec
+
+    ran: list[str] = []
+
+    def forbidden(what: str) -> Any:
+        def trip(*args: Any, **kwargs: Any) -> Any:
+            ran.append(what)
+            raise AssertionError(f"`idem-dialects engines` {what}")
+
+        return trip
+
+    monkeypatch.setattr(EngineSpec, "provide", forbidden("ran a provider"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", forbidden("started a process"))
+    monkeypatch.setattr(socket.socket, "connect", forbidden("connected to a server"))
+    monkeypatch.setenv("IDEM_URL_MSSQL_2022", "mssql+pyodbc://sa:secret@db.invalid:1433/master?driver=FreeTDS")
+    assert main(["engines", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert ran == [] and report["probed"] is False
+    assert list(report["engines"]) == list(ENGINES)
+    assert report["engines"]["mssql-2022"]["url_from_env"] is True
+    assert report["engines"]["mssql-2022"]["providers"][0] == "the URL in IDEM_URL_MSSQL_2022"
+    assert "secret" not in json.dumps(report)
+    assert report["engines"]["galera"]["providers"] == [
+        "a 3-node cluster started on loopback ports from the machine's galera-4 and mariadb-server packages"]
+    assert main(["engines"]) == 0
+    out = capsys.readouterr().out
+    assert "postgresql-ha" in out and "engines --probe" in out and ran == []

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from idem_dialects.reporting import render, render_html, render_matrix
+from idem_dialects.cli.reporting import render, render_html, render_matrix
 
 LIVE = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
 SUBSET = "same_key_thread_race or same_key_race_under_isolation or key_column_declares or declared_isolation"
@@ -188,7 +188,7 @@ def test_matrix_writes_json_and_html_in_one_run(tmp_path: Path) -> None:
 
 
 def test_engines_report_renders_in_every_format(tmp_path: Path) -> None:
-    done = cli("engines", "--engine", "sqlite", "--engine", "oracle-23", "--format", "json")
+    done = cli("engines", "--probe", "--engine", "sqlite", "--engine", "oracle-23", "--format", "json")
     assert done.returncode == 0, done.stderr
     saved = tmp_path / "engines.json"
     saved.write_text(done.stdout)

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
-from idem_dialects.benchmark import statement_kind
+from idem_dialects.cli.bench import statement_kind
 from idem_dialects.errors import InsufficientPrivilege, RetryCause
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.pool.base import ResetStyle
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, engines
-from idem_dialects.benchmark import record_statements, statement_kind
+from idem_dialects.cli.bench import record_statements, statement_kind
 from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean, resets_by_hook
 from idem_dialects.outcomes import Claimed
 
@@ -129,7 +129,7 @@ def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> 
 
 def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
     """The bench's first-time request: the protocol's statements plus the debit's UPDATE and SELECT."""
-    from idem_dialects.benchmark import Workload
+    from idem_dialects.cli.bench import Workload
 
     store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="sc_")
     work = Workload(store)

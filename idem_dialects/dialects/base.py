@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bindparam, delete, or_, select
 from sqlalchemy.engine import URL, Connection, ExceptionContext, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.pool import Pool
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Column, Table
 from sqlalchemy.types import TypeEngine
@@ -55,6 +56,11 @@ class Backend:
     base_features: ClassVar[Features] = Features()
     # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
     async_drivers: ClassVar[tuple[str, ...]] = ()
+
+    # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
+    plpgsql_baseline: ClassVar[bool] = False
+    # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
+    replay_cpu_target_ms: ClassVar[float | None] = None
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -283,4 +289,18 @@ class Backend:
             return exc.cause
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return RetryCause.CONNECTION
+        return None
+
+    # --- what tooling asks of the engine (benchmarks) ----------------------------------------------------------
+
+    @classmethod
+    def pool_reset_round_trip(cls, pool: Pool) -> bool:
+        """Whether `pool`'s reset of a returned connection costs a round trip to the server when no transaction is
+        open. Most drivers skip it then (psycopg), or the database is in-process (SQLite): False."""
+        return False
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
+        transaction that a statement count must add), if it sends one."""
         return None

@@ -202,6 +202,11 @@ class MySQLBackend(Backend):
         ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
     }
 
+    @classmethod
+    def pool_reset_round_trip(cls, pool: Pool) -> bool:
+        # The drivers send ROLLBACK even with no transaction open, unless `_reset_unless_clean` does the reset.
+        return not resets_by_hook(pool)
+
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         pool = getattr(engine, "pool", None)

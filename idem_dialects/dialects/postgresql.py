@@ -118,6 +118,16 @@ class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
     async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
+    plpgsql_baseline = True
+    replay_cpu_target_ms = 0.7
+
+    @classmethod
+    def implicit_begin(cls, driver: str) -> str | None:
+        if driver in ("psycopg", "psycopg2"):
+            return "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
+        if driver == "asyncpg":  # SQLAlchemy's adapter starts an asyncpg Transaction: BEGIN on the wire
+            return "asyncpg sends BEGIN when a transaction starts (one more round trip)"
+        return None
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)

@@ -54,7 +54,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     async_drivers = ("aiosqlite",)
     # SQLite transactions are serializable; that is the only level it has.
-    base_features = Features(isolation_levels=("SERIALIZABLE",))
+    base_features = Features(isolation_levels=("SERIALIZABLE",), writers=1)  # one write lock per database
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)

@@ -288,7 +288,7 @@ def werkzeug_server(app: Any) -> Iterator[str]:
 def uvicorn_server(app: Any) -> AbstractContextManager[str]:
     """A real uvicorn server on a free loopback port, in a thread of this process (so tests can gate handlers)."""
     pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
-    from idem_dialects.http.bench import uvicorn_server as serve_uvicorn
+    from idem_dialects.cli.bench.http import uvicorn_server as serve_uvicorn
 
     return serve_uvicorn(app)
 

@@ -1,20 +1,40 @@
-"""The HTTP bench runs end to end (a real uvicorn server, httpx) and its exactly-once check passes; no timings."""
+"""`idem-dialects bench --api http` runs end to end (a real uvicorn server, keep-alive connections) and its
+exactly-once check passes; no timings."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
 pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not installed")
 
+from idem_dialects.cli import main
+
 
 def test_http_bench_on_sqlite_checks_exactly_once(capsys: pytest.CaptureFixture[str]) -> None:
-    from idem_dialects.http.bench import main
-
-    assert main(["--engine", "sqlite", "--requests", "40", "--concurrency", "4"]) == 0
+    argv = ["bench", "--api", "http", "--engine", "sqlite", "--requests", "40", "--concurrency", "4", "--quiet"]
+    assert main([*argv, "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| sqlite |")]
     assert [row.split("|")[2:4] for row in rows] == [
         [" throughput ", " bare "], [" throughput ", " middleware (atomic) "],
         [" latency ", " bare "], [" latency ", " middleware (external call) "]]
     assert "exactly-once: balance and record count checked" in out
+
+
+def test_http_bench_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sqlite", "--api", "http", "--requests", "8", "--concurrency", "2", "--quiet",
+                 "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "idem-dialects-bench-http/1"
+    assert (report["engine"]["name"], report["engine"]["driver"]) == ("sqlite", "aiosqlite")
+    assert [p["requests"] for p in report["paths"]] == [8, 8, 20, 20]
+    # Effects: 2 x 20 warm-up debits, 8 bare, 6 distinct keys through the middleware (2 of the 8 are retries).
+    assert report["exactly_once"] == {"verified": True, "effects": 40 + 8 + 6, "records": 40 + 6 + 20}
+
+
+def test_options_of_another_api_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sqlite", "--api", "http", "--workers", "4"]) == 64
+    assert "--workers is for --api sync" in capsys.readouterr().err

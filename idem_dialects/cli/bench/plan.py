@@ -1,11 +1,9 @@
-"""The bench's plan: its configuration and, per mode and repetition, which requests each worker sends."""
+"""The sync store benchmark's plan: its configuration and, per mode and repetition, which requests each worker sends."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-
-from ..errors import IdemError
 
 OPERATION = "debit:v1"
 REQUEST = {"amount": 1}
@@ -17,10 +15,6 @@ MODES = ("bare", *IDEM_MODES, *PLPGSQL_MODES)
 ACCOUNT_BASE = {"bare": 1000, "first": 2000, "replay": 2000, "contention": 3000, "plpgsql_first": 4000,
                 "plpgsql_replay": 4000, "memory": 5000}
 MAX_WORKERS = 999
-
-
-class ExactlyOnceViolation(IdemError):
-    """The database shows a different number of effects than distinct keys: the protocol failed."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from ..dialects.mysql import resets_by_hook
+from ... import dialects
 
 
 @dataclass
@@ -73,17 +73,12 @@ def record_statements(engine: Engine) -> Iterator[StatementLog]:
 
 
 def reset_reaches_server(engine: Engine) -> bool:
-    """Whether the pool's reset of a connection returned after a request is a round trip: MySQL/MariaDB drivers send
-    ROLLBACK even with no transaction open, unless the engine's pool leaves the reset to MySQLBackend's hook (from_url's
-    engines), which skips it after the store's own COMMIT, as every request here ends (counted on the server by
-    tests/test_statement_counts.py). psycopg skips it when idle, and SQLite's is in-process."""
-    return engine.dialect.name in ("mysql", "mariadb") and not resets_by_hook(engine.pool)
+    """Whether the pool's reset of a connection returned after a request is a round trip (the backend knows: e.g.
+    MySQL/MariaDB drivers send ROLLBACK unless from_url's engine leaves the reset to the backend's hook; counted on
+    the server by tests/test_statement_counts.py). psycopg skips it when idle, and SQLite's is in-process."""
+    return dialects.load(engine.url.get_backend_name()).pool_reset_round_trip(engine.pool)
 
 
 def implicit_begin(engine: Engine) -> str | None:
     """The BEGIN a driver sends on its own (not through a cursor SQLAlchemy sees), if it sends one."""
-    if engine.dialect.driver in ("psycopg", "psycopg2"):
-        return "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
-    if engine.dialect.driver == "asyncpg":  # SQLAlchemy's adapter starts an asyncpg Transaction: BEGIN on the wire
-        return "asyncpg sends BEGIN when a transaction starts (one more round trip)"
-    return None
+    return dialects.load(engine.url.get_backend_name()).implicit_begin(engine.dialect.driver)

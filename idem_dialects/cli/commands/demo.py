@@ -1,4 +1,4 @@
-"""Seed 000's reference example: debits with key checkout-42 on an embedded SQLite database."""
+"""The reference example: debits with key checkout-42 on an embedded SQLite database, step by step."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, Table, select, update
 from sqlalchemy.engine import Connection
 
-from ..errors import RequestMismatch
-from ..store import IdempotencyStore
+from ...errors import RequestMismatch
+from ...store import IdempotencyStore
 from . import EXIT_OK
 
 

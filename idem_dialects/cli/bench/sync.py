@@ -1,4 +1,5 @@
-"""Running the bench on one store: slices on worker threads, exactly-once checked in the database after each."""
+"""The sync store benchmark: debit slices on worker threads, exactly-once checked in the database after
+each slice (the modes are described in the package docstring and BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import gc
 import io
 import pstats
 import statistics
+import sys
 import threading
 import time
 import tracemalloc
@@ -15,8 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import IdempotencyStore
-from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, ExactlyOnceViolation, Slice, Task, plan
+from sqlalchemy.engine import URL
+
+from ...dialects.base import Backend
+from ...store import IdempotencyStore
+from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, Slice, Task, plan
+from .report import engine_info, new_prefix
+from .runner import ExactlyOnceViolation, Log, pool_options, reaching
 from .statements import StatementLog, record_statements
 from .workload import Workload
 
@@ -60,7 +67,7 @@ class Bench:
         self.cfg = cfg
         self.log = log
         self.workload = Workload(store)
-        self.plpgsql = store.backend.name == "postgresql"
+        self.plpgsql = store.backend.plpgsql_baseline
         self.modes = ["bare", *IDEM_MODES, *(PLPGSQL_MODES if self.plpgsql else ())]
         self.stats = {m: ModeStats() for m in self.modes}
         self.first_keys: dict[str, dict[str, list[list[Task]]]] = {}
@@ -266,6 +273,38 @@ class Bench:
 
     def report(self, engine_info: dict[str, Any], elapsed: float) -> dict[str, Any]:
         """The JSON report (schema idem-dialects-bench/1, documented in BENCHMARKS.md)."""
-        from .report import build_report
+        from .sync_report import build_report
 
         return build_report(self, engine_info, elapsed)
+
+
+@dataclass(frozen=True)
+class SyncBenchmark:
+    """`idem-dialects bench --api sync`: IdempotencyStore.run beside the bare effect, on worker threads."""
+
+    cfg: Config
+
+    def refuse(self, backend: type[Backend]) -> str | None:
+        profile = self.cfg.profile or ""
+        if profile.startswith("plpgsql_") and not backend.plpgsql_baseline:
+            return f"--profile {profile} needs PostgreSQL (the reference debit_once is written in PL/pgSQL)"
+        return None
+
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        with reaching(url):
+            store = IdempotencyStore.from_url(url, table_prefix=new_prefix(),
+                                              **pool_options(url, max(5, self.cfg.workers + 1), 2))
+        try:
+            with reaching(url), store.engine.connect() as conn:
+                info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
+                                   conn.dialect.server_version_info)
+            log(f"{info['backend']} {info['server_version']} via {info['driver']}, tables {store.table_prefix}*")
+            bench = Bench(store, self.cfg, log)
+            started = time.perf_counter()
+            bench.run()
+            if bench.profile:
+                print(f"cProfile on {info['url']}, one slice of {self.cfg.profile} at 1 worker:\n{bench.profile}",
+                      file=sys.stderr)
+            return bench.report(info, time.perf_counter() - started)
+        finally:
+            store.engine.dispose()

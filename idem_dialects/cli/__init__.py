@@ -1,8 +1,8 @@
-"""The idem-dialects command. Each subcommand lives in idem_dialects.commands.<name>, imported only when it runs
+"""The idem-dialects command. Each subcommand lives in idem_dialects.cli.commands.<name>, imported only when it runs
 (`idem-dialects demo` never loads pytest, the engine catalogue or the benchmark).
 
 Every expected error ends in at most two lines on stderr (what failed; how to fix it) and a documented exit status
-(idem_dialects.commands), never a traceback: `main` handles the library's errors, driver and connection errors.
+(idem_dialects.cli.commands), never a traceback: `main` handles the library's errors, driver and connection errors.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from . import __version__
+from .. import __version__
 from .commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
 
 
 class Command(Protocol):
-    """What a module of idem_dialects.commands provides."""
+    """What a module of idem_dialects.cli.commands provides."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
@@ -55,7 +55,7 @@ def load(name: str) -> Command:
 
 # The registry of subcommands and their one-line help (enough for `idem-dialects --help`); `load` imports one.
 COMMANDS: dict[str, str] = {
-    "demo": "run seed 000's reference example on an embedded SQLite database, step by step",
+    "demo": "run the reference example (debits with one idempotency key) on an embedded SQLite database, step by step",
     "engines": "list every engine: available here or not, how, and what would enable it",
     "matrix": "run the conformance suite across engines and compare their behaviour",
     "check": "run the conformance suite against one database URL",
@@ -117,7 +117,7 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
     """(what failed, how to fix it, exit status) for an expected error; None for a bug, which keeps its traceback."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from .errors import (
+    from ..errors import (
         CannotConnect,
         ConfigurationError,
         ConnectionConfigError,

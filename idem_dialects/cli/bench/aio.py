@@ -16,11 +16,8 @@ Exactly-once is checked in the database at the end: the debits equal the distinc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,22 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, update
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import dialects
-from .aio import AsyncIdempotencyStore
-from .benchmark.statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
-from .errors import IdemError
-from .store import IdempotencyStore
-from .url import async_drivers, target
+from ...aio import AsyncIdempotencyStore
+from ...dialects.base import Backend
+from ...store import IdempotencyStore
+from ...url import async_drivers, target
+from .report import engine_info, machine_info, new_prefix, percentiles
+from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
+from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
 
 SCHEMA = "idem-dialects-bench-async/1"
 INITIAL = 10**15
-
-
-class ExactlyOnceViolation(IdemError):
-    """The database holds more (or fewer) debits than distinct keys were sent."""
 
 
 @dataclass
@@ -58,11 +52,7 @@ class ModeResult:
     extra_round_trips: int = 0  # per statement: the driver's own BEGIN; per reset: a ROLLBACK sent to the server
 
     def as_dict(self) -> dict[str, Any]:
-        lat = sorted(self.latencies)
-
-        def pct(p: float) -> float:
-            return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else 0.0
-
+        lat = self.latencies
         n, log = max(1, self.requests), self.statements
         return {"requests": self.requests, "wall_s": round(self.wall_s, 4),
                 # This process's CPU (all threads) per request; with concurrent tasks the counts are averages.
@@ -71,8 +61,7 @@ class ModeResult:
                 "round_trips_per_request": None if log is None else round(
                     (len(log.statements) + log.commits + self.extra_round_trips) / n, 2),
                 "throughput_per_s": round(self.requests / self.wall_s, 1) if self.wall_s else None,
-                "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99),
-                               "mean": round(statistics.fmean(lat) * 1000, 3) if lat else 0.0},
+                "latency_ms": {**percentiles(lat), "mean": round(statistics.fmean(lat) * 1000, 3) if lat else 0.0},
                 "heartbeat_worst_lag_ms": round(self.worst_lag_ms, 2), "replayed": self.replayed}
 
 
@@ -246,7 +235,7 @@ class AsyncBench:
             figure[name] = {"wall_s": round(r.wall_s, 3), "x_effect_time": round(r.wall_s / self.sleep, 2),
                             "heartbeat_worst_lag_ms": round(r.worst_lag_ms, 1)}
         fig = figure["sleep_async"]
-        return {"schema": SCHEMA, "engine": info, "elapsed_s": round(elapsed, 2),
+        return {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
                 "config": {"concurrency": self.concurrency, "requests": self.requests, "sleep_s": self.sleep},
                 "modes": modes, "sleep_figure": figure,
                 "targets": [{"target": f"{self.concurrency} concurrent {self.sleep * 1000:.0f} ms requests < 2x the"
@@ -257,8 +246,8 @@ class AsyncBench:
                 "exactly_once": {"distinct_keys": len(self.keys_sent)}}
 
     def against_sync(self, modes: dict[str, Any]) -> list[dict[str, Any]]:
-        """Issue 18: with as many tasks as the sync store has threads, async replays at least as fast, first-time
-        requests faster (throughput ratio async / sync)."""
+        """With as many tasks as the sync store has threads, async replays at least as fast, first-time requests
+        faster (throughput ratio async / sync)."""
         n = self.concurrency
 
         def ratio(mode: str) -> float:
@@ -270,63 +259,64 @@ class AsyncBench:
                  "met": ratio("first") > 1, "value": ratio("first")}]
 
 
-def render(report: dict[str, Any]) -> str:
-    e, c = report["engine"], report["config"]
-    lines = [f"idem-dialects bench --api async -- {e['backend']} {e['server_version']} via {e['driver']}"
-             f" (sync comparison via {e['sync_driver']}), {e['url']}",
-             f"{c['concurrency']} concurrent tasks, {c['requests']} requests per mode", "",
-             f"{'mode':<22} {'req/s':>9} {'x bare':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'lag ms':>7}"
-             f" {'replayed':>8} {'cpu ms':>7} {'trips':>6}"]
-    for name, m in report["modes"].items():
-        if name.startswith("sleep_"):
-            continue
-        lat = m["latency_ms"]
-        lines.append(f"{name:<22} {m['throughput_per_s']:>9,.0f} {m['ratio_to_bare']:>7.2f} {lat['p50']:>8.2f}"
-                     f" {lat['p95']:>8.2f} {lat['p99']:>8.2f} {m['heartbeat_worst_lag_ms']:>7.1f} {m['replayed']:>8}"
-                     f" {m['cpu_ms_per_request']:>7.3f} {m['round_trips_per_request']:>6.2f}")
-    lines += ["", f"{c['concurrency']} requests at once, effect awaits {c['sleep_s'] * 1000:.0f} ms:"]
-    for name, f in report["sleep_figure"].items():
-        lines.append(f"  {name:<22} wall {f['wall_s']:.3f} s = {f['x_effect_time']:.2f}x the effect time,"
-                     f" heartbeat worst lag {f['heartbeat_worst_lag_ms']:.1f} ms")
-    lines.append("cpu ms = this process's CPU per request; trips = round trips per request (averages)")
-    lines.append("targets:")
-    for t in report["targets"]:
-        lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']}")
-    lines.append(f"exactly-once: verified in the database ({report['exactly_once']['distinct_keys']} distinct keys)")
-    lines.append(f"elapsed {report['elapsed_s']} s")
-    return "\n".join(lines)
-
-
-def urls_for(url: URL, driver: str | None) -> tuple[URL, URL]:
-    """(async URL, sync URL) of one database, whichever kind `url` names."""
-    backend = dialects.load(url.get_backend_name())
-    if target(url).asyncio_only:  # the sync comparison runs on the engine's default sync driver
-        return url, backend.resolve_url(url.set(drivername=backend.name))
-    chosen = driver or next(iter(async_drivers(backend)), None)
+def async_url(url: URL, driver: str | None) -> URL:
+    """The URL of the same database through an async driver: `url` itself if its driver is asyncio-only, else
+    `driver` or the first async driver the backend declares that is installed here."""
+    with reaching(url):
+        resolved = target(url)
+    if resolved.asyncio_only:
+        return resolved.url
+    chosen = driver or next(iter(async_drivers(resolved.backend)), None)
     if chosen is None:
-        raise ValueError(f"no async driver for {backend.name} is installed (pip install 'idem-dialects[async]')")
-    return url.set(drivername=f"{backend.name}+{chosen}"), url
+        raise CannotMeasure(f"no async driver for {resolved.backend.name} is installed"
+                            " (pip install 'idem-dialects[async]')")
+    return resolved.url.set(drivername=f"{resolved.backend.name}+{chosen}")
 
 
-def run(args: argparse.Namespace, url: URL, log: Callable[[str], None]) -> int:
-    """Entry point from commands/bench.py once the database is provided; returns the exit status."""
-    from .benchmark import engine_info, new_prefix
+def sync_url(url: URL) -> URL:
+    """The URL of the same database through the backend's default sync driver, if `url` names an asyncio-only one."""
+    with reaching(url):
+        resolved = target(url)
+    backend = resolved.backend
+    return backend.resolve_url(url.set(drivername=backend.name)) if resolved.asyncio_only else resolved.url
 
-    try:
-        async_url, sync_url = urls_for(make_url(url), args.driver)
-    except ValueError as exc:
-        print(f"idem-dialects bench: {exc}", file=sys.stderr)
-        return 2
-    n = args.concurrency
-    sync_store = IdempotencyStore.from_url(sync_url, table_prefix=new_prefix(), pool_size=n + 2, max_overflow=n)
-    info = engine_info(sync_store)
-    info.update(sync_driver=info["driver"], driver=async_url.get_driver_name(),
-                url=async_url.render_as_string(hide_password=True))
 
-    async def main() -> dict[str, Any]:
-        async with AsyncIdempotencyStore.from_url(async_url, table_prefix=sync_store.table_prefix,
-                                                  pool_size=n + 2, max_overflow=n) as store:
-            bench = AsyncBench(store, sync_store, n, args.requests, args.sleep, log)
+@dataclass(frozen=True)
+class AsyncBenchmark:
+    """`idem-dialects bench --api async`: AsyncIdempotencyStore beside the bare async effect and the sync store."""
+
+    concurrency: int = 20
+    requests: int = 1000
+    sleep: float = 0.2
+    driver: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.requests < 1 or self.sleep <= 0:
+            raise ValueError("--concurrency and --requests must be at least 1, --sleep above 0")
+
+    def refuse(self, backend: type[Backend]) -> str | None:
+        return None
+
+    def measure(self, url: URL, log: Log) -> dict[str, Any]:
+        n = self.concurrency
+        aurl, surl = async_url(url, self.driver), sync_url(url)
+        with reaching(url):
+            sync_store = IdempotencyStore.from_url(surl, table_prefix=new_prefix(), **pool_options(surl, n + 2, n))
+        try:
+            with reaching(url), sync_store.engine.connect() as conn:
+                info = engine_info(sync_store.engine.url, sync_store.engine.dialect, sync_store.backend.name,
+                                   conn.dialect.server_version_info)
+            info.update(sync_driver=info["driver"], driver=aurl.get_driver_name(),
+                        url=aurl.render_as_string(hide_password=True))
+            return asyncio.run(self._measure(aurl, sync_store, info, log))
+        finally:
+            sync_store.close()
+
+    async def _measure(self, url: URL, sync_store: IdempotencyStore, info: dict[str, Any], log: Log) -> dict[str, Any]:
+        n = self.concurrency
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=sync_store.table_prefix,
+                                                  **pool_options(url, n + 2, n)) as store:
+            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log)
             await bench.setup()
             started = time.perf_counter()
             try:
@@ -334,14 +324,3 @@ def run(args: argparse.Namespace, url: URL, log: Callable[[str], None]) -> int:
             finally:
                 await bench.teardown()
             return bench.report(info, time.perf_counter() - started)
-
-    try:
-        report = asyncio.run(main())
-    except ExactlyOnceViolation as exc:
-        print(f"EXACTLY-ONCE VIOLATED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        sync_store.close()
-    print(json.dumps(report, indent=2) if args.format == "json" else render(report))
-    return 0
-

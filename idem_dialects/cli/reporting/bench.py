@@ -1,11 +1,15 @@
-"""Bench reports (idem-dialects-bench/1 for one engine, -set/1 for several) as text or markdown tables."""
+"""Bench reports as text or markdown tables: the sync store's (idem-dialects-bench/1) one engine alone or several
+side by side, the async store's and the HTTP middleware's (bench_apis) each in turn; -set/1 holds several engines'."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .bench_apis import render_async, render_http
 from .text import WIDTH, heading, table, wrap
+
+SYNC = "idem-dialects-bench/1"
 
 MODE_TITLES = {
     "bare": "bare effect (no idempotency)",
@@ -28,10 +32,15 @@ def engine_label(run: Mapping[str, Any]) -> str:
 
 
 def render_bench(report: Mapping[str, Any], fmt: str = "table") -> str:
-    items = runs(report)
-    if len(items) == 1 and fmt == "table" and not report.get("skipped"):
+    items, markdown = runs(report), fmt == "markdown"
+    skipped: Mapping[str, str] = report.get("skipped") or {}
+    if any(run["schema"] != SYNC for run in items):  # the async store's and HTTP reports: one after another
+        text = "\n".join((render_async if run["schema"].endswith("-async/1") else render_http)(run, markdown)
+                         for run in items)
+        return text + (f"\nnot available here: {', '.join(skipped)}\n" if skipped else "")
+    if len(items) == 1 and fmt == "table" and not skipped:
         return render_one(items[0]) + "\n"
-    return render_side_by_side(items, report.get("skipped") or {}, markdown=fmt == "markdown")
+    return render_side_by_side(items, skipped, markdown=markdown)
 
 
 def _modes(items: Sequence[Mapping[str, Any]]) -> list[str]:

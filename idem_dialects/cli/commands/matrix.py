@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..conformance.results import FAILED, Collector, build_report, run_suite
-from ..engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision
+from ...conformance.results import FAILED, Collector, build_report, run_suite
+from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision
 from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -75,15 +75,16 @@ def run(args: argparse.Namespace) -> int:
 
 def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Sequence[str], fmt: str = "table",
                select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync",
-               html: str | None = None, show_skipped: bool = False) -> int:
-    """Provision `names`, run the suite on those available, print the report; the exit status as documented."""
+               html: str | None = None, show_skipped: bool = False, versions: Mapping[str, str] = {}) -> int:
+    """Provision `names`, run the suite on those available, print the report; the exit status as documented.
+    `versions`: what answered at URLs the caller already connected to (not probed again)."""
     stream = None if quiet else sys.stderr
     statuses: dict[str, EngineStatus] = {}
     try:
         for name in names:
             if stream:
                 print(f"provisioning {name} ...", file=stream, flush=True)
-            status = statuses[name] = provision(name, urls, name in required)
+            status = statuses[name] = provision(name, urls, name in required, versions.get(name))
             if stream:
                 state = f"available: {status.server.how} ({status.server_version})" if status.server else \
                     f"unavailable: {status.reason}"
@@ -146,8 +147,8 @@ class ColumnStatus(EngineStatus):
 
 def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, EngineStatus]:
     """The matrix's columns: each engine for the sync store, each engine x installed async driver for the async."""
-    from .. import dialects
-    from ..url import async_drivers
+    from ... import dialects
+    from ...url import async_drivers
 
     columns: dict[str, EngineStatus] = {}
     for name, status in statuses.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..store import IdempotencyStore
+from ...store import IdempotencyStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

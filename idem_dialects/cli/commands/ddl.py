@@ -11,8 +11,8 @@ import argparse
 
 from sqlalchemy.schema import ExecutableDDLElement
 
-from ..schema import build_tables, check_prefix
-from ..url import offline
+from ...schema import build_tables, check_prefix
+from ...url import offline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The seed 000 debit workload on one store, with and without idempotency, and the PL/pgSQL reference."""
+"""The debit workload on one store, with and without idempotency, and the PL/pgSQL reference."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from collections.abc import Sequence
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, text
 from sqlalchemy.engine import Connection
 
-from ..retry import call_with_retry
-from ..store import IdempotencyStore
-from .plan import INITIAL_BALANCE, OPERATION, REQUEST, ExactlyOnceViolation
+from ...retry import call_with_retry
+from ...store import IdempotencyStore
+from .plan import INITIAL_BALANCE, OPERATION, REQUEST
+from .runner import ExactlyOnceViolation
 
 
 class Workload:
-    """The seed 000 debit workload on one store: an account table, debits of 1, optional PL/pgSQL reference."""
+    """The debit workload on one store: an account table, debits of 1, optional PL/pgSQL reference."""
 
     def __init__(self, store: IdempotencyStore) -> None:
         self.store = store
@@ -117,7 +118,7 @@ class Workload:
 
 
 def plpgsql_ddl(schema: str) -> list[str]:
-    """Seed 000's tables and debit_once, verbatim but for the schema qualification."""
+    """The reference schema and its debit_once function (the same debit as one PL/pgSQL call), schema-qualified."""
     return [
         f"CREATE SCHEMA {schema}",
         f"""CREATE TABLE {schema}.account (

@@ -7,7 +7,7 @@ import re
 import sys
 from datetime import timedelta
 
-from ..store import IdempotencyStore
+from ...store import IdempotencyStore
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(?:(\d+)([smhdw]))+")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..store import IdempotencyStore
-from ..url import target
+from ...engines import version_text
+from ...store import IdempotencyStore
 from .matrix import add_output_arguments, run_matrix
 
 
@@ -17,11 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = target(args.url).url  # as from_url resolves it; a configuration error is reported by the CLI's handler
-    # Connect once first, as the store does: a wrong password or an unreachable server is two lines from the CLI's
-    # handler (ConnectionConfigError / CannotConnect), before any progress output.
-    with IdempotencyStore.from_url(url) as store, store.backend.connect(store.engine):
-        pass
+    # Connect once first, as the store does: a bad URL, a missing driver, a wrong password or an unreachable server
+    # is two lines from the CLI's handler, before any progress output. This connection is also the suite's probe of
+    # the URL (the engine's one answer), so the only engines built after it are those the checks build.
+    with IdempotencyStore.from_url(args.url) as store, store.backend.connect(store.engine) as conn:
+        url, version = store.engine.url, version_text(conn.dialect)
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet, html=args.html,
-                      show_skipped=args.show_skipped)
+                      show_skipped=args.show_skipped, versions={args.name: version})

@@ -1,0 +1,75 @@
+"""What the protocol costs: one debit workload (an account table, debits of one unit), with and without idempotency,
+side by side, through each API — the sync store, the async store, the HTTP middleware.
+
+One runner (`runner.run`) provides the databases, runs one API's `Benchmark` on each in turn and returns one report;
+`benchmark(api, ...)` builds the Benchmark of an API (its module imported only then). A new API (a message
+consumer, say) is one module with a class that has `refuse` and `measure`, and one branch below.
+
+The sync store's modes (each a slice of `requests` requests, interleaved per repetition so drift hits them all alike):
+
+- ``bare``: the effect alone -- one transaction (begun by `store.transaction()`, the store's own transaction start,
+  e.g. BEGIN IMMEDIATE on SQLite) running ``UPDATE account SET balance = balance - 1`` and ``SELECT balance``,
+  re-run on retryable errors by the store's own bounded retry;
+- ``first``: first-time requests through `IdempotencyStore.run` with the same effect;
+- ``replay``: the keys `first` just completed, sent again (the effect must not run);
+- ``contention``: the workers send overlapping keys (a share `duplicates` of the slice repeats a key another worker
+  sends at the same moment);
+- ``plpgsql_first`` / ``plpgsql_replay`` (where the backend runs PL/pgSQL): the same debit hand-written as one
+  ``debit_once`` function, one statement per request, created in a scratch schema -- the one-round-trip reference.
+
+Exactly-once is checked in the database (after every slice for the sync store, at the end for the others): each
+account's debits equal the distinct keys sent to it, and there are exactly that many completed records. A mismatch
+raises `ExactlyOnceViolation`.
+
+Modules: `runner` (the one runner), `report` (what every report shares), `statements` (counting round trips);
+the sync store: `plan` (which requests each worker sends), `workload` (the debit on one store), `sync` (threads,
+checks, profile, memory), `sync_report`; the async store: `aio`; the HTTP middleware: `http`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .plan import IDEM_MODES, MODES, PLPGSQL_MODES, Config, Slice, plan
+from .report import SET_SCHEMA, combine, engine_info, machine_info, new_prefix, percentiles
+from .runner import (
+    BenchFailed,
+    Benchmark,
+    CannotMeasure,
+    ExactlyOnceViolation,
+    Unavailable,
+    UsageError,
+    run,
+    targets,
+)
+from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
+from .sync import Bench, SyncBenchmark
+from .sync_report import RATIO_TARGETS, SCHEMA
+from .workload import Workload, plpgsql_ddl
+
+APIS = ("sync", "async", "http")
+
+
+def benchmark(api: str, **options: Any) -> Benchmark:
+    """The benchmark of `api` with its options (ValueError for a bad value). Only the chosen API's module is
+    imported: the async one needs greenlet and an async driver, the HTTP one uvicorn and Starlette."""
+    if api == "sync":
+        return SyncBenchmark(Config(**options))
+    if api == "async":
+        from .aio import AsyncBenchmark
+
+        return AsyncBenchmark(**options)
+    if api == "http":
+        from .http import HttpBenchmark
+
+        return HttpBenchmark(**options)
+    raise ValueError(f"unknown API {api!r}; known: {', '.join(APIS)}")
+
+
+__all__ = [
+    "APIS", "IDEM_MODES", "MODES", "PLPGSQL_MODES", "RATIO_TARGETS", "SCHEMA", "SET_SCHEMA", "Bench", "BenchFailed",
+    "Benchmark", "CannotMeasure", "Config", "ExactlyOnceViolation", "Slice", "StatementLog", "SyncBenchmark",
+    "Unavailable", "UsageError", "Workload", "benchmark", "combine", "engine_info", "implicit_begin", "machine_info",
+    "new_prefix", "percentiles", "plan", "plpgsql_ddl", "record_statements", "reset_reaches_server", "run",
+    "statement_kind", "targets",
+]

@@ -1,0 +1,123 @@
+"""Measure what the protocol costs: a debit workload beside the bare effect, through the sync store, the async store
+or the HTTP middleware (--api), on one or several databases.
+
+The work is in idem_dialects.cli.bench (one runner for every API); this module parses arguments, maps outcomes to
+exit statuses and writes the report. Exit status (as every subcommand's, idem_dialects.cli.commands): 0 measured
+(targets are reported, not enforced), 1 exactly-once violated (or a request failed), 2 an engine is unavailable or
+a database does not answer, 64 bad arguments (usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..bench import APIS
+from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+
+MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
+FORMATS = ("table", "markdown", "json")
+# Each option of a run, the APIs that use it (given for another API, it is a usage error), its metavar and help.
+# Defaults belong to each API's benchmark (stated once there; the help repeats them).
+OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
+    "workers": (("sync",), int, "N", "concurrent workers, one thread and one connection each (default 1)"),
+    "requests": (APIS, int, "M", "requests per mode (sync: per repetition; default 1000; http: 400)"),
+    "duplicates": (("sync",), float, "RATIO", "share of the contention slice that repeats a key another worker sends"
+                                              " at the same moment, in [0, 1) (default 0.5)"),
+    "repetitions": (("sync",), int, "R", "interleaved repetitions of every mode; the report takes medians"
+                                         " (default 5)"),
+    "warmup": (("sync",), int, "W", "unmeasured requests per mode before the first repetition (default 100)"),
+    "memory_check": (("sync",), int, "N", "finally run N requests (first-time and replay in turn) under tracemalloc"
+                                          " and report memory growth per 10k requests (e.g. 100000; default off)"),
+    "concurrency": (("async", "http"), int, "N", "concurrent tasks (async; default 20) or connections for the"
+                                                 " throughput workload (http; default 8)"),
+    "sleep": (("async",), float, "S", "what the sleep figure's effect awaits, in seconds (default 0.2)"),
+    "driver": (("async", "http"), str, "NAME", "the async driver (default: the first installed the backend"
+                                                " declares)"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", nargs="?",
+                        help="SQLAlchemy URL, or an engine name from `idem-dialects engines` (sqlite, postgresql-18,"
+                             " postgresql, mariadb, ...) to provision it the way the conformance suite does")
+    parser.add_argument("--engine", action="append", metavar="NAME", default=[],
+                        help="engine to measure (repeatable; 'all' = every engine available here; a family such as"
+                             " 'mssql' means every mssql-*); several engines run one after another, one report")
+    parser.add_argument("--api", choices=APIS, default="sync",
+                        help="what to measure: sync = IdempotencyStore.run beside the bare effect on worker threads"
+                             " (default); async = AsyncIdempotencyStore beside the bare async effect and the sync"
+                             " store, with the event-loop lag of a 10 ms heartbeat; http = the ASGI middleware on a"
+                             " real uvicorn server beside the bare endpoint (the [http] and [async] extras)")
+    for name, (apis, kind, metavar, text) in OPTIONS.items():
+        scope = "" if apis == APIS else f"--api {'/'.join(apis)}: "
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar, help=scope + text)
+    parser.add_argument("--profile", choices=MODES,
+                        help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
+                             " functions to stderr (plpgsql_* on PostgreSQL only)")
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/1, or"
+                             " -set/1 for several engines; see BENCHMARKS.md) for tools")
+    parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
+    parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given for the chosen API; one given for another API is a usage error."""
+    from ..bench import UsageError
+
+    given = {name: getattr(args, name) for name in [*OPTIONS, "profile"] if getattr(args, name) is not None}
+    uses = {name: apis for name, (apis, *_) in OPTIONS.items()} | {"profile": ("sync",)}
+    wrong = [name for name in given if args.api not in uses[name]]
+    if wrong:
+        raise UsageError("; ".join(f"--{n.replace('_', '-')} is for --api {' or '.join(uses[n])}" for n in wrong))
+    return given
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import bench
+
+    def log(line: str) -> None:
+        if not args.quiet:
+            print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    prog = "idem-dialects bench"
+    try:
+        measure = bench.benchmark(args.api, **options(args))
+        names, lenient = bench.targets(args.url, args.engine)
+        report = bench.run(names, measure, lenient=lenient, log=log)
+    except (ValueError, bench.UsageError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except bench.Unavailable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"  to provide it: {exc.hint}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except bench.CannotMeasure as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except bench.ExactlyOnceViolation as exc:
+        print(f"\n{'!' * 78}\nEXACTLY-ONCE VIOLATED on {exc}\n{'!' * 78}", file=sys.stderr)
+        return EXIT_FAILED
+    except bench.BenchFailed as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return emit(args, report)
+
+
+def emit(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    from ..reporting import render, render_html
+
+    text = render(report, args.format)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if args.html:
+        Path(args.html).write_text(render_html([report]), encoding="utf-8")
+    return EXIT_OK

