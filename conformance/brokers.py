@@ -16,13 +16,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
-from sqlalchemy.engine import URL
 
-from idem_dialects import dialects
-from idem_dialects.url import async_drivers, parse
+from idem_dialects.url import async_url, parse
 
 ACK_WAIT = 2.0  # seconds before a broker redelivers what a killed consumer held (NATS ack wait, Redis claim idle)
 BATCH = 20  # messages a worker holds at once (RabbitMQ prefetch, NATS fetch, Redis read count)
@@ -32,15 +31,6 @@ def applied_table(prefix: str, metadata: MetaData | None = None) -> Table:
     """One row per handler run that committed; no unique key, so a second run of a message would show."""
     return Table(f"{prefix}applied", metadata or MetaData(), Column("message_id", String(64), nullable=False),
                  Column("worker", Integer, nullable=False))
-
-
-def async_url(url: URL) -> URL:
-    """The URL of the same database on the backend's first installed async driver."""
-    backend = dialects.load(url.get_backend_name())
-    drivers = async_drivers(backend)
-    if not drivers:
-        raise RuntimeError(f"no async driver for {backend.name} is installed (pip install 'idem-dialects[async]')")
-    return url.set(drivername=f"{url.get_backend_name()}+{drivers[0]}")
 
 
 @dataclass
@@ -86,6 +76,7 @@ class Worker:
     prefix: str
     number: int
     journal: str
+    ready: str  # a file the worker creates once it is consuming
     kill: Kill | None = None
 
 
@@ -199,6 +190,7 @@ def _rabbitmq_worker(worker: Worker, stop: threading.Event) -> None:
         await channel.set_qos(prefetch_count=BATCH)
         queue = await channel.declare_queue(worker.name, passive=True)
         tag = await queue.consume(on_message)
+        Path(worker.ready).touch()
         while not stop.is_set():
             await asyncio.sleep(0.1)
         await queue.cancel(tag)  # a clean stop: no new deliveries, the ones in hand settled before closing
@@ -284,10 +276,11 @@ def _nats_worker(worker: Worker, stop: threading.Event) -> None:
                                       retry_delay=0.2, jetstream=js, dead_letter_subject=f"{worker.name}.dead")
         consumer.counts = Journal(worker.journal)
         sub = await js.pull_subscribe_bind("proof", stream=worker.name)
+        Path(worker.ready).touch()
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(BATCH, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except (TimeoutError, nats.errors.TimeoutError):  # nats-py raises either when nothing came
                 continue
             await asyncio.gather(*(consumer(msg) for msg in msgs))
         await nc.close()
@@ -350,6 +343,7 @@ def _redis_worker(worker: Worker, stop: threading.Event) -> None:
                               subscriber="proof", message_id=field("id"), claim_idle=ACK_WAIT, batch=BATCH,
                               block=0.2, dead_letter_stream=_dlq(worker.name))
     consumer.counts = Journal(worker.journal)
+    Path(worker.ready).touch()
     consumer.run(stop)
     client.close()
     store.close()

@@ -4,7 +4,9 @@ distinct message id applied exactly once, none lost, none twice, nothing left on
 
 Kills land at random points of three kinds: ``mid-handler`` (the effect written, not committed), ``after-commit``
 (committed, not acknowledged: the broker delivers it again) and ``anywhere`` (a SIGKILL from outside at a random
-moment: fetching, handling, acknowledging or starting up). A killed worker is started again at once.
+moment: fetching, handling, acknowledging). The messages are published in one chunk per kill, each once the worker
+that carries the next kill is consuming, so every kill falls while messages are in hand; a killed worker is started
+again at once.
 """
 
 from __future__ import annotations
@@ -73,25 +75,26 @@ def messages(total: int, duplicate_share: float, rng: random.Random) -> tuple[li
     return [(mid, json.dumps({"id": mid, "amount": int(mid[2:]) % 97 + 1}).encode()) for mid in chosen], distinct
 
 
-def kill_plan(kills: int, total: int, workers: int, rng: random.Random) -> list[Kill | float]:
-    """Each planned kill: a `Kill` at a point of the handler/ack path, or a delay (seconds after the worker
-    started) for a SIGKILL from outside. Message positions are kept early enough that every kill happens."""
-    reach = max(2, total // (workers * (kills + 1)))
-    plan: list[Kill | float] = []
-    for _ in range(kills):
-        point = rng.choice(KILL_POINTS)
-        plan.append(rng.uniform(1.5, 4.0) if point == "anywhere" else Kill(point, rng.randint(1, reach)))
-    return plan
+def kill_plan(kills: int, rng: random.Random) -> list[Kill | float]:
+    """Each planned kill: a `Kill` at a point of the handler/ack path within the first few messages its worker
+    handles, or a delay (seconds after its worker is ready) for a SIGKILL from outside. Every kind of point is there
+    when there are that many kills, the others drawn at random, in random order."""
+    points = list(KILL_POINTS[:kills]) + [rng.choice(KILL_POINTS) for _ in range(kills - len(KILL_POINTS))]
+    rng.shuffle(points)
+    return [rng.uniform(0.05, 0.5) if point == "anywhere" else Kill(point, rng.randint(1, 5)) for point in points]
 
 
 class _Slot:
-    """One worker position: its current process, the kill it carries, when it started."""
+    """One worker position: its current process, the kill it carries, and the file it creates once consuming."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, directory: Path) -> None:
         self.number = number
         self.proc: subprocess.Popen[bytes] | None = None
         self.kill: Kill | float | None = None
-        self.started = 0.0
+        self.ready = directory / f"ready-{number}"
+
+    def is_ready(self) -> bool:
+        return self.ready.exists()
 
 
 class Proof:
@@ -126,15 +129,13 @@ class Proof:
 
     def _run(self, store: IdempotencyStore) -> ProofResult:
         batch, distinct = messages(self.total, self.duplicate_share, self.rng)
-        plan = kill_plan(self.kills, self.total, self.workers, self.rng)
+        plan = kill_plan(self.kills, self.rng)
         result = ProofResult(self.broker, self.engine, len(batch), distinct, [])
         started = time.monotonic()
-        self.ops["publish"](self.broker_url, self.name, batch)
-        self.log(f"published {len(batch)} messages ({distinct} distinct) in {time.monotonic() - started:.1f}s")
-        slots = [_Slot(n) for n in range(self.workers)]
+        slots = [_Slot(n, self.directory) for n in range(self.workers)]
         deadline = started + self.timeout
         try:
-            self._consume_with_kills(store, slots, plan, distinct, result, deadline)
+            self._consume_with_kills(store, slots, batch, plan, result, deadline)
             for slot in slots:
                 self._stop(slot)
             self._drain(store, distinct, deadline)
@@ -147,30 +148,61 @@ class Proof:
         self._count(store, result)
         return result
 
-    def _consume_with_kills(self, store: IdempotencyStore, slots: list[_Slot], plan: list[Kill | float],
-                            distinct: int, result: ProofResult, deadline: float) -> None:
+    def _consume_with_kills(self, store: IdempotencyStore, slots: list[_Slot], batch: list[tuple[str, bytes]],
+                            plan: list[Kill | float], result: ProofResult, deadline: float) -> None:
+        """Publish the messages in one chunk per kill (and a last one), each once the worker that carries the next
+        kill is consuming, so that every kill falls while there are messages in hand. A planned kill whose worker
+        got no message before its chunk was consumed becomes a SIGKILL from outside (counted as 'anywhere')."""
+        chunks = [batch[i::len(plan) + 1] for i in range(len(plan) + 1)]
         for slot in slots:
-            self._start(slot, plan.pop(0) if plan else None)
-        while True:
-            for slot in slots:
-                assert slot.proc is not None
-                if isinstance(slot.kill, float) and time.monotonic() - slot.started > slot.kill:
+            self._start(slot, None)
+        published: set[str] = set()
+        for n, chunk in enumerate(chunks):
+            carrier = slots[n % len(slots)]
+            if n < len(plan):
+                self._restart(carrier, plan[n], deadline)
+            self._wait(lambda: all(s.is_ready() for s in slots), deadline, "the workers to start consuming")
+            self.ops["publish"](self.broker_url, self.name, chunk)
+            published.update(mid for mid, _ in chunk)
+            if n < len(plan):
+                point = self._await_kill(store, carrier, len(published), deadline)
+                result.kills.append(point)
+                self.log(f"worker {carrier.number} killed ({point}); {self._applied(store)} applied so far")
+                self._start(carrier, None)
+        self._wait(lambda: self._applied(store) >= result.distinct, deadline, "every message applied")
+
+    def _restart(self, slot: _Slot, kill: Kill | float, deadline: float) -> None:
+        """Replace `slot`'s worker (stopped cleanly) by one carrying `kill`."""
+        self._stop(slot)
+        self._start(slot, kill)
+
+    def _await_kill(self, store: IdempotencyStore, slot: _Slot, published: int, deadline: float) -> str:
+        """Wait for `slot`'s planned kill (`published`: distinct ids published so far); the point it died at."""
+        assert slot.proc is not None
+        ready_at = time.monotonic()
+        idle_since: float | None = None
+        while slot.proc.poll() is None:
+            now = time.monotonic()
+            if isinstance(slot.kill, float) and now - ready_at > slot.kill:
+                slot.proc.send_signal(signal.SIGKILL)
+            elif self._applied(store) >= published:
+                idle_since = idle_since or now
+                if now - idle_since > 2.0:  # its chunk is done and it never got to its point: kill it from outside
+                    slot.kill = None
                     slot.proc.send_signal(signal.SIGKILL)
-                    slot.proc.wait()
-                if slot.proc.poll() is not None:
-                    if slot.proc.returncode != -signal.SIGKILL:
-                        raise RuntimeError(f"worker {slot.number} exited with {slot.proc.returncode}:"
-                                           f" {self._log_of(slot)}")
-                    point = slot.kill.point if isinstance(slot.kill, Kill) else "anywhere"
-                    result.kills.append(point)
-                    self.log(f"worker {slot.number} killed ({point}); {self._applied(store)} of {distinct} applied")
-                    self._start(slot, plan.pop(0) if plan else None)
-            if not plan and all(s.kill is None for s in slots) and self._applied(store) >= distinct:
-                return
+            if now > deadline:
+                raise TimeoutError(f"worker {slot.number} was not killed as planned within {self.timeout:.0f}s")
+            time.sleep(0.05)
+        slot.proc.wait()
+        if slot.proc.returncode != -signal.SIGKILL:
+            raise RuntimeError(f"worker {slot.number} exited with {slot.proc.returncode}: {self._log_of(slot)}")
+        return slot.kill.point if isinstance(slot.kill, Kill) else "anywhere"
+
+    def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
+        while not ready():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self._applied(store)} of {distinct} applied, {len(plan)} kills pending"
-                                   f" after {self.timeout:.0f}s")
-            time.sleep(0.1)
+                raise TimeoutError(f"waiting for {what} took over {self.timeout:.0f}s")
+            time.sleep(0.05)
 
     def _drain(self, store: IdempotencyStore, distinct: int, deadline: float) -> None:
         """With every worker stopped cleanly, what is left on the broker (messages returned unacknowledged) is
@@ -180,16 +212,17 @@ class Proof:
             if not left:
                 return
             self.log(f"{left} left on the broker after a clean stop: draining them")
-            slot = _Slot(self.workers)
+            slot = _Slot(self.workers, self.directory)
             self._start(slot, None)
             while self.ops["left"](self.broker_url, self.name)[0] and time.monotonic() < deadline:
                 time.sleep(0.2)
             self._stop(slot)
 
     def _start(self, slot: _Slot, kill: Kill | float | None) -> None:
-        slot.kill, slot.started = kill, time.monotonic()
+        slot.kill = kill
+        slot.ready.unlink(missing_ok=True)
         worker = Worker(self.broker, self.broker_url, self.name, self.db_url.render_as_string(hide_password=False),
-                        self.prefix, slot.number, str(self.directory / f"journal-{slot.number}"),
+                        self.prefix, slot.number, str(self.directory / f"journal-{slot.number}"), str(slot.ready),
                         kill if isinstance(kill, Kill) else None)
         spec = asdict(worker)
         with open(self.directory / f"worker-{slot.number}.log", "ab") as out:
@@ -198,8 +231,11 @@ class Proof:
                                          stdin=subprocess.DEVNULL)
 
     def _stop(self, slot: _Slot) -> None:
+        """SIGTERM: a consuming worker settles what it holds and exits 0; one still starting up (before its
+        handler is installed) simply ends, holding nothing."""
         if slot.proc is None or slot.proc.poll() is not None:
             return
+        consuming = slot.is_ready()
         slot.proc.send_signal(signal.SIGTERM)
         try:
             slot.proc.wait(30)
@@ -207,7 +243,7 @@ class Proof:
             slot.proc.kill()
             slot.proc.wait()
             raise RuntimeError(f"worker {slot.number} did not stop within 30 s: {self._log_of(slot)}") from None
-        if slot.proc.returncode != 0:
+        if slot.proc.returncode != 0 and (consuming or slot.proc.returncode != -signal.SIGTERM):
             raise RuntimeError(f"worker {slot.number} exited with {slot.proc.returncode}: {self._log_of(slot)}")
 
     def _log_of(self, slot: _Slot) -> str:

@@ -47,7 +47,8 @@ async def _pull(sub: Any, consumer: IdempotentConsumer, done: Callable[[], bool]
         while not done():
             try:
                 msgs = await sub.fetch(10, timeout=0.3)
-            except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.APIError):
+            except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+                    nats.js.errors.APIError):
                 continue
             await asyncio.gather(*(consumer(msg) for msg in msgs))
 

@@ -48,6 +48,8 @@ def load(name: str) -> Command:
         from .commands import ddl as module
     elif name == "purge":
         from .commands import purge as module
+    elif name == "consumers":
+        from .commands import consumers as module
     else:
         raise KeyError(f"unknown subcommand {name!r}")
     return module
@@ -64,6 +66,8 @@ COMMANDS: dict[str, str] = {
     "init": "create the idempotency tables in the database at URL (idempotent)",
     "ddl": "print the CREATE statements for a database URL or backend, without connecting",
     "purge": "delete records completed longer ago than --older-than, in batches, with progress",
+    "consumers": "prove the broker consumers under faults: messages with duplicates, consumer kills, every message"
+                 " applied once (a table)",
 }
 
 
