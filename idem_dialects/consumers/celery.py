@@ -1,4 +1,4 @@
-"""Celery: a decorator for tasks that run once per message however often the broker delivers it.
+"""Celery: a decorator for tasks that run once per message however often the broker delivers it::
 
     @idempotent_task(app, store, subscriber="emails")
     def send_receipt(conn, order_id):   # the task's arguments follow the connection

@@ -1,5 +1,5 @@
 """NATS JetStream through nats-py: a message callback that acknowledges only after the handler's transaction
-committed, and asks for a redelivery with a delay (``Nak`` with delay) when the database cannot be reached.
+committed, and asks for a redelivery with a delay (``Nak`` with delay) when the database cannot be reached::
 
     consumer = IdempotentConsumer(store, handle, subscriber="billing")
     await js.subscribe("orders.*", durable="billing", cb=consumer, manual_ack=True)

@@ -1,5 +1,5 @@
 """RabbitMQ through aio-pika: a consumer callback for ``queue.consume`` that acknowledges a message only after the
-handler's transaction committed (manual acks), so nothing is lost by a crash and nothing is applied twice.
+handler's transaction committed (manual acks), so nothing is lost by a crash and nothing is applied twice::
 
     consumer = IdempotentConsumer(store, handle, subscriber="billing")
     await queue.consume(consumer)   # no_ack=False, aio-pika's default

@@ -1,5 +1,5 @@
 """Redis Streams through redis-py: a consumer-group reader that acknowledges an entry (``XACK``) only after the
-handler's transaction committed, and claims entries left pending by consumers that died (``XAUTOCLAIM``).
+handler's transaction committed, and claims entries left pending by consumers that died (``XAUTOCLAIM``)::
 
     consumer = StreamConsumer(store, client, handle, stream="orders", group="billing", consumer="billing-1")
     consumer.ensure_group()
