@@ -1,6 +1,7 @@
 """A loopback-only TCP fault proxy for the conformance suite: it sits between a store and its database server,
 reads enough of the PostgreSQL or MySQL wire protocol to see each statement the client sends, and injects one
-fault at a chosen statement:
+fault at a chosen statement (hand-written rather than a generic TCP fault tool such as toxiproxy: only a proxy that
+reads the protocol can fault at one chosen statement, e.g. lose exactly a COMMIT's reply):
 
 - ``cut_before``: close both sides without forwarding the statement (a dropped COMMIT never reaches the server);
 - ``cut_after``: forward the statement, deliver its reply, then close (the next statement finds the link gone);
@@ -21,12 +22,12 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
+from idem_dialects.engines.entry import provisioning
 from idem_dialects.engines.local import LoopbackProxy
 
 Action = Literal["cut_before", "cut_after", "lose_reply"]
@@ -119,32 +120,14 @@ class _MySQL:
         return out
 
 
-PROTOCOLS: dict[str, Callable[[], _PostgreSQL | _MySQL]] = {
-    "postgresql": _PostgreSQL, "mysql": _MySQL, "mariadb": _MySQL,
-}
+# The wire protocols the proxy reads, by the name a backend's provisioning gives (`Provision.wire_protocol`).
+PROTOCOLS: dict[str, Callable[[], _PostgreSQL | _MySQL]] = {"postgresql": _PostgreSQL, "mysql": _MySQL}
 
 
-def upstream_of(url: URL) -> tuple[str, int] | str:
-    """Where the server of `url` listens: (host, port), or a PostgreSQL Unix socket path (host=/dir in the query)."""
-    backend = url.get_backend_name()
-    query_host = url.query.get("host")
-    if backend == "postgresql" and url.host is None and isinstance(query_host, str) and query_host.startswith("/"):
-        sockets = sorted(Path(query_host).glob(f".s.PGSQL.{url.port or '*'}"))
-        sockets = [p for p in sockets if not p.name.endswith(".lock")]
-        if not sockets:
-            raise OSError(f"no PostgreSQL socket in {query_host}")
-        return str(sockets[0])
-    if backend == "postgresql" and url.host is None and query_host:
-        # A multi-host (failover) URL, ?host=a:p1&host=b:p2 or ?host=a,b&port=p1,p2: the first host (the primary
-        # until a failover; the proxy never follows one).
-        first = (query_host if isinstance(query_host, str) else query_host[0]).split(",")[0]
-        host, _, port = first.partition(":")
-        ports = url.query.get("port")
-        if not port and ports:
-            port = (ports if isinstance(ports, str) else ports[0]).split(",")[0]
-        return (host or "127.0.0.1", int(port or 5432))
-    default = 5432 if backend == "postgresql" else 3306
-    return (url.host or "127.0.0.1", url.port or default)
+def wire_protocol(url: URL) -> str | None:
+    """The protocol the proxy would read for `url`'s server, or None if it reads none of that backend's."""
+    protocol = provisioning(url.get_backend_name()).wire_protocol
+    return protocol if protocol in PROTOCOLS else None
 
 
 class FaultProxy(LoopbackProxy):
@@ -152,25 +135,21 @@ class FaultProxy(LoopbackProxy):
 
     def __init__(self, url: str | URL) -> None:
         url = make_url(url)
-        backend = url.get_backend_name()
-        if backend not in PROTOCOLS:
-            raise NotImplementedError(f"the fault proxy speaks the PostgreSQL and MySQL protocols, not {backend}'s")
+        protocol = wire_protocol(url)
+        if protocol is None:
+            raise NotImplementedError(f"the fault proxy reads the {' and '.join(PROTOCOLS)} wire protocols, not"
+                                      f" {url.get_backend_name()}'s")
         self.url = url
-        self.protocol = PROTOCOLS[backend]
-        self.upstream = upstream_of(url)
+        self.provision = provisioning(url.get_backend_name())
+        self.protocol = PROTOCOLS[protocol]
+        self.upstream = self.provision.server_address(url)
         self._fault: Fault | None = None
         self.statements: list[str] = []
         super().__init__("faultproxy-accept")
 
     def proxied_url(self) -> URL:
         """`url` pointed at the proxy, without TLS (the proxy must read the protocol)."""
-        query = {k: v for k, v in self.url.query.items() if k not in ("host", "unix_socket", "ssl", "sslmode")}
-        if self.url.get_driver_name() == "asyncpg":  # asyncpg's own spelling (no GSSAPI encryption to turn off)
-            query |= {"ssl": "disable"}
-        elif self.url.get_driver_name() in ("psycopg", "psycopg2", "psycopg2cffi"):  # libpq's parameters
-            query |= {"sslmode": "disable", "gssencmode": "disable"}
-        # pg8000 and the MySQL drivers start TLS only when asked to
-        return self.url.set(host="127.0.0.1", port=self.port, query=query)
+        return self.provision.plaintext_url(self.url, "127.0.0.1", self.port)
 
     def arm(self, fault: Fault) -> Fault:
         with self._lock:

@@ -31,7 +31,6 @@ from sqlalchemy.engine import URL
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
 from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
 from idem_dialects.features import Features
-from idem_dialects.url import async_drivers
 
 from .bridge import async_url
 from .naming import PROVISIONED, check_id, observation_property
@@ -109,7 +108,7 @@ class Sessions:
                 self.columns[name] = (name, None)
             if api in ("async", "both"):
                 backend = ENGINES[name].backend if name in ENGINES else self.urls[name].get_backend_name()
-                drivers = async_drivers(dialects.load(backend))
+                drivers = dialects.load(backend).usable_drivers(asynchronous=True)
                 self.columns.update({f"{name}-{driver}": (name, driver) for driver in drivers})
         self.required = set(self.names) if "all" in required_names else set(required)
         self._servers: dict[str, Server | Unavailable] = {}

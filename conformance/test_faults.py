@@ -5,51 +5,40 @@ step, then every key re-sent, leave exactly one effect per key and no key blocke
 
 from __future__ import annotations
 
-import itertools
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy
-from idem_dialects.engines import Unavailable
-from idem_dialects.engines.private import private_server
+from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy, dialects
+from idem_dialects.engines import provisioning
 
-from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement
-from .plugin import EngineUnderTest, unique_prefix
-from .support import Effects, stores
+from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement, wire_protocol
+from .plugin import EngineUnderTest
+from .support import Effects
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
 
-# How to end the effect's own session from another one, by backend (reading the id on the effect's connection).
-# A backend not named here gets its DBAPI connection closed under it, which makes the rollback fail everywhere.
-_KILL_SESSION: dict[str, tuple[str, str]] = {
-    "postgresql": ("SELECT pg_backend_pid()", "SELECT pg_terminate_backend({id})"),
-    "mariadb": ("SELECT CONNECTION_ID()", "KILL CONNECTION {id}"),
-    "mysql": ("SELECT CONNECTION_ID()", "KILL CONNECTION {id}"),
-}
-
-
 def _end_session(store: IdempotencyStore, conn: Connection) -> str:
-    """End the session `conn` runs on, so that its rollback fails; returns how."""
-    kill = _KILL_SESSION.get(store.backend.name)
-    if kill is None or store.features.multi_primary:  # on a cluster another session may land on another node
+    """End the session `conn` runs on, so that its rollback fails; returns how. A backend whose provisioning does
+    not say how to end a session from another one gets its DBAPI connection closed under it, which makes the
+    rollback fail everywhere."""
+    provision = provisioning(store.backend.name)
+    if provision.end_session_sql is None or provision.session_id_sql is None or store.features.multi_primary:
+        # (on a cluster another session may land on another node)
         conn.connection.dbapi_connection.close()  # type: ignore[union-attr]  # the async adapters await it
         return "its DBAPI connection closed under it"
-    session_id = conn.exec_driver_sql(kill[0]).scalar_one()
+    session_id = conn.exec_driver_sql(provision.session_id_sql).scalar_one()
     with store.engine.connect() as other:
-        other.exec_driver_sql(kill[1].format(id=int(session_id)))
+        other.exec_driver_sql(provision.end_session_sql.format(id=int(session_id)))
         other.commit()
     return "its session terminated from another session"
 
@@ -135,10 +124,9 @@ _FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
 @pytest.fixture
 def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
     """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
-    backend = idem_engine.backend
-    if backend not in PROTOCOLS:
-        reason = ("it is embedded: there is no connection to cut" if backend == "sqlite" else
-                  f"the fault proxy speaks the PostgreSQL and MySQL wire protocols, not {backend}'s")
+    if wire_protocol(idem_engine.url) is None:
+        reason = ("it is embedded: there is no connection to cut" if dialects.load(idem_engine.backend).embedded else
+                  f"the fault proxy reads the {' and '.join(PROTOCOLS)} wire protocols, not {idem_engine.backend}'s")
         pytest.skip(f"no wire faults on {idem_engine.name}: {reason}")
     with FaultProxy(idem_engine.url) as started:
         yield started
@@ -218,98 +206,3 @@ def test_leased_claim_commit_reply_lost_on_the_wire(idem_make_store: Callable[..
         assert effects.count("k") == 1 and lost >= 1, dict(proxied.retries)
     finally:
         effects.drop()
-
-
-# --- a server restarted under load ------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadReport:
-    """What callers saw while the server restarted: results and errors (raw or not), and the database's count."""
-
-    calls: int = 0
-    errors: list[BaseException] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)  # keys whose acknowledged effect is not in the database
-    doubled: dict[str, int] = field(default_factory=dict)  # keys with more than one effect
-    retries: dict[str, int] = field(default_factory=dict)
-
-
-def restart_under_load(url: URL, restart: Callable[[], None], threads: int = 8, before: int = 40,
-                       after: int = 10) -> LoadReport:
-    """`threads` threads run keys (pairs of threads send the same keys, so duplicates race) with a retry budget
-    far longer than a restart; after `before` calls the server is restarted, and each thread runs `after` more."""
-    report = LoadReport()
-    policy = RetryPolicy(total=60)
-    lock, enough, restarted = threading.Lock(), threading.Event(), threading.Event()
-    acknowledged: list[tuple[str, str]] = []
-    with stores(url, unique_prefix()) as make:
-        store = make()
-        effects = Effects(store)
-        effects.create()
-
-        def worker(t: int) -> None:
-            extra = 0
-            for i in itertools.count():
-                key = f"k{t // 2}-{i}"
-                try:
-                    result = store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key),
-                                       retry=policy)
-                    with lock:
-                        acknowledged.append((key, result.response["effect"]))
-                except BaseException as exc:
-                    with lock:
-                        report.errors.append(exc)
-                with lock:
-                    report.calls += 1
-                    if report.calls >= before:
-                        enough.set()
-                if restarted.is_set():
-                    extra += 1
-                if extra >= after or i >= 5000:
-                    return
-
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-        for thread in pool:
-            thread.start()
-        try:
-            enough.wait(120)
-            restart()
-        finally:
-            restarted.set()
-            for thread in pool:
-                thread.join(180)
-        try:
-            with store.engine.connect() as conn:
-                stored = {row.id for row in conn.execute(select(effects.table.c.id))}
-            report.lost = [key for key, effect_id in acknowledged if effect_id not in stored]
-            report.doubled = {k: n for k, n in effects.per_key().items() if n > 1}
-            report.retries = dict(store.retries)
-        finally:
-            effects.drop()
-    return report
-
-
-@pytest.mark.idem_api("sync")  # its load is sync stores on the server's URL: one restart run per engine is enough
-def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
-    """A server restarted under 8-thread load, with a retry budget longer than the restart: no error reaches a
-    caller, no acknowledged effect is lost, none is doubled. The engine's own server if the suite started it, else
-    a private server of the same backend the suite starts (never a server that is not ours)."""
-    server, private = idem_engine.server, None
-    if server.restart is None:
-        try:
-            server = private = private_server(idem_engine.backend)
-        except Unavailable as exc:
-            pytest.skip(f"{idem_engine.name} is not a server this suite started ({server.how}) and {exc}")
-    try:
-        assert server.restart is not None
-        report = restart_under_load(server.url, server.restart)
-    finally:
-        if private is not None:
-            private.stop()
-    assert [f"{type(e).__name__}: {e}" for e in report.errors] == []
-    assert report.lost == [] and report.doubled == {}
-    assert report.retries, "the restart was absorbed without a single retry: it did not happen under load"
-    tally = ", ".join(f"{c} x{n}" for c, n in sorted(report.retries.items()))
-    where = f"a private {idem_engine.backend} server" if private is not None else "the engine's own server"
-    idem_observe("restart under 8-thread load", f"{where}: {report.calls} calls, 0 errors, 0 lost, 0 doubled"
-                 f" ({tally})")

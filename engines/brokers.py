@@ -19,8 +19,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .entry import Unavailable
 from .local import free_ports, log_tail, wait_until
-from .servers import Unavailable
 
 _START_TIMEOUT = 60.0
 

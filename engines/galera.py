@@ -18,10 +18,9 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec
+from .entry import CatalogueEntry, Server, Unavailable
 from .local import LocalNode, RoundRobinProxy, chown_tree, free_ports, run_as, spawn, start_cluster, stop_group
 from .local import wait_until as _wait_until
-from .servers import Server, Unavailable
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 INSTALL_DB = ("mariadb-install-db", "mysql_install_db")
@@ -196,7 +195,7 @@ def _url(port: int) -> URL:
     return URL.create("mariadb+pymysql", "root", None, "127.0.0.1", port, "test", query={"charset": "utf8mb4"})
 
 
-def galera_cluster(spec: EngineSpec) -> Server:
+def galera_cluster(entry: CatalogueEntry) -> Server:
     provider = _provider()
     cluster = start_cluster(lambda root, user: GaleraCluster(root, user, provider), prefix="idem-galera-",
                             user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
@@ -208,4 +207,4 @@ def galera_cluster(spec: EngineSpec) -> Server:
     ports = ", ".join(str(n.port) for n in cluster.nodes)
     how = (f"3-node Galera cluster (galera-4, rsync SST) on 127.0.0.1 ports {ports}, one pool spread over the"
            f" nodes by a round-robin proxy on port {cluster.proxy.port}; started in {cluster.started_in:.1f} s")
-    return Server(spec.name, url, how, cluster.stop, controls=cluster)
+    return Server(entry.name, url, how, cluster.stop, controls=cluster)

@@ -20,7 +20,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Protocol, Self, TypeVar
 
-from .servers import Unavailable
+from .entry import Unavailable
 
 
 def free_ports(count: int) -> list[int]:

@@ -19,10 +19,9 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .catalogue import EngineSpec
+from .entry import CatalogueEntry, Server, Unavailable
 from .local import LocalNode, chown_tree, free_ports, run_as, spawn, start_cluster, stop_group
 from .local import wait_until as _wait_until
-from .servers import Server, Unavailable
 
 BIN_DIRS = (os.environ.get("IDEM_PG_BINDIR", ""), "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin",
             "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/18/bin")
@@ -145,7 +144,7 @@ class PgFailoverPair:
         return facts
 
 
-def postgresql_ha(spec: EngineSpec, synchronous: bool = True) -> Server:
+def postgresql_ha(entry: CatalogueEntry, synchronous: bool = True) -> Server:
     bin_dir = bindir()
     pair = start_cluster(lambda root, user: PgFailoverPair(root, user, bin_dir, synchronous), prefix="idem-pgha-",
                          user="postgres", driver=("psycopg", "psycopg", "postgresql"))
@@ -153,4 +152,4 @@ def postgresql_ha(spec: EngineSpec, synchronous: bool = True) -> Server:
     how = (f"PostgreSQL primary 127.0.0.1:{pair.primary.port} + {mode} streaming standby 127.0.0.1:"
            f"{pair.standby.port} ({bin_dir}), multi-host URL with target_session_attrs=read-write; started in"
            f" {pair.started_in:.1f} s")
-    return Server(spec.name, pair.url(), how, pair.stop, controls=pair)
+    return Server(entry.name, pair.url(), how, pair.stop, controls=pair)

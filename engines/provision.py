@@ -1,4 +1,5 @@
-"""Provisioning for the commands: provide an engine, check that it answers, and say why not when it cannot."""
+"""Probing catalogue entries for the commands: provide an engine, check that it answers, and say why not when it
+cannot (`provision`). Listing the catalogue needs none of this: read `ENGINES` (`CatalogueEntry.ways`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import URL, Dialect
 
-from .catalogue import ENGINES, EngineUnavailable
-from .servers import Server, Unavailable, env_var
+from .catalogue import ENGINES
+from .entry import EntryUnavailable, Server, Unavailable, env_var
 
 
 @dataclass
@@ -65,7 +66,7 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False,
             server = Server(name, urls[name], "URL from --url")
         else:
             server = ENGINES[name].provide()
-    except EngineUnavailable as exc:
+    except EntryUnavailable as exc:
         status.reason, status.hint = "; ".join(exc.reasons), exc.hint
         return status
     except Unavailable as exc:

@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .errors import AsyncMisuse
@@ -199,7 +198,7 @@ class AsyncIdempotencyStore(StoreBase):
         conn = self.engine.connect()
         try:
             await conn.start()
-        except DBAPIError as exc:
+        except Exception as exc:  # asyncpg raises OSError and its own errors unwrapped: classified all the same
             problem = self.backend.connect_error(exc)
             if problem is None:
                 raise

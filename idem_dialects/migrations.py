@@ -35,8 +35,7 @@ def include_tables(metadata: MetaData, url: str | URL, table_prefix: str = "idem
         for column in table.columns:
             if isinstance(column.type, TypeDecorator):
                 column.type = getattr(column.type, "binary", None) or column.type.impl_instance
-        if backend.name == "mssql":  # what the backend's before_create listener does, visible to autogenerate
-            table.primary_key.dialect_options["mssql"]["clustered"] = False
+        backend.migration_table(table)  # what the backend's DDL hooks do at create time, visible to autogenerate
     return tables
 
 

@@ -101,11 +101,6 @@ def offline(url: str | URL, executor: Callable[..., object] = lambda *args, **kw
     return backend(create_mock_engine(backend.resolve_url(parsed), executor))  # type: ignore[arg-type]
 
 
-def async_drivers(backend: type[Backend]) -> tuple[str, ...]:
-    """The async drivers a backend declares that are importable here (what the async store can run on)."""
-    return tuple(d for d in backend.async_drivers if find_spec(d) is not None)
-
-
 def async_drivers_hint(backend: type[Backend]) -> str:
     names = [f"{backend.name}+{driver}" for driver in backend.async_drivers]
     return " or ".join(names) if names else f"no async driver is declared for {backend.name}"
@@ -117,7 +112,7 @@ def async_url(url: str | URL, driver: str | None = None) -> URL:
     resolved = target(url)
     if resolved.asyncio_only:
         return resolved.url
-    chosen = driver or next(iter(async_drivers(resolved.backend)), None)
+    chosen = driver or next(iter(resolved.backend.usable_drivers(asynchronous=True)), None)
     if chosen is None:
         raise MissingDriver(resolved.drivername, "pip install 'idem-dialects[async]'",
                             ModuleNotFoundError(f"no async driver for {resolved.backend.name} is installed"))

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from idem_dialects import AsyncIdempotencyStore, AsyncMisuse, Claimed, IdemError, IdempotencyStore, Replayed
+from idem_dialects import AsyncIdempotencyStore, AsyncMisuse, Claimed, IdemError, IdempotencyStore, Replayed, dialects
 from idem_dialects.errors import MissingDriver
 
 
@@ -53,7 +53,7 @@ def test_from_url_builds_async_engines_offline(url: str, backend: str) -> None:
         store = AsyncIdempotencyStore.from_url(url)
     except MissingDriver as exc:  # e.g. pyodbc without the unixODBC system library
         pytest.skip(str(exc))
-    assert store.backend.name == backend and store.engine.dialect.is_async
+    assert type(store.backend) is dialects.load(backend) and store.engine.dialect.is_async
 
 
 def test_effect_kinds_refused_before_any_sql(tmp_path: Path) -> None:

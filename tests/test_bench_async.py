@@ -37,9 +37,9 @@ def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from idem_dialects.cli.bench import aio as bench_async
+    from idem_dialects.dialects.sqlite import SQLiteBackend
 
-    monkeypatch.setattr(bench_async, "async_drivers", lambda backend: ())
+    monkeypatch.setattr(SQLiteBackend, "usable_drivers", classmethod(lambda cls, asynchronous=False: ()))
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert bench.run(parser.parse_args(["sqlite:///x.db", "--api", "async", "--quiet"])) == 2

@@ -85,7 +85,7 @@ def test_missing_database() -> None:
     try:
         url = server.url.set(database="idem_no_such_db")
         assert_short_error(cli("check", url.render_as_string(hide_password=False), "--quiet"), EXIT_UNAVAILABLE,
-                           'database "idem_no_such_db" does not exist')
+                           "the database 'idem_no_such_db' does not exist")
         assert_short_error(cli("init", url.render_as_string(hide_password=False)), EXIT_UNAVAILABLE, "idem_no_such_db")
     finally:
         server.stop()

@@ -18,7 +18,7 @@ from idem_dialects.cli import main
 from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
-from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, env_var, get, pg_ha
+from idem_dialects.engines import ENGINES, EntryUnavailable, Unavailable, env_var, get, pg_ha
 from idem_dialects.engines import galera as galera_engine
 from idem_dialects.engines.local import RoundRobinProxy
 from idem_dialects.errors import CannotConnect, RetryCause
@@ -42,11 +42,11 @@ def test_cluster_engines_are_in_the_catalogue() -> None:
 
 def test_missing_binaries_skip_with_install_hint(no_cluster_binaries: None,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(EngineUnavailable) as err:
+    with pytest.raises(EntryUnavailable) as err:
         get("galera").provide()
     assert "libgalera_smm.so (galera-4)" in err.value.reasons[-1]
     assert "apt-get install galera-4 rsync" in err.value.hint
-    with pytest.raises(EngineUnavailable) as err:
+    with pytest.raises(EntryUnavailable) as err:
         get("postgresql-ha").provide()
     assert "no PostgreSQL server binaries" in err.value.reasons[-1] and "apt-get install" in err.value.hint
     assert main(["engines", "--probe", "--engine", "galera", "--engine", "postgresql-ha", "--format", "json"]) == 0

@@ -7,6 +7,7 @@ from idem_dialects.conformance.test_integrity import *  # noqa: F403
 from idem_dialects.conformance.test_isolation import *  # noqa: F403
 from idem_dialects.conformance.test_keys import *  # noqa: F403
 from idem_dialects.conformance.test_protocol import *  # noqa: F403
+from idem_dialects.conformance.test_restart import *  # noqa: F403
 from idem_dialects.conformance.test_retry import *  # noqa: F403
 
 # isort: split

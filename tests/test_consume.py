@@ -26,9 +26,8 @@ from idem_dialects import (
     InvalidPayload,
     RequestMismatch,
 )
-from idem_dialects import dialects as backends
-from idem_dialects.conformance.bridge import async_url
-from idem_dialects.url import async_drivers
+from idem_dialects.errors import MissingDriver
+from idem_dialects.url import async_url
 
 
 class Applied:
@@ -185,12 +184,13 @@ def test_purge_forgets_processed_messages_past_the_window(store: IdempotencyStor
 def test_async_store_consumes_the_same_way(store: IdempotencyStore) -> None:
     applied = Applied(store)
     url: URL = store.engine.url
-    drivers = async_drivers(backends.load(url.get_backend_name()))
-    if not drivers:
-        pytest.skip(f"no async driver for {url.get_backend_name()} is installed")
+    try:
+        aurl = async_url(url)
+    except MissingDriver as exc:
+        pytest.skip(f"no async driver for {url.get_backend_name()}: {exc}")
 
     async def main() -> list[Delivery]:
-        async with AsyncIdempotencyStore.from_url(async_url(url, drivers[0]), table_prefix=store.table_prefix) as aio:
+        async with AsyncIdempotencyStore.from_url(aurl, table_prefix=store.table_prefix) as aio:
             async def handler(conn: AsyncConnection) -> Any:
                 return await conn.run_sync(applied.handler("a-1"))
 

@@ -268,7 +268,7 @@ def test_bare_postgresql_url_uses_installed_psycopg3(monkeypatch: pytest.MonkeyP
     if find_spec("psycopg") is None:
         pytest.skip("needs psycopg 3 (pip install 'idem-dialects[postgresql]')")
     store = IdempotencyStore.from_url("postgresql://app@127.0.0.1:1/app")
-    assert store.engine.url.drivername == "postgresql+psycopg" and store.backend.name == "postgresql"
+    assert store.engine.url.drivername == "postgresql+psycopg" and type(store.backend) is dialects.load("postgresql")
     explicit = IdempotencyStore.from_url("postgresql+psycopg://app@127.0.0.1:1/app")
     assert explicit.engine.url.drivername == "postgresql+psycopg"
 
@@ -280,4 +280,4 @@ def test_bare_mysql_url_uses_installed_pymysql(name: str) -> None:
     if find_spec("MySQLdb") is not None or find_spec("pymysql") is None:
         pytest.skip("needs PyMySQL without mysqlclient")
     store = IdempotencyStore.from_url(f"{name}://root@127.0.0.1:1/test")
-    assert store.engine.url.drivername == f"{name}+pymysql" and store.backend.name == name
+    assert store.engine.url.drivername == f"{name}+pymysql" and type(store.backend) is dialects.load(name)

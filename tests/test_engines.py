@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from idem_dialects.cli import main
-from idem_dialects.engines import ENGINES, EngineUnavailable, Unavailable, docker_reachable, env_var, expand, get
+from idem_dialects.engines import ENGINES, EntryUnavailable, Unavailable, docker_reachable, env_var, expand, get
 
 NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
 # Why no container can be had here: no Docker engine answers, or the [containers] extra is not installed.
@@ -72,7 +72,7 @@ def test_passes_without_the_containers_extra() -> None:
 
 @pytest.mark.parametrize("name", ["mysql-8.4", "mssql-2022", "mssql-2025", "oracle-23", "oracle-26"])
 def test_container_engines_say_how_to_enable(no_docker: None, name: str) -> None:
-    with pytest.raises(EngineUnavailable) as err:
+    with pytest.raises(EntryUnavailable) as err:
         get(name).provide()
     exc = err.value
     assert f"{env_var(name)} is not set" in exc.reasons[0]
@@ -106,7 +106,7 @@ def test_engines_lists_the_catalogue_without_providing_anything(monkeypatch: pyt
     import socket
     import subprocess
 
-    from idem_dialects.engines import EngineSpec
+    from idem_dialects.engines import CatalogueEntry
 
     ran: list[str] = []
 
@@ -117,7 +117,7 @@ def test_engines_lists_the_catalogue_without_providing_anything(monkeypatch: pyt
 
         return trip
 
-    monkeypatch.setattr(EngineSpec, "provide", forbidden("ran a provider"))
+    monkeypatch.setattr(CatalogueEntry, "provide", forbidden("ran a provider"))
     monkeypatch.setattr(subprocess.Popen, "__init__", forbidden("started a process"))
     monkeypatch.setattr(socket.socket, "connect", forbidden("connected to a server"))
     monkeypatch.setenv("IDEM_URL_MSSQL_2022", "mssql+pyodbc://sa:secret@db.invalid:1433/master?driver=FreeTDS")

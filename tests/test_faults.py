@@ -167,7 +167,7 @@ def test_unknown_database_fails_at_once_with_the_fix() -> None:
     except Unavailable as exc:
         pytest.skip(f"mariadb unavailable: {exc}")
     with IdempotencyStore.from_url(server.url.set(database="idem_no_such_db"), retry=RetryPolicy(total=30)) as store:
-        with pytest.raises(ConnectionConfigError, match=r"database does not exist.*database name"):
+        with pytest.raises(ConnectionConfigError, match=r"database 'idem_no_such_db' does not exist.*database name"):
             store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "never")
         assert sum(store.retries.values()) == 0
 

@@ -158,10 +158,4 @@ def test_no_import_cycle() -> None:
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
     found = cycles(graph)
-    # Being broken on its own branch: the catalogue and the two clusters it starts (the spec type moves to the
-    # ground floor of engines/).
-    elsewhere = [c for c in found if not all(m.startswith("idem_dialects.engines.") for m in c)]
-    assert elsewhere == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in elsewhere)
-    if found:
-        pytest.xfail("import cycle in engines/ (being broken on its own branch): "
-                     + "; ".join(" -> ".join(c) for c in found))
+    assert found == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)

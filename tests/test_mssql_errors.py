@@ -143,7 +143,7 @@ def test_invalid_key_before_any_connection(offline_store: tuple[IdempotencyStore
     """With nothing listening on the URL's port, run(...) and claim(...) still raise InvalidKey for an empty
     identity, and building the store never connected."""
     store, connects = offline_store
-    assert store.backend.name == "mssql" and isinstance(store.backend, MSSQLBackend)
+    assert type(store.backend) is MSSQLBackend
     args: dict[str, Any] = dict(scope="s", operation="op", key="k", request={"a": 1})
     args[field] = ""
     with pytest.raises(InvalidKey) as err:
@@ -161,7 +161,7 @@ def test_backend_from_url(url: str) -> None:
     store = IdempotencyStore.from_url(url, table_prefix="app_")
     try:
         assert load("mssql") is MSSQLBackend and type(store.backend) is MSSQLBackend
-        assert store.engine.dialect.name == "mssql" and store.engine.dialect.driver == "pyodbc"
+        assert store.engine.url.drivername == "mssql+pyodbc"
         cargs, _ = store.engine.dialect.create_connect_args(store.engine.url)
         assert ("DRIVER={FreeTDS}" if "FreeTDS" in url else "DRIVER={ODBC Driver 18 for SQL Server}") in cargs[0]
         assert store.tables.records.name == "app_records"

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_mock_engine, make_url
 from sqlalchemy.exc import DBAPIError
 
-from idem_dialects import IdempotencyStore, RetryCause
+from idem_dialects import IdempotencyStore, RetryCause, dialects
 from idem_dialects.dialects.mssql import InsertIfAbsent, MSSQLBackend, mssql_python_sqlstate
 from idem_dialects.errors import CannotConnect, ConnectionConfigError
 from idem_dialects.guard import MISSING_TABLE
@@ -32,7 +32,7 @@ def driver_error(state: str, text: str) -> DBAPIError:
 
 def test_url_builds_a_store_without_connecting() -> None:
     store = IdempotencyStore.from_url(URL)
-    assert store.backend.name == "mssql" and store.engine.url.drivername == "mssql+mssqlpython"
+    assert type(store.backend) is dialects.load("mssql") and store.engine.url.drivername == "mssql+mssqlpython"
     assert store.features.max_identity_bytes == 1700
     store.close()
 

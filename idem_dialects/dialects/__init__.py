@@ -25,18 +25,6 @@ _registry: dict[str, str | type[Backend]] = {
 }
 _entry_points_loaded = False
 
-# Names people type for a backend that SQLAlchemy spells differently (postgres:// was removed in SQLAlchemy 1.4).
-ALIASES = {"postgres": "postgresql", "pg": "postgresql", "pgsql": "postgresql", "psql": "postgresql",
-           "maria": "mariadb", "sqlserver": "mssql", "tsql": "mssql", "sqlite3": "sqlite", "oracledb": "oracle"}
-# The extra that installs each backend's default driver, and the drivers it knows by their own package.
-EXTRAS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "mssql": "mssql", "oracle": "oracle"}
-DRIVER_PACKAGES = {"psycopg": "idem-dialects[postgresql]", "psycopg2": "psycopg2-binary", "pg8000": "pg8000",
-                   "asyncpg": "asyncpg", "pymysql": "idem-dialects[mysql]", "mysqldb": "mysqlclient",
-                   "mysqlconnector": "mysql-connector-python", "mariadbconnector": "mariadb",
-                   "pyodbc": "idem-dialects[mssql]", "mssqlpython": "mssql-python", "pymssql": "pymssql",
-                   "oracledb": "idem-dialects[oracle]", "cx_oracle": "cx_Oracle"}
-
-
 def register(name: str, backend: str | type[Backend]) -> None:
     """Register a backend for a SQLAlchemy dialect name, as a class or a lazy "module:Class" reference."""
     _registry[name] = backend
@@ -72,14 +60,23 @@ def load(name: str) -> type[Backend]:
 
 def did_you_mean(name: str) -> str:
     """A hint for an unknown backend name: the backend it is an alias of, or the closest known name."""
-    guess = ALIASES.get(name.lower()) or next(iter(difflib.get_close_matches(name.lower(), names(), n=1)), None)
+    wanted = name.lower()
+    guess = next((known for known in names() if wanted in _aliases(known)), None)
+    guess = guess or next(iter(difflib.get_close_matches(wanted, names(), n=1)), None)
     return f"did you mean {guess}://?" if guess else ""
 
 
-def install_hint(backend: str, driver: str) -> str:
-    """How to install the driver a URL names (the default driver's extra, or the driver's own package)."""
-    package = DRIVER_PACKAGES.get(driver)
-    if package is None and backend in EXTRAS:
-        package = f"idem-dialects[{EXTRAS[backend]}]"
-    return f"pip install '{package}'" if package else f"install the Python driver for {backend}+{driver}"
+def _aliases(name: str) -> tuple[str, ...]:
+    try:
+        return load(name).aliases
+    except Exception:  # a third-party backend that cannot load offers no aliases; the hint is best effort
+        return ()
 
+
+def install_hint(backend: str, driver: str) -> str:
+    """How to install the driver a URL names: the driver's package (or the backend's extra for a driver it does not
+    know), and any system library the driver needs that is missing here (e.g. unixODBC's libodbc.so.2)."""
+    try:
+        return load(backend).install_hint(driver)
+    except UnsupportedEngine:
+        return f"install the Python driver for {backend}+{driver}"

@@ -22,6 +22,8 @@ from sqlalchemy.types import TypeEngine
 from ..errors import CannotConnect, IdemError, RetryCause, TransientError
 from ..features import Features
 from ..keys import MAX_LENGTH
+from .drivers import Driver
+from .network import socket_problem
 
 # A result row of any shape (SQLAlchemy 2.1 types rows by the tuple of their column types).
 AnyRow: TypeAlias = "Row[*tuple[Any, ...]]"
@@ -48,19 +50,35 @@ def replay_columns(table: Table, key: Iterable[str]) -> list[Column[Any]]:
 
 
 class Backend:
-    """One SQL engine's way of doing the protocol's statements. Subclasses set `name` and override hooks."""
+    """One SQL engine's way of doing the protocol's statements, and its facts. Subclasses set `name` and override
+    hooks; everything the project knows of an engine is here or in its provisioning module (`provision`)."""
 
     name: ClassVar[str]
     # What this engine offers before anything is known of the server; `url_features` and `refine_features`
     # adjust it per database.
     base_features: ClassVar[Features] = Features()
-    # SQLAlchemy drivers of this engine that AsyncIdempotencyStore can use (create_async_engine), preferred first.
+    # Other names people type for this backend as a URL scheme (a did-you-mean hint suggests the backend).
+    aliases: ClassVar[tuple[str, ...]] = ()
+    # This project's extra that installs the default driver (None: the driver comes with Python).
+    extra: ClassVar[str | None] = None
+    # The DBAPI drivers this backend works with, the preferred one of each kind (sync, async) first.
+    drivers: ClassVar[tuple[Driver, ...]] = ()
+    # The names of `drivers` that AsyncIdempotencyStore can use (create_async_engine), preferred first; derived.
     async_drivers: ClassVar[tuple[str, ...]] = ()
-
+    # The database lives in the client's process: there is no server to restart and no connection to cut.
+    embedded: ClassVar[bool] = False
     # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
     plpgsql_baseline: ClassVar[bool] = False
     # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
     replay_cpu_target_ms: ClassVar[float | None] = None
+    # Test provisioning ("module:Class", a `Provision` subclass): containers, private servers, the fault proxy's
+    # wire protocol, how to end a session. Loaded only by the engine catalogue and the conformance suite.
+    provision: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "async_drivers" not in cls.__dict__:
+            cls.async_drivers = tuple(d.name for d in cls.drivers if d.asynchronous)
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -69,6 +87,29 @@ class Backend:
         self.features = self.base_features if url is None else self.url_features(url)
         self._refined = False
         self._prepared: dict[Hashable, Any] = {}
+
+    # --- drivers --------------------------------------------------------------------------------------------
+
+    @classmethod
+    def driver(cls, name: str) -> Driver | None:
+        """The driver a URL names (``<backend>+<name>``), if this backend knows it."""
+        return next((d for d in cls.drivers if d.name == name), None)
+
+    @classmethod
+    def usable_drivers(cls, asynchronous: bool = False) -> tuple[str, ...]:
+        """The drivers of one kind that can be imported here (installed, their system libraries present)."""
+        return tuple(d.name for d in cls.drivers
+                     if (d.asynchronous if asynchronous else d.sync) and d.problem() is None)
+
+    @classmethod
+    def install_hint(cls, driver: str) -> str:
+        """What to install for `driver`: its package (or this backend's extra), and any missing system library."""
+        known = cls.driver(driver)
+        if known is not None:
+            return known.install_hint()
+        if cls.extra is not None:
+            return f"pip install 'idem-dialects[{cls.extra}]'"
+        return f"install the Python driver for {cls.name}+{driver}"
 
     # --- engine construction -------------------------------------------------------------------------------
 
@@ -128,7 +169,7 @@ class Backend:
         (no statement ran, so `run` retries it within its budget) or a ConnectionConfigError naming the fix."""
         try:
             conn = engine.connect()
-        except DBAPIError as exc:
+        except Exception as exc:
             problem = self.connect_error(exc)
             if problem is None:
                 raise
@@ -136,11 +177,18 @@ class Backend:
         with conn:
             yield conn
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
-        """What a failure to open a connection means, by the driver's error class and codes: CannotConnect
-        (transient), ConnectionConfigError (no retry can fix it), or None (the error propagates as it is).
-        The portable default: an OperationalError nothing else classifies is transient."""
-        if isinstance(exc, OperationalError) and self.retry_cause(exc) is None:
+    def connect_error(self, exc: BaseException) -> IdemError | None:
+        """What a failure to open a connection means: CannotConnect (transient: refused, reset, too many
+        connections, the server starting or stopping), ConnectionConfigError (no retry can fix it: wrong password,
+        unknown user, database or host), or None (the error propagates as it is). `exc` is whatever opening the
+        connection raised (sync `engine.connect()`, async `AsyncConnection.start()`): a DBAPIError, or a driver's
+        own exception that SQLAlchemy did not wrap (asyncpg raises OSError and its own errors as they are).
+        Classified by error class and code, never by message text. The portable default: a socket-level cause
+        (below the driver), then an OperationalError nothing else classifies, is transient."""
+        problem = socket_problem(self.name, exc)
+        if problem is not None:
+            return problem
+        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
             return CannotConnect(self.name, exc)
         return None
 
@@ -284,14 +332,21 @@ class Backend:
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """Why `run` may retry after `exc`, or None if it must not. Backends classify their driver's codes and
-        defer to this for the library's own transient errors and connections SQLAlchemy saw drop."""
+        defer to this for the library's own transient errors, connections SQLAlchemy saw drop, and a socket an
+        async driver lost mid-statement (asyncpg and aiosqlite's thread raise OSError/ConnectionError unwrapped)."""
         if isinstance(exc, TransientError):
             return exc.cause
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return RetryCause.CONNECTION
+        if isinstance(exc, ConnectionError):
+            return RetryCause.CONNECTION
         return None
 
-    # --- what tooling asks of the engine (benchmarks) ----------------------------------------------------------
+    # --- what tooling asks of the engine (migrations, benchmarks) -------------------------------------------
+
+    def migration_table(self, table: Table) -> None:
+        """Make `table` declare for Alembic's autogenerate what this backend's DDL hooks do at create time (which
+        autogenerate never runs). Most backends create exactly what the table declares: no-op."""
 
     @classmethod
     def pool_reset_round_trip(cls, pool: Pool) -> bool:
@@ -302,5 +357,6 @@ class Backend:
     @classmethod
     def implicit_begin(cls, driver: str) -> str | None:
         """The BEGIN `driver` sends on its own, not through a cursor SQLAlchemy sees (one more round trip per
-        transaction that a statement count must add), if it sends one."""
-        return None
+        transaction that a statement count must add), if it sends one (`Driver.implicit_begin`)."""
+        known = cls.driver(driver)
+        return None if known is None else known.implicit_begin

@@ -39,6 +39,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, InvalidKey
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import AnyRow, Backend
+from .drivers import LIBLTDL, UNIXODBC, Driver
 from .types import Utf8Bytes
 
 # Native SQL Server error numbers.
@@ -233,7 +234,16 @@ def check_index_key(table: Table, values: Mapping[str, Any]) -> None:
 
 class MSSQLBackend(Backend):
     name = "mssql"
-    async_drivers = ("aioodbc",)
+    aliases = ("sqlserver", "tsql")
+    extra = "mssql"
+    drivers = (
+        Driver("pyodbc", "pyodbc", "idem-dialects[mssql]", libraries=(UNIXODBC,)),
+        Driver("aioodbc", "aioodbc", "idem-dialects[mssql]", sync=False, asynchronous=True, libraries=(UNIXODBC,)),
+        # Bundles Microsoft's ODBC Driver 18 (no system ODBC), which loads libltdl when the first connection opens.
+        Driver("mssqlpython", "mssql_python", "idem-dialects[mssql]", libraries=(LIBLTDL,)),
+        Driver("pymssql", "pymssql", "pymssql"),
+    )
+    provision = "idem_dialects.dialects.mssql_provision:MSSQLProvision"
     base_features = Features(isolation_levels=("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT"),
                              max_identity_bytes=INDEX_KEY_LIMIT)
 
@@ -319,7 +329,7 @@ class MSSQLBackend(Backend):
             return MISSING_TABLE
         return NO_PRIVILEGE if number in (ER_PERMISSION_OBJECT, ER_PERMISSION_DATABASE) else None
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+    def connect_error(self, exc: BaseException) -> IdemError | None:
         state = odbc_sqlstate(exc)
         if state in ("IM002", "01000"):  # driver manager: no such driver/DSN; the driver's library cannot load
             return missing_driver(self.name, self.engine.url.query.get("driver"), self.engine.url.host)
@@ -327,7 +337,16 @@ class MSSQLBackend(Backend):
             return ConnectionConfigError(self.name, "login failed (SQLSTATE 28000)", "check the user and password")
         if state in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
             return CannotConnect(self.name, exc)
-        return None
+        # No SQLSTATE: mssql-python's bundled ODBC driver loads its system libraries only as a connection opens.
+        driver = self.driver(self.engine.dialect.driver)
+        missing = driver.missing_libraries() if driver is not None else []
+        if driver is not None and missing:
+            return ConnectionConfigError(self.name, f"the {driver.name} driver cannot load its ODBC driver"
+                                         f" ({missing[0].soname} is missing)", driver.install_hint())
+        return super().connect_error(exc)
+
+    def migration_table(self, table: Table) -> None:
+        _nonclustered_primary_key(table)  # what the before_create listener of `table_kwargs` does at create time
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if isinstance(exc, DBAPIError):

@@ -72,6 +72,8 @@ from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
 from .base import Backend
+from .drivers import Driver
+from .network import socket_problem
 from .types import Utf8Bytes
 
 # Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
@@ -100,13 +102,16 @@ _CONNECT_TRANSIENT = frozenset({
     2002, 2003,  # CR_CONNECTION_ERROR (socket), CR_CONN_HOST_ERROR (refused, unreachable)
     CR_SERVER_GONE_ERROR, CR_SERVER_LOST,  # dropped during the handshake (server starting or stopping)
     1040,  # ER_CON_COUNT_ERROR: too many connections
+    1203,  # ER_TOO_MANY_USER_CONNECTIONS: the account's max_user_connections
     ER_UNKNOWN_COM_ERROR, ER_SERVER_SHUTDOWN,
 })
 _CONNECT_CONFIG = {
-    1045: ("access denied", "check the user and password in the URL"),
-    1698: ("access denied", "check the user and password in the URL (the account may need a password)"),
-    1044: ("access to the database denied", "grant the user access or use another database"),
-    1049: ("the database does not exist", "check the URL's database name or create it"),
+    1045: ("access denied for user {user!r}", "check the user and password in the URL"),
+    1698: ("access denied for user {user!r}",
+           "check the user and password in the URL (the account may need a password)"),
+    1044: ("user {user!r} may not use database {database!r}", "grant the user access or use another database"),
+    1049: ("the database {database!r} does not exist", "check the URL's database name or create it"),
+    CR_UNKNOWN_HOST: ("the host name in the URL does not resolve", "check the URL's host"),  # mysqlclient
     2059: ("the authentication plugin cannot be loaded", "install PyMySQL[rsa] or change the account's plugin"),
 }
 
@@ -185,9 +190,17 @@ class MySQLFeatures(Features):
 
 class MySQLBackend(Backend):
     name = "mysql"
-    # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
-    async_drivers: ClassVar[tuple[str, ...]] = ("asyncmy",)
     base_features: ClassVar[Features] = MySQLFeatures()
+    extra = "mysql"
+    drivers = (
+        Driver("pymysql", "pymysql", "idem-dialects[mysql]"),
+        # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
+        Driver("asyncmy", "asyncmy", "idem-dialects[async]", sync=False, asynchronous=True),
+        Driver("mysqlconnector", "mysql.connector", "mysql-connector-python"),
+        Driver("mysqldb", "MySQLdb", "mysqlclient"),
+        Driver("mariadbconnector", "mariadb", "mariadb"),
+    )
+    provision = "idem_dialects.dialects.mysql_provision:MySQLProvision"
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
         ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
@@ -201,11 +214,6 @@ class MySQLBackend(Backend):
         ER_QUERY_TIMEOUT: RetryCause.CANCELLED,
         ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
     }
-
-    @classmethod
-    def pool_reset_round_trip(cls, pool: Pool) -> bool:
-        # The drivers send ROLLBACK even with no transaction open, unless `_reset_unless_clean` does the reset.
-        return not resets_by_hook(pool)
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -356,14 +364,25 @@ class MySQLBackend(Backend):
             return MISSING_TABLE
         return NO_PRIVILEGE if code in (ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED) else None
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
+    def connect_error(self, exc: BaseException) -> IdemError | None:
         code = error_code(exc)
         if code in _CONNECT_CONFIG:
-            problem, fix = _CONNECT_CONFIG[code]
-            return ConnectionConfigError(self.name, f"{problem} (error {code})", fix)
+            what, fix = _CONNECT_CONFIG[code]
+            what = what.format(user=self.engine.url.username, database=self.engine.url.database)
+            return ConnectionConfigError(self.name, f"{what} (error {code})", fix)
+        # 2003 (refused, unreachable) is also PyMySQL's and asyncmy's code for a host name that does not resolve:
+        # the socket error under it tells them apart.
+        problem = socket_problem(self.name, exc)
+        if problem is not None:
+            return problem
         if code in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
             return CannotConnect(self.name, exc)
-        return None
+        return super().connect_error(exc)
+
+    @classmethod
+    def pool_reset_round_trip(cls, pool: Pool) -> bool:
+        # The drivers send ROLLBACK even with no transaction open, unless `_reset_unless_clean` does the reset.
+        return not resets_by_hook(pool)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         if not isinstance(exc, DBAPIError):
@@ -381,6 +400,8 @@ class MySQLBackend(Backend):
 
 class MariaDBBackend(MySQLBackend):
     name = "mariadb"
+    aliases = ("maria",)
+    provision = "idem_dialects.dialects.mysql_provision:MariaDBProvision"
     base_features: ClassVar[Features] = MySQLFeatures(share_lock="LOCK IN SHARE MODE")
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         **MySQLBackend.retryable,

@@ -48,6 +48,8 @@ from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH, check_identifier
 from .base import AnyRow, Backend, configured_isolation
+from .drivers import Driver
+from .network import socket_problem
 from .types import Utf8Bytes
 
 # Oracle error numbers (``_Error.code``), as the server sends them.
@@ -77,8 +79,10 @@ _CONNECT_TRANSIENT = frozenset({
     1033, 1034, 1089,  # starting up or shutting down, not available, immediate shutdown in progress
     12170, 12516, 12519, 12520, 12528, 12537, 12541, 12543,  # timeouts, no handler, blocked, closed, no listener
 })
-# python-oracledb thin's own connect errors (code 0, full_code DPY-...): cannot connect, listener refused.
+# python-oracledb thin's own connect errors (code 0, full_code DPY-...): cannot connect, listener refused, closed;
+# and its spelling of ORA-12514/ORA-12505 (thin mode asks the listener itself).
 _DPY_CONNECT = frozenset({"DPY-6005", "DPY-6000", "DPY-4011"})
+_DPY_CONFIG = {"DPY-6001": _CONNECT_CONFIG[12514], "DPY-6003": _CONNECT_CONFIG[12505]}
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per code point
 _FIELDS = {"idem_key": "key"}  # column name -> the name InvalidKey reports (the API's)
@@ -94,6 +98,14 @@ def ora_code(exc: BaseException) -> int | None:
     if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
         return None
     return code
+
+
+def dpy_code(exc: BaseException) -> str | None:
+    """python-oracledb's own error code (``DPY-NNNN``, errors raised by the driver rather than the server)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    args = getattr(orig, "args", None) or (None,)
+    code = getattr(args[0], "full_code", None)
+    return code if isinstance(code, str) and code.startswith("DPY-") else None
 
 
 class NonEmptyString(TypeDecorator[str]):
@@ -129,7 +141,12 @@ def _guard_identity(table: Table, values: Mapping[str, Any]) -> None:
 
 class OracleBackend(Backend):
     name = "oracle"
-    async_drivers = ("oracledb",)  # python-oracledb serves both; create_async_engine picks its async mode
+    aliases = ("oracledb",)
+    extra = "oracle"
+    # python-oracledb serves both; create_async_engine picks its async mode.
+    drivers = (Driver("oracledb", "oracledb", "idem-dialects[oracle]", asynchronous=True),
+               Driver("cx_oracle", "cx_Oracle", "cx_Oracle"))
+    provision = "idem_dialects.dialects.oracle_provision:OracleProvision"
     base_features = Features(isolation_levels=("READ COMMITTED", "SERIALIZABLE"))  # the only two Oracle has
 
     # --- column types ----------------------------------------------------------------------------------------
@@ -201,14 +218,14 @@ class OracleBackend(Backend):
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
         return {ORA_NO_TABLE: MISSING_TABLE, ORA_NO_PRIVILEGE: NO_PRIVILEGE}.get(ora_code(exc) or 0)
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
-        code = ora_code(exc)
-        if code in _CONNECT_CONFIG:
-            problem, fix = _CONNECT_CONFIG[code]
-            return ConnectionConfigError(self.name, problem, fix)
-        args = getattr(exc.orig, "args", None) or (None,)
-        if code in _CONNECT_TRANSIENT or getattr(args[0], "full_code", None) in _DPY_CONNECT:
-            return CannotConnect(self.name, exc)
+    def connect_error(self, exc: BaseException) -> IdemError | None:
+        code, dpy = ora_code(exc), dpy_code(exc)
+        config = _CONNECT_CONFIG.get(code or 0) or _DPY_CONFIG.get(dpy or "")
+        if config is not None:
+            return ConnectionConfigError(self.name, *config)
+        if code in _CONNECT_TRANSIENT or dpy in _DPY_CONNECT:
+            problem = socket_problem(self.name, exc)  # DPY-6005 also wraps a host name that does not resolve
+            return problem if problem is not None else CannotConnect(self.name, exc)
         return super().connect_error(exc)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:

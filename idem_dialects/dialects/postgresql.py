@@ -20,6 +20,7 @@ usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK viol
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib.util import find_spec
@@ -47,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection, ExceptionContext
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -59,6 +60,9 @@ from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
 from .base import AnyRow, Backend, replay_columns
+from .drivers import Driver
+from .network import socket_problem
+from .postgresql_startup import startup_sqlstate
 
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
@@ -78,6 +82,18 @@ _RETRYABLE = {
     # and a new connection (target_session_attrs=read-write) finds the new primary.
     "25006": RetryCause.CONNECT,
 }
+# Opening a connection: what only a changed configuration fixes (by SQLSTATE, or its class), and the classes a
+# retry may outlast (08 connection exception, 53 insufficient resources: too many clients, 57 operator intervention:
+# starting up, shutting down).
+_CONNECT_CONFIG = {
+    "28": ("authentication failed for user {user!r}",
+           "check the user and password in the URL (and the server's pg_hba.conf)"),
+    "3D000": ("the database {database!r} does not exist", "check the URL's database name or create it"),
+    "42501": ("user {user!r} may not connect to database {database!r}",
+              "GRANT CONNECT ON DATABASE to it, or use another user"),
+}
+_CONNECT_TRANSIENT_CLASSES = frozenset({"08", "53", "57"})
+_LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2"})  # drivers whose connect errors come from libpq (no SQLSTATE)
 _SYNCHRONOUS = ("on", "remote_write", "remote_apply")  # synchronous_commit levels that wait for the standby
 _CONNECTION_CLASS = "08"  # connection_exception and its subclasses
 # A btree index row holds at most 2704 bytes (8 kB pages): an 8-byte tuple header plus, per key column, a 4-byte
@@ -114,20 +130,27 @@ def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
     return None
 
 
+_PSYCOPG_BEGIN = "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
+
+
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
-    async_drivers = ("asyncpg", "psycopg")  # psycopg 3 serves both; create_async_engine picks its async mode
+    aliases = ("postgres", "pg", "pgsql", "psql")
+    extra = "postgresql"
+    drivers = (
+        # SQLAlchemy's asyncpg adapter starts an asyncpg Transaction: BEGIN on the wire.
+        Driver("asyncpg", "asyncpg", "idem-dialects[async]", sync=False, asynchronous=True,
+               implicit_begin="asyncpg sends BEGIN when a transaction starts (one more round trip)"),
+        # psycopg 3 serves both; create_async_engine picks its async mode.
+        Driver("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, implicit_begin=_PSYCOPG_BEGIN),
+        Driver("psycopg2", "psycopg2", "psycopg2-binary", implicit_begin=_PSYCOPG_BEGIN),
+        # pg8000 1.31: close() after a lost connection fails writing Terminate and never closes its socket file.
+        Driver("pg8000", "pg8000", "pg8000", leaks_lost_sockets=True),
+    )
     plpgsql_baseline = True
     replay_cpu_target_ms = 0.7
-
-    @classmethod
-    def implicit_begin(cls, driver: str) -> str | None:
-        if driver in ("psycopg", "psycopg2"):
-            return "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
-        if driver == "asyncpg":  # SQLAlchemy's adapter starts an asyncpg Transaction: BEGIN on the wire
-            return "asyncpg sends BEGIN when a transaction starts (one more round trip)"
-        return None
+    provision = "idem_dialects.dialects.postgresql_provision:PostgreSQLProvision"
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -282,25 +305,31 @@ class PostgreSQLBackend(Backend):
             elif args and isinstance(args[0], dict) and str(args[0].get("D", "")).startswith("Failing row"):
                 error.args = ({k: v for k, v in args[0].items() if k != "D"}, *args[1:])
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
-        # libpq reports a failed connection without a SQLSTATE (refused, reset, "the database system is starting
-        # up", a read-only session under target_session_attrs=read-write, and also an unknown role or database):
-        # all are OperationalError, retried within the budget; the one code-level fact libpq gives is that the
-        # server asked for a password none was given for. Never classified by message text.
-        pgconn = getattr(exc.orig, "pgconn", None)
+    def connect_error(self, exc: BaseException) -> IdemError | None:
+        orig: Any = exc.orig if isinstance(exc, DBAPIError) else exc
+        # psycopg 3 knows without a SQLSTATE that the server asked for a password and none was given.
+        pgconn = getattr(orig, "pgconn", None)
         if getattr(pgconn, "needs_password", False) and not getattr(pgconn, "used_password", True):
             return ConnectionConfigError(self.name, "the server asks for a password and none was given",
                                          "put the password in the URL (postgresql+psycopg://USER:PASSWORD@HOST/DB)"
                                          " or in ~/.pgpass")
         code = sqlstate(exc)
-        if code is not None and code.startswith("28"):  # invalid_authorization_specification, invalid_password
-            return ConnectionConfigError(self.name, f"authentication failed (SQLSTATE {code})",
-                                         "check the user and password in the URL")
-        if code == "3D000":  # invalid_catalog_name
-            return ConnectionConfigError(self.name, "the database does not exist", "check the URL's database name")
-        if isinstance(exc, OperationalError) or self.retry_cause(exc) is not None:
-            return CannotConnect(self.name, exc)
-        return None
+        if code is None and type(orig).__module__.partition(".")[0] in _LIBPQ_DRIVERS:
+            # libpq drops the SQLSTATE of a refused startup (wrong database, too many clients, starting up): ask
+            # the server the same question once more, by protocol, and read its answer's code.
+            probe = startup_sqlstate(self.engine.url)
+            if isinstance(probe, OSError):
+                return socket_problem(self.name, probe) if isinstance(probe, socket.gaierror) else CannotConnect(
+                    self.name, exc)
+            code = probe
+        if code is not None:
+            config = _CONNECT_CONFIG.get(code) or _CONNECT_CONFIG.get(code[:2])
+            if config is not None:
+                what = config[0].format(user=self.engine.url.username, database=self.engine.url.database)
+                return ConnectionConfigError(self.name, f"{what} (SQLSTATE {code})", config[1])
+            if code[:2] in _CONNECT_TRANSIENT_CLASSES or code in _RETRYABLE:
+                return CannotConnect(self.name, exc)
+        return super().connect_error(exc)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         code = sqlstate(exc)

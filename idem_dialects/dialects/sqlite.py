@@ -31,6 +31,7 @@ from ..errors import ConnectionConfigError, IdemError, IdemWarning, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import AnyRow, Backend
+from .drivers import Driver
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
 _SQLITE_ERROR = 1  # the generic code: a missing table has no code of its own
@@ -52,7 +53,10 @@ def is_memory(url: URL) -> bool:
 
 class SQLiteBackend(Backend):
     name = "sqlite"
-    async_drivers = ("aiosqlite",)
+    aliases = ("sqlite3",)
+    drivers = (Driver("pysqlite", "sqlite3", None),
+               Driver("aiosqlite", "aiosqlite", "idem-dialects[async]", sync=False, asynchronous=True))
+    embedded = True
     # SQLite transactions are serializable; that is the only level it has.
     base_features = Features(isolation_levels=("SERIALIZABLE",), writers=1)  # one write lock per database
 
@@ -179,9 +183,11 @@ class SQLiteBackend(Backend):
             cursor.close()
         return MISSING_TABLE if found < len(set(tables)) else None
 
-    def connect_error(self, exc: DBAPIError) -> IdemError | None:
-        # A file that cannot be opened (missing directory, no permission) stays so: no retry helps.
-        if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
+    def connect_error(self, exc: BaseException) -> IdemError | None:
+        # A file that cannot be opened (missing directory, no permission) stays so: no retry helps. aiosqlite
+        # raises sqlite3's own error from its thread, so both drivers carry the code.
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if getattr(orig, "sqlite_errorcode", None) == _SQLITE_CANTOPEN:
             return ConnectionConfigError(self.name, f"cannot open the database file {self.engine.url.database!r}",
                                          "check that its directory exists and is writable")
         return super().connect_error(exc)

@@ -148,7 +148,6 @@ class ColumnStatus(EngineStatus):
 def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, EngineStatus]:
     """The matrix's columns: each engine for the sync store, each engine x installed async driver for the async."""
     from ... import dialects
-    from ...url import async_drivers
 
     columns: dict[str, EngineStatus] = {}
     for name, status in statuses.items():
@@ -157,7 +156,7 @@ def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, Eng
         spec = ENGINES.get(name)
         backend = status.server.url.get_backend_name() if status.server else spec.backend if spec else None
         if api in ("async", "both") and backend is not None:
-            for driver in async_drivers(dialects.load(backend)):
+            for driver in dialects.load(backend).usable_drivers(asynchronous=True):
                 column = f"{name}-{driver}"
                 columns[column] = ColumnStatus(**{f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
                                                | {"name": column, "engine": name, "driver": driver})

@@ -1,0 +1,177 @@
+"""The ground floor of the engine catalogue: what an entry is (`CatalogueEntry`), what a provider returns (a live
+`Server`) or raises (`Unavailable`), and each backend's test provisioning (`Provision`, found through the backend's
+``provision`` reference). Providers build on this module; the catalogue sits on top of them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, ClassVar, TypeVar
+
+from sqlalchemy import make_url
+from sqlalchemy.engine import URL
+
+from idem_dialects import dialects
+
+from .controls import ClusterControls
+
+
+class Unavailable(Exception):
+    """An engine (or one way of providing it) cannot be had here; the message says why and what would help."""
+
+
+@dataclass
+class Server:
+    """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
+    `restart(pause)` (only for a server this process started) stops it cleanly, waits `pause` seconds and starts it
+    again, returning once it answers; `controls` (clusters only) reach single nodes, kill a node or the primary,
+    promote the standby."""
+
+    engine: str
+    url: URL
+    how: str
+    stop: Callable[[], None] = lambda: None
+    restart: Callable[[float], None] | None = None
+    controls: ClusterControls | None = None
+
+
+Provider = Callable[["CatalogueEntry"], Server]
+P = TypeVar("P", bound=Callable[..., Server])
+
+
+def described(text: str) -> Callable[[P], P]:
+    """Mark a provider with what it would do, so a listing can say it without running it."""
+
+    def mark(provider: P) -> P:
+        provider.description = text  # type: ignore[attr-defined]
+        return provider
+
+    return mark
+
+
+def describe(provider: Provider) -> str:
+    """What `provider` would do to provide an engine, said without running it (nothing starts, nothing connects)."""
+    return str(getattr(provider, "description", provider.__name__.replace("_", " ")))
+
+
+def env_var(name: str) -> str:
+    """The environment variable that gives an engine's URL: IDEM_URL_ + the name upper-cased, '-'/'.' -> '_'."""
+    return "IDEM_URL_" + name.upper().replace("-", "_").replace(".", "_")
+
+
+def from_env(entry: CatalogueEntry) -> Server:
+    value = os.environ.get(env_var(entry.name))
+    if not value:
+        raise Unavailable(f"{env_var(entry.name)} is not set")
+    return Server(entry.name, make_url(value), f"URL from {env_var(entry.name)}")
+
+
+class EntryUnavailable(Unavailable):
+    """Every provider of an entry failed: `reasons` (one per provider, in order) and `hint` (how to enable)."""
+
+    def __init__(self, engine: str, reasons: Sequence[str], hint: str) -> None:
+        self.engine = engine
+        self.reasons = list(reasons)
+        self.hint = hint
+        super().__init__("; ".join(self.reasons) + f"; to enable: {hint}")
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One engine of the matrix: its backend and the ways to provide it, tried in order (after the env URL).
+    Reading an entry starts nothing; `provide` does."""
+
+    name: str
+    backend: str
+    title: str
+    providers: Sequence[Provider] = field(default_factory=tuple)
+    enable_hint: str = ""
+    url_example: str = ""
+
+    def how_to_enable(self) -> str:
+        """One line: the env var and URL shape, then whatever else would provide this engine."""
+        parts = [f"set {env_var(self.name)}={self.url_example or '<SQLAlchemy URL>'}"]
+        if self.enable_hint:
+            parts.append(self.enable_hint)
+        images = [p.image for p in self.providers if hasattr(p, "image")]
+        if images:
+            parts.append(f"or start a Docker engine so testcontainers can run {images[0]}")
+        return ", ".join(parts[:1]) + "".join(f"; {p}" for p in parts[1:])
+
+    def ways(self) -> list[str]:
+        """How this entry would be provided here, in order, said without trying any way."""
+        from_url = [f"the URL in {env_var(self.name)}"] if os.environ.get(env_var(self.name)) else []
+        return from_url + [describe(p) for p in self.providers]
+
+    def provide(self) -> Server:
+        reasons = []
+        for provider in (from_env, *self.providers):
+            try:
+                return provider(self)
+            except Unavailable as exc:
+                reasons.append(str(exc))
+        raise EntryUnavailable(self.name, reasons, self.how_to_enable())
+
+
+class Provision:
+    """One backend's test provisioning, as SQLAlchemy's ``dialects/<engine>/provision.py``: what the catalogue and
+    the conformance suite need of an engine and the library never does. A backend names its subclass in
+    ``Backend.provision``; this base is what a backend without one gets (nothing can be started or cut)."""
+
+    # The wire protocol of this engine's servers, for the conformance fault proxy ("postgresql", "mysql").
+    wire_protocol: ClassVar[str | None] = None
+    default_port: ClassVar[int | None] = None
+    # How a check ends another session: SQL run on that session for its id, SQL that ends session {id}.
+    session_id_sql: ClassVar[str | None] = None
+    end_session_sql: ClassVar[str | None] = None
+
+    @classmethod
+    def container(cls, image: str, backend: str) -> tuple[Any, URL]:
+        """Start a testcontainers container of `image`: (the started container, a URL reaching it)."""
+        raise Unavailable(f"no container recipe for {backend}")
+
+    @classmethod
+    def private_server(cls, backend: str) -> Server:
+        """A server of `backend` this process starts (and so may restart and stop), never the machine's own."""
+        raise Unavailable(f"no way to start a private {backend} server here")
+
+    @classmethod
+    def driver_url(cls, url: URL, driver: str) -> URL:
+        """`url` (of this backend's default driver) for another of its drivers, which may spell the same place
+        differently."""
+        return url.set(drivername=f"{url.get_backend_name()}+{driver}")
+
+    @classmethod
+    def server_address(cls, url: URL) -> tuple[str, int] | str:
+        """Where the server of `url` listens: (host, port), or a Unix socket path."""
+        port = url.port or cls.default_port
+        if port is None:
+            raise NotImplementedError(f"{url.get_backend_name()} has no default port to reach")
+        return url.host or "127.0.0.1", port
+
+    @classmethod
+    def plaintext_url(cls, url: URL, host: str, port: int) -> URL:
+        """`url` pointed at `host`:`port` without TLS (a proxy in between must read the protocol)."""
+        return url.set(host=host, port=port)
+
+
+def provisioning(backend: str) -> type[Provision]:
+    """The `Provision` of a backend (by dialect name), imported only now."""
+    reference = dialects.load(backend).provision
+    if reference is None:
+        return Provision
+    module, _, attr = reference.partition(":")
+    found = getattr(import_module(module), attr)
+    if not (isinstance(found, type) and issubclass(found, Provision)):
+        raise TypeError(f"{reference!r}, the provision of {backend!r}, is not a Provision subclass")
+    return found
+
+
+def require_driver(backend: str, driver: str) -> None:
+    """Unavailable, saying what to install, unless `backend+driver` can be imported here."""
+    known = dialects.load(backend).driver(driver)
+    problem = known.problem() if known is not None else f"{backend}+{driver} is not a driver idem-dialects knows"
+    if problem is not None:
+        raise Unavailable(problem)
