@@ -287,4 +287,5 @@ def table(results: list[ProofResult]) -> str:
 
 
 def describe(result: ProofResult) -> dict[str, Any]:
-    return {**asdict(result), "ok": result.ok, "batch": BATCH}
+    """The result as JSON-ready data (asdict would turn the Counter's items into keys)."""
+    return {**asdict(result), "counts": dict(result.counts), "ok": result.ok, "batch": BATCH}
