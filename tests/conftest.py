@@ -2,9 +2,11 @@
 
 from collections.abc import Callable, Iterator
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer_common import Inbox
 
 from idem_dialects import engines
 from idem_dialects.engines.brokers import BROKERS
@@ -57,3 +59,11 @@ def broker(request: pytest.FixtureRequest) -> Callable[..., str]:
         return spec.url()
 
     return need
+
+
+@pytest.fixture
+def inbox(tmp_path: Path) -> Iterator[Inbox]:
+    """A store on an SQLite file in `tmp_path` with a table counting committed handler runs (the adapters' tests)."""
+    made = Inbox(tmp_path)
+    yield made
+    made.close()

@@ -20,13 +20,6 @@ celery = pytest.importorskip("celery", reason="celery is not installed (pip inst
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def inbox(tmp_path: Path) -> Iterator[Inbox]:
-    made = Inbox(tmp_path)
-    yield made
-    made.close()
-
-
 class Workers:
     """Celery worker processes (solo pool) on one queue of their own, configured through the environment."""
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,13 +19,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig  # 
 
 from idem_dialects.consumers import DeadLetter, header  # noqa: E402
 from idem_dialects.consumers.nats import REASON_HEADER, IdempotentConsumer  # noqa: E402
-
-
-@pytest.fixture
-def inbox(tmp_path: Path) -> Iterator[Inbox]:
-    made = Inbox(tmp_path)
-    yield made
-    made.close()
 
 
 async def _stream(js: Any, name: str, ack_wait: float = 1.0, duplicate_window: float = 120.0) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -20,13 +20,6 @@ from idem_dialects.consumers import DeadLetter  # noqa: E402
 from idem_dialects.consumers.rabbitmq import IdempotentConsumer  # noqa: E402
 
 
-@pytest.fixture
-def inbox(tmp_path: Path) -> Iterator[Inbox]:
-    made = Inbox(tmp_path)
-    yield made
-    made.close()
-
-
 async def _queue(channel: Any, name: str) -> tuple[Any, Any]:
     dead = await channel.declare_queue(f"{name}.dead", auto_delete=False)
     queue = await channel.declare_queue(name, durable=True, arguments={
@@ -38,6 +31,23 @@ async def _publish(channel: Any, name: str, messages: list[tuple[str, bytes]]) -
     for mid, body in messages:
         await channel.default_exchange.publish(
             aio_pika.Message(body, message_id=mid, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=name)
+
+
+@asynccontextmanager
+async def _consuming(url: str, name: str, messages: list[tuple[str, bytes]],
+                     consumer: IdempotentConsumer) -> AsyncIterator[Any]:
+    """A queue of the test's own (and its dead-letter queue) holding `messages`, consumed by `consumer`; both
+    deleted at the end."""
+    async with await aio_pika.connect(url) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        queue, dead = await _queue(channel, name)
+        await _publish(channel, name, messages)
+        await queue.consume(consumer)
+        try:
+            yield channel
+        finally:
+            await queue.delete(if_unused=False, if_empty=False)
+            await dead.delete(if_unused=False, if_empty=False)
 
 
 async def _count(channel: Any, name: str) -> int:
@@ -57,17 +67,9 @@ def test_duplicates_are_acked_without_running_the_handler(broker: Callable[..., 
             await conn.run_sync(inbox.apply, message.message_id)
 
         consumer = IdempotentConsumer(store, handle, subscriber="billing")
-        async with await aio_pika.connect(url) as connection:
-            channel = await connection.channel(publisher_confirms=True)
-            queue, dead = await _queue(channel, name)
-            await _publish(channel, name, messages)
-            await queue.consume(consumer)
-            try:
-                await await_for(lambda: consumer.counts["ack"] == len(messages), what="every message acked")
-                assert await _count(channel, name) == 0 and await _count(channel, f"{name}.dead") == 0
-            finally:
-                await queue.delete(if_unused=False, if_empty=False)
-                await dead.delete(if_unused=False, if_empty=False)
+        async with _consuming(url, name, messages, consumer) as channel:
+            await await_for(lambda: consumer.counts["ack"] == len(messages), what="every message acked")
+            assert await _count(channel, name) == 0 and await _count(channel, f"{name}.dead") == 0
         await store.close()
         return consumer
 
@@ -94,20 +96,12 @@ def test_poison_and_changed_messages_are_dead_lettered(broker: Callable[..., str
                 raise DeadLetter("account closed")
 
         consumer = IdempotentConsumer(store, handle, subscriber="billing", max_deliveries=3, retry_delay=0.05)
-        async with await aio_pika.connect(url) as connection:
-            channel = await connection.channel(publisher_confirms=True)
-            queue, dead = await _queue(channel, name)
-            await _publish(channel, name, [("ok", b"a"), ("poison", b"poison"), ("refused", b"refused"),
-                                           ("ok", b"changed")])
-            await queue.consume(consumer)
-            try:
-                await await_for(lambda: consumer.counts["dead-letter"] == 3, what="three dead letters")
-                await await_for(lambda: _count(channel, f"{name}.dead"), what="the dead-letter queue")
-                await asyncio.sleep(0.2)
-                assert await _count(channel, f"{name}.dead") == 3 and await _count(channel, name) == 0
-            finally:
-                await queue.delete(if_unused=False, if_empty=False)
-                await dead.delete(if_unused=False, if_empty=False)
+        messages = [("ok", b"a"), ("poison", b"poison"), ("refused", b"refused"), ("ok", b"changed")]
+        async with _consuming(url, name, messages, consumer) as channel:
+            await await_for(lambda: consumer.counts["dead-letter"] == 3, what="three dead letters")
+            await await_for(lambda: _count(channel, f"{name}.dead"), what="the dead-letter queue")
+            await asyncio.sleep(0.2)
+            assert await _count(channel, f"{name}.dead") == 3 and await _count(channel, name) == 0
         await store.close()
         return consumer
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,13 +17,6 @@ from idem_dialects.engines.brokers import BROKERS
 redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'idem-dialects[redis]')")
 from idem_dialects.consumers import DeadLetter  # noqa: E402
 from idem_dialects.consumers.redis import ORIGIN_FIELD, REASON_FIELD, Entry, StreamConsumer, field  # noqa: E402
-
-
-@pytest.fixture
-def inbox(tmp_path: Path) -> Iterator[Inbox]:
-    made = Inbox(tmp_path)
-    yield made
-    made.close()
 
 
 @pytest.fixture
