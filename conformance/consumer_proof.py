@@ -5,8 +5,8 @@ distinct message id applied exactly once, none lost, none twice, nothing left on
 Kills land at random points of three kinds: ``mid-handler`` (the effect written, not committed), ``after-commit``
 (committed, not acknowledged: the broker delivers it again) and ``anywhere`` (a SIGKILL from outside at a random
 moment: fetching, handling, acknowledging). The messages are published in one chunk per kill, each once the worker
-that carries the next kill is consuming, so every kill falls while messages are in hand; a killed worker is started
-again at once.
+that carries the chunk's kill is consuming, and the kill falls at a random position of its chunk, so the kills are
+spread over the whole run and each falls while messages are in hand; a killed worker is started again at once.
 """
 
 from __future__ import annotations
@@ -75,13 +75,19 @@ def messages(total: int, duplicate_share: float, rng: random.Random) -> tuple[li
     return [(mid, json.dumps({"id": mid, "amount": int(mid[2:]) % 97 + 1}).encode()) for mid in chosen], distinct
 
 
-def kill_plan(kills: int, rng: random.Random) -> list[Kill | float]:
-    """Each planned kill: a `Kill` at a point of the handler/ack path within the first few messages its worker
-    handles, or a delay (seconds after its worker is ready) for a SIGKILL from outside. Every kind of point is there
-    when there are that many kills, the others drawn at random, in random order."""
+@dataclass(frozen=True)
+class Outside:
+    """A SIGKILL from outside once `applied` distinct messages are in the database: a random moment of the run."""
+
+    applied: int
+
+
+def kill_points(kills: int, rng: random.Random) -> list[str]:
+    """The point of each planned kill: every kind when there are that many kills, the others drawn at random, in
+    random order."""
     points = list(KILL_POINTS[:kills]) + [rng.choice(KILL_POINTS) for _ in range(kills - len(KILL_POINTS))]
     rng.shuffle(points)
-    return [rng.uniform(0.05, 0.5) if point == "anywhere" else Kill(point, rng.randint(1, 5)) for point in points]
+    return points
 
 
 class _Slot:
@@ -90,7 +96,7 @@ class _Slot:
     def __init__(self, number: int, directory: Path) -> None:
         self.number = number
         self.proc: subprocess.Popen[bytes] | None = None
-        self.kill: Kill | float | None = None
+        self.kill: Kill | Outside | None = None
         self.ready = directory / f"ready-{number}"
 
     def is_ready(self) -> bool:
@@ -129,7 +135,7 @@ class Proof:
 
     def _run(self, store: IdempotencyStore) -> ProofResult:
         batch, distinct = messages(self.total, self.duplicate_share, self.rng)
-        plan = kill_plan(self.kills, self.rng)
+        plan = kill_points(self.kills, self.rng)
         result = ProofResult(self.broker, self.engine, len(batch), distinct, [])
         started = time.monotonic()
         slots = [_Slot(n, self.directory) for n in range(self.workers)]
@@ -149,18 +155,25 @@ class Proof:
         return result
 
     def _consume_with_kills(self, store: IdempotencyStore, slots: list[_Slot], batch: list[tuple[str, bytes]],
-                            plan: list[Kill | float], result: ProofResult, deadline: float) -> None:
-        """Publish the messages in one chunk per kill (and a last one), each once the worker that carries the next
-        kill is consuming, so that every kill falls while there are messages in hand. A planned kill whose worker
-        got no message before its chunk was consumed becomes a SIGKILL from outside (counted as 'anywhere')."""
+                            plan: list[str], result: ProofResult, deadline: float) -> None:
+        """Publish the messages in one chunk per kill (and a last one), each once the worker that carries the chunk's
+        kill is consuming; the kill falls at a random position of the chunk: the worker's n-th handler run or ack
+        (mid-handler, after-commit) or a random number of messages applied (anywhere, from outside). A worker that
+        got too few messages of its chunk for its point is killed from outside when the chunk is done (counted as
+        'anywhere')."""
         chunks = [batch[i::len(plan) + 1] for i in range(len(plan) + 1)]
         for slot in slots:
             self._start(slot, None)
         published: set[str] = set()
         for n, chunk in enumerate(chunks):
             carrier = slots[n % len(slots)]
+            fresh = len({mid for mid, _ in chunk} - published)
             if n < len(plan):
-                self._restart(carrier, plan[n], deadline)
+                share = max(1, len(chunk) // (2 * len(slots)))
+                kill = (Outside(len(published) + self.rng.randint(1, max(1, fresh * 3 // 4)))
+                        if plan[n] == "anywhere" else Kill(plan[n], self.rng.randint(1, share)))
+                self._stop(carrier)
+                self._start(carrier, kill)
             self._wait(lambda: all(s.is_ready() for s in slots), deadline, "the workers to start consuming")
             self.ops["publish"](self.broker_url, self.name, chunk)
             published.update(mid for mid, _ in chunk)
@@ -171,21 +184,15 @@ class Proof:
                 self._start(carrier, None)
         self._wait(lambda: self._applied(store) >= result.distinct, deadline, "every message applied")
 
-    def _restart(self, slot: _Slot, kill: Kill | float, deadline: float) -> None:
-        """Replace `slot`'s worker (stopped cleanly) by one carrying `kill`."""
-        self._stop(slot)
-        self._start(slot, kill)
-
     def _await_kill(self, store: IdempotencyStore, slot: _Slot, published: int, deadline: float) -> str:
         """Wait for `slot`'s planned kill (`published`: distinct ids published so far); the point it died at."""
         assert slot.proc is not None
-        ready_at = time.monotonic()
         idle_since: float | None = None
         while slot.proc.poll() is None:
-            now = time.monotonic()
-            if isinstance(slot.kill, float) and now - ready_at > slot.kill:
+            now, applied = time.monotonic(), self._applied(store)
+            if isinstance(slot.kill, Outside) and applied >= slot.kill.applied:
                 slot.proc.send_signal(signal.SIGKILL)
-            elif self._applied(store) >= published:
+            elif applied >= published:
                 idle_since = idle_since or now
                 if now - idle_since > 2.0:  # its chunk is done and it never got to its point: kill it from outside
                     slot.kill = None
@@ -218,7 +225,7 @@ class Proof:
                 time.sleep(0.2)
             self._stop(slot)
 
-    def _start(self, slot: _Slot, kill: Kill | float | None) -> None:
+    def _start(self, slot: _Slot, kill: Kill | Outside | None) -> None:
         slot.kill = kill
         slot.ready.unlink(missing_ok=True)
         worker = Worker(self.broker, self.broker_url, self.name, self.db_url.render_as_string(hide_password=False),
