@@ -256,11 +256,11 @@ class Core:
         if not (isinstance(on_mismatch, Disposition) or callable(on_mismatch)):
             raise InvalidPayload("on_mismatch", f"must be a Disposition or a function returning one, got"
                                                 f" {type(on_mismatch).__name__}")
+        return self._consumed(ident, fp, on_mismatch, retry)
 
-        def once() -> Flow[Delivery]:
-            return transaction(self._consume(ident, fp))
-
-        delivery = yield from self.retrying(once, retry)
+    def _consumed(self, ident: dict[str, str], fp: str | None, on_mismatch: OnMismatch,
+                  retry: RetryPolicy | None) -> Flow[Delivery]:
+        delivery = yield from self.retrying(lambda: transaction(self._consume(ident, fp)), retry)
         if delivery.mismatch is not None:
             chosen = on_mismatch(delivery.mismatch) if callable(on_mismatch) else on_mismatch
             delivery = Delivery(Disposition(chosen), mismatch=delivery.mismatch)
