@@ -27,6 +27,12 @@ ACK_WAIT = 2.0  # seconds before a broker redelivers what a killed consumer held
 BATCH = 20  # messages a worker holds at once (RabbitMQ prefetch, NATS fetch, Redis read count)
 
 
+def in_flight(store: Any) -> int:
+    """Messages handled at once: one per writer the engine allows (SQLite: 1; concurrent handlers would only queue
+    for its write lock), up to BATCH."""
+    return min(BATCH, store.features.writers or BATCH)
+
+
 def applied_table(prefix: str, metadata: MetaData | None = None) -> Table:
     """One row per handler run that committed; no unique key, so a second run of a message would show."""
     return Table(f"{prefix}applied", metadata or MetaData(), Column("message_id", String(64), nullable=False),
@@ -187,7 +193,7 @@ def _rabbitmq_worker(worker: Worker, stop: threading.Event) -> None:
 
         connection = await aio_pika.connect_robust(worker.broker_url)
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=BATCH)
+        await channel.set_qos(prefetch_count=in_flight(store))
         queue = await channel.declare_queue(worker.name, passive=True)
         tag = await queue.consume(on_message)
         Path(worker.ready).touch()
@@ -279,7 +285,7 @@ def _nats_worker(worker: Worker, stop: threading.Event) -> None:
         Path(worker.ready).touch()
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(BATCH, timeout=0.5)
+                msgs = await sub.fetch(in_flight(store), timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):  # nats-py raises either when nothing came
                 continue
             await asyncio.gather(*(consumer(msg) for msg in msgs))

@@ -28,7 +28,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.engine import URL, Connection
 
 from ...aio import AsyncIdempotencyStore
-from ...conformance.brokers import BATCH, OPERATIONS, applied_table
+from ...conformance.brokers import BATCH, OPERATIONS, applied_table, in_flight
 from ...dialects.base import Backend
 from ...engines.brokers import BROKERS
 from ...store import IdempotencyStore
@@ -115,11 +115,6 @@ class ConsumerBenchmark:
         finally:
             ops["teardown"](broker_url, name)
         return self.messages / seconds
-
-
-def in_flight(store: IdempotencyStore) -> int:
-    """Messages handled at once: one per writer the engine allows, up to BATCH."""
-    return min(BATCH, store.features.writers or BATCH)
 
 
 @dataclass
