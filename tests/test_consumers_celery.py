@@ -95,9 +95,14 @@ def test_worker_killed_after_commit_does_not_apply_the_redelivered_task_again(wo
 
 
 def test_an_explicit_key_applies_two_publishes_of_one_job_once(workers: Workers, inbox: Inbox) -> None:
+    """Two publishes of one job (two task ids, one key) apply it once; the key with other arguments is rejected
+    without requeue (dead-lettered) and applies nothing."""
     first, second = workers.send("idem_test.charge", "o-9", 500), workers.send("idem_test.charge", "o-9", 500)
+    changed = workers.send("idem_test.charge", "o-9", 700)
     workers.start()
-    wait_for(lambda: len(workers.returned()) == 2, timeout=60, what="both tasks")
-    assert sorted(workers.returned()) == sorted([("idem_test.charge", first, "500"),
-                                                 ("idem_test.charge", second, "None")])
+    wait_for(lambda: len(workers.returned()) == 3, timeout=60, what="the three tasks")
+    returned = {task_id: value for _, task_id, value in workers.returned()}
+    assert returned[first] == "500" and returned[second] == "None"
+    assert "processed before with other arguments" in returned[changed]  # Reject(requeue=False)
     assert inbox.applied() == {"charge:o-9": 1}
+    wait_for(lambda: workers.left() == 0, timeout=30, what="every message settled")
