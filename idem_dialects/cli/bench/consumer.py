@@ -76,6 +76,7 @@ class ConsumerBenchmark:
             with store.engine.connect() as conn:
                 info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
                                    conn.dialect.server_version_info)
+            info["async_driver"] = async_url(url, None).get_driver_name()  # RabbitMQ's and NATS's store
             results = {broker: self._broker(broker, url, store, log) for broker in chosen}
             with store.engine.connect() as conn:
                 rows, distinct = conn.execute(select(func.count(), func.count(table.c.message_id.distinct()))).one()

@@ -60,7 +60,7 @@ def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
     rows = [[name, broker, f"{r['bare']['per_s']:,.0f}", f"{r['idempotent']['per_s']:,.0f}",
              f"{r['ratio_to_bare']:.2f}"] for broker, r in run["brokers"].items()]
     lines = [heading(f"idem-dialects bench --api consumer -- {name} {e['server_version']}", markdown), "",
-             f"database: {e['url']} via {e['driver']}",
+             f"database: {e['url']} via {e['driver']} (the async store via {e.get('async_driver', '?')})",
              f"{c['messages']} messages per mode x {c['repetitions']} alternating repetitions (medians),"
              f" {c['in_flight']} in flight at once", "",
              *table(["engine", "broker", "bare msg/s", "idempotent msg/s", "x bare"], rows, markdown), "",
