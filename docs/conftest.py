@@ -1,8 +1,9 @@
 """Every example in the docs runs in the test command (Sybil).
 
-- ```python blocks run in one namespace per page, in a fresh temporary directory (so `sqlite:///app.db` is a
-  throw-away file): SQLite by default; a page whose example names a server engine skips it, with the reason, where
-  that engine does not answer here (``% skip: next if(not live("postgresql"), reason="...")``).
+- ```python blocks run in one namespace per page, in a fresh temporary directory of that page (so
+  `sqlite:///app.db` is a throw-away file): SQLite by default; a page whose example names a server engine skips
+  it, with the reason, where that engine does not answer here
+  (``% skip: next if(not live("postgresql"), reason="...")``).
 - ```console blocks run each `$ command` line with bash in that directory (the project's venv first on PATH); the
   lines after a command are the output it shows and are not compared. Each must exit 0.
 - A block that cannot run here says why: ``% skip: next "reason"``.
@@ -47,10 +48,12 @@ def _run_console(example: Example) -> None:
         assert done.returncode == 0, f"{line!r} exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
 
 
-@pytest.fixture
-def docs_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
+@pytest.fixture(scope="module")  # one directory per page: its blocks build on each other
+def docs_workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("page")
+        patch.chdir(path)
+        yield path
 
 
 def _setup(namespace: dict[str, Any]) -> None:

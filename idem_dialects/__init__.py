@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from .encoding import default_encoder
@@ -32,6 +31,7 @@ from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcom
 from .protocol import Reply
 from .retry import RetryPolicy
 from .store import IdempotencyStore
+from .version import __version__
 
 if TYPE_CHECKING:
     from .aio import AsyncIdempotencyStore
@@ -46,10 +46,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-try:
-    __version__ = version("idem-dialects")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "AsyncIdempotencyStore",

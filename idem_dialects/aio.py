@@ -23,6 +23,7 @@ from .errors import AsyncMisuse
 from .fingerprint import Encoder
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
+from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
 from .storebase import StoreBase, owning_engine, refuse_sync_effect
@@ -39,26 +40,28 @@ class AsyncIdempotencyStore(StoreBase):
     an engine the caller passed in alone."""
 
     def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
         if not isinstance(engine, AsyncEngine):
             raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
                               f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
                               " create_async_engine on an async driver")
         self.engine = engine
-        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder))
+        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder, retention))
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if self.features.concurrent_connections else asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, **engine_options: Any) -> AsyncIdempotencyStore:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 **engine_options: Any) -> AsyncIdempotencyStore:
         """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
         found = target(url)
         if not found.async_capable:
             raise AsyncMisuse(f"{found.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
                               f" or an async driver here ({async_drivers_hint(found.backend)})")
         engine = found.create_async_engine(**engine_options)
-        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
+                                         retention=retention),
                              engine.sync_engine.dispose)
 
     async def close(self) -> None:
@@ -142,12 +145,18 @@ class AsyncIdempotencyStore(StoreBase):
 
     # --- retention -----------------------------------------------------------------------------------------------
 
-    async def purge(self, older_than: timedelta, batch_size: int = 1000,
+    async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
                     progress: Callable[[str, int], None] | None = None) -> int:
-        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
-        messages as old, in batches of one transaction each. A live in-flight claim is never touched.
-        `progress(table, deleted)` is called after each batch."""
+        """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the store's
+        `retention`) ago, and processed messages as old, in batches of one transaction each. A live in-flight claim
+        is never touched. `progress(table, deleted)` is called after each batch."""
         return await self.drive(self.core.purge(older_than, batch_size, progress))
+
+    async def stats(self) -> Stats:
+        """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,
+        the records and messages past `retention` waiting for `purge`, and each table's size where the engine
+        reports it (one read; no lock a claim waits for)."""
+        return await self.drive(self.core.stats())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 

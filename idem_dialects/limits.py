@@ -24,11 +24,12 @@ def lease_seconds(lease: object) -> float | None:
     return lease.total_seconds()
 
 
-def check_older_than(older_than: object) -> timedelta:
-    if not isinstance(older_than, timedelta) or not timedelta(0) <= older_than <= MAX_RETENTION:
-        raise InvalidPayload("older_than", f"must be a timedelta from 0 to {MAX_RETENTION.days} days (100 years),"
-                                           f" got {older_than!r}")
-    return older_than
+def check_retention(window: object, field: str = "retention") -> timedelta:
+    """A retention window (the store's `retention`, `purge`'s `older_than`)."""
+    if not isinstance(window, timedelta) or not timedelta(0) <= window <= MAX_RETENTION:
+        raise InvalidPayload(field, f"must be a timedelta from 0 to {MAX_RETENTION.days} days (100 years),"
+                                    f" got {window!r}")
+    return window
 
 
 def check_batch_size(batch_size: object) -> int:

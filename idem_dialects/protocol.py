@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Delete, Engine, Update, and_, bindparam, delete, or_, update
+from sqlalchemy import Delete, Engine, Update, bindparam, delete, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -37,11 +38,14 @@ from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
 from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import check_batch_size, check_older_than, check_status, lease_seconds
+from .limits import check_batch_size, check_retention, check_status, lease_seconds
 from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
+from .retention import DEFAULT_RETENTION, Stats, purge_targets
+from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 from .steps import Begin, Effect, Flow, rowcount, sql, transaction
+from .telemetry import Telemetry
 
 T = TypeVar("T")
 _Fenceable = TypeVar("_Fenceable", Update, Delete)
@@ -111,7 +115,8 @@ def finished(outcome: Outcome, req: Request) -> Result:
 class Core:
     """What the sync and async stores share: the backend, the tables, validation, and every flow."""
 
-    def __init__(self, engine: Engine, table_prefix: str, retry: RetryPolicy | None, encoder: Encoder | None) -> None:
+    def __init__(self, engine: Engine, table_prefix: str, retry: RetryPolicy | None, encoder: Encoder | None,
+                 retention: timedelta = DEFAULT_RETENTION) -> None:
         self.engine = engine
         self.encoder = encoder  # turns values that are not plain JSON (Decimal, datetime, ...) into JSON
         self.table_prefix = check_prefix(table_prefix)
@@ -124,6 +129,8 @@ class Core:
         self.identity_limit = min(MAX_IDENTITY_BYTES, self.backend.features.max_identity_bytes or MAX_IDENTITY_BYTES)
         self.retries: Counter[str] = Counter()  # retries absorbed, by cause, since the store was made
         self._retries_lock = threading.Lock()
+        self.retention = check_retention(retention)  # what `purge` deletes when not told, and `stats` counts
+        self.telemetry = Telemetry(self.backend.db_system_name, self.backend.db_namespace())
 
     @property
     def features(self) -> Features:
@@ -148,6 +155,9 @@ class Core:
 
     def claim(self, req: Request) -> Flow[Outcome]:
         """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over)."""
+        return self.telemetry.claim(req.operation, self._claim(req))
+
+    def _claim(self, req: Request) -> Flow[Outcome]:
         t, backend, ident = self.tables.records, self.backend, req.ident
         # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
         # abandoned, so its lease is already over and the next caller takes it over.
@@ -195,6 +205,7 @@ class Core:
         if (yield from rowcount(stmt, params)) != 1:
             log.warning("lost the claim on key %r in %r/%r before completing it (taken over or completed)",
                         claimed.key, claimed.scope, claimed.operation)
+            self.telemetry.lease_lost(claimed.operation)
             raise LeaseLost(claimed.scope, claimed.operation, claimed.key, claimed.token)
 
     def release(self, claimed: Claimed) -> Flow[bool]:
@@ -219,7 +230,8 @@ class Core:
     def accept_message(self, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> Flow[bool]:
         """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
         A redelivery whose payload differs from the first one's raises RequestMismatch. Validates eagerly."""
-        return self._accept_message(*self._message(subscriber, message_id, payload))
+        ident, fp = self._message(subscriber, message_id, payload)
+        return self.telemetry.message(ident["subscriber"], self._accept_message(ident, fp))
 
     def _message(self, subscriber: object, message_id: object, payload: Any) -> tuple[dict[str, str], str | None]:
         """A message's identity and payload fingerprint, validated before any SQL."""
@@ -268,13 +280,13 @@ class Core:
         return delivery
 
     def _consume(self, ident: dict[str, str], fp: str | None) -> Flow[Delivery]:
-        try:
-            accepted = yield from self._accept_message(ident, fp)
+        try:  # counted as accepted, duplicate or mismatch where every consumer form is counted
+            accepted = yield from self.telemetry.message(ident["subscriber"], self._accept_message(ident, fp))
         except RequestMismatch as mismatch:
             return Delivery(Disposition.DEAD_LETTER, mismatch=mismatch)  # its disposition is the caller's choice
         if not accepted:
             return Delivery(Disposition.ACK, duplicate=True)
-        return Delivery(Disposition.ACK, value=(yield from self.call_effect()))
+        return Delivery(Disposition.ACK, value=(yield from self.call_effect(operation=ident["subscriber"])))
 
     # --- the whole protocol in one call ------------------------------------------------------------------------
 
@@ -287,7 +299,8 @@ class Core:
         req = self.request(scope, operation, key, request, lease)
         check_status(status)
         once = self._atomic if lease is None else self._leased
-        return self.retrying(lambda: once(req, status, on_effect), retry)
+        return self.telemetry.run(req.operation, lambda: once(req, status, on_effect),
+                                  lambda attempt: self.retrying(attempt, retry))
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
         """`attempt()` re-run on the backend's retryable errors within the retry budget, counted in `retries`."""
@@ -296,13 +309,14 @@ class Core:
     def _count_retry(self, cause: str) -> None:
         with self._retries_lock:
             self.retries[cause] += 1
+        self.telemetry.retry(cause)
 
     def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None) -> Flow[Result]:
         def body() -> Flow[Result]:
             outcome = yield from self.claim(req)
             if not isinstance(outcome, Claimed):
                 return finished(outcome, req)
-            response, code = yield from self.effect(status, on_effect)
+            response, code = yield from self.effect(status, on_effect, req.operation)
             yield from self.complete(outcome, response, code)
             return Result(response, code, replayed=False)
 
@@ -321,7 +335,7 @@ class Core:
             return finished(outcome, req)
 
         def body() -> Flow[tuple[Any, int]]:
-            response, code = yield from self.effect(status, on_effect)
+            response, code = yield from self.effect(status, on_effect, req.operation)
             yield from self.complete(outcome, response, code)
             return response, code
 
@@ -335,15 +349,16 @@ class Core:
             raise
         return Result(response, code, replayed=False)
 
-    @staticmethod
-    def effect(status: int, on_effect: Callable[[Any], Any] | None = None) -> Flow[tuple[Any, int]]:
+    def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None,
+               operation: str = "") -> Flow[tuple[Any, int]]:
         """Call the effect: (response, status) to store."""
-        return reply((yield from Core.call_effect(on_effect)), status)
+        return reply((yield from self.call_effect(on_effect, operation)), status)
 
-    @staticmethod
-    def call_effect(on_effect: Callable[[Any], Any] | None = None) -> Flow[Any]:
-        """Call the effect (or a consumer's handler) and return its value. Its error is marked as the effect's
-        (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
+    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "") -> Flow[Any]:
+        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`.
+        Its error is marked as the effect's (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup
+        raises after it can take its place."""
+        started = time.perf_counter()
         try:
             response = yield Effect()
             if on_effect is not None:
@@ -351,7 +366,9 @@ class Core:
         except GeneratorExit:
             raise
         except BaseException as exc:
+            self.telemetry.effect(operation, time.perf_counter() - started, exc)
             raise EffectFailed(exc) from exc
+        self.telemetry.effect(operation, time.perf_counter() - started, None)
         return response
 
     def release_after(self, claimed: Claimed, error: BaseException) -> Flow[None]:
@@ -372,23 +389,18 @@ class Core:
     def drop_tables(self) -> Flow[None]:
         yield from transaction(sql(lambda c: self.tables.metadata.drop_all(c, checkfirst=True)))
 
-    def purge(self, older_than: timedelta, batch_size: int = 1000,
+    def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
               progress: Callable[[str, int], None] | None = None) -> Flow[int]:
-        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed messages
-        as old, in batches of one transaction each, each retried like `run`. A live in-flight claim is never
-        touched. `progress(table, deleted)` is called after each batch. Validates eagerly."""
-        check_older_than(older_than)
+        """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the retention)
+        ago, and processed messages as old, in batches of one transaction each, each retried like `run`. A live
+        in-flight claim is never touched. `progress(table, deleted)` is called after each batch. Validates eagerly."""
+        window = self.retention if older_than is None else check_retention(older_than, "older_than")
         check_batch_size(batch_size)
-        cutoff = self.backend.now_plus(-older_than.total_seconds())
-        r, m = self.tables.records.c, self.tables.messages.c
-        targets = [
-            (self.tables.records, or_(
-                and_(r.completed_at.is_not(None), r.completed_at < cutoff),
-                and_(r.completed_at.is_(None), r.locked_until < self.backend.now(), r.created_at < cutoff),
-            )),
-            (self.tables.messages, m.processed_at < cutoff),
-        ]
-        return self._purge(targets, batch_size, progress)
+        return self._purge(list(purge_targets(self.tables, self.backend, window).items()), batch_size, progress)
+
+    def stats(self) -> Flow[Stats]:
+        """Records by state, the backlog past the retention, table sizes (`retention.stats`)."""
+        return read_stats(self.tables, self.backend, self.retention)
 
     def _purge(self, targets: list[tuple[Table, ColumnElement[bool]]], batch_size: int,
                progress: Callable[[str, int], None] | None) -> Flow[int]:
@@ -399,6 +411,7 @@ class Core:
                     return transaction(sql(lambda c: self.backend.purge_batch(c, table, condition, batch_size)))
 
                 deleted = yield from self.retrying(batch)
+                self.telemetry.purged(table.name, deleted)
                 total += deleted
                 if progress is not None:
                     progress(table.name, deleted)

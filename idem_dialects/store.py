@@ -17,6 +17,7 @@ from .fingerprint import Encoder
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
+from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction
 from .storebase import StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
@@ -33,23 +34,25 @@ class IdempotencyStore(StoreBase):
     (`from_url`) and leaves an engine the caller passed in alone."""
 
     def __init__(self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
         if getattr(engine.dialect, "is_async", False):  # an AsyncEngine's sync facade, or an asyncio-only driver
             raise AsyncMisuse(f"IdempotencyStore needs a sync SQLAlchemy Engine, got {type(engine).__name__} on an"
                               " asyncio driver; use idem_dialects.AsyncIdempotencyStore for an AsyncEngine")
         self.engine = engine
-        self._adopt(Core(engine, table_prefix, retry, encoder))
+        self._adopt(Core(engine, table_prefix, retry, encoder, retention))
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, **engine_options: Any) -> IdempotencyStore:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 **engine_options: Any) -> IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
         found = target(url)
         if found.asyncio_only:
             raise AsyncMisuse(f"{found.drivername} is an asyncio driver: use"
                               f" idem_dialects.AsyncIdempotencyStore.from_url for it, or a sync driver here")
         engine = found.create_engine(**engine_options)
-        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder),
+        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
+                                         retention=retention),
                              engine.dispose)
 
     def close(self) -> None:
@@ -135,12 +138,18 @@ class IdempotencyStore(StoreBase):
 
     # --- retention -----------------------------------------------------------------------------------------------
 
-    def purge(self, older_than: timedelta, batch_size: int = 1000,
+    def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
               progress: Callable[[str, int], None] | None = None) -> int:
-        """Delete records completed (or abandoned, lease over) longer than `older_than` ago, and processed
-        messages as old, in batches of one transaction each. A live in-flight claim is never touched.
-        `progress(table, deleted)` is called after each batch."""
+        """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the store's
+        `retention`) ago, and processed messages as old, in batches of one transaction each. A live in-flight claim
+        is never touched. `progress(table, deleted)` is called after each batch."""
         return self.drive(self.core.purge(older_than, batch_size, progress))
+
+    def stats(self) -> Stats:
+        """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,
+        the records and messages past `retention` waiting for `purge`, and each table's size where the engine
+        reports it (one read; no lock a claim waits for)."""
+        return self.drive(self.core.stats())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 

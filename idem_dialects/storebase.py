@@ -6,12 +6,14 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TypeVar
 
 from .dialects.base import Backend
 from .errors import AsyncMisuse, InvalidPayload, RetryCause
 from .features import Features
 from .fingerprint import Encoder
+from .limits import check_retention
 from .protocol import Core
 from .retry import RetryPolicy
 from .schema import Tables
@@ -46,6 +48,16 @@ class StoreBase:
     @retry.setter
     def retry(self, policy: RetryPolicy) -> None:
         self.core.retry = policy
+
+    @property
+    def retention(self) -> timedelta:
+        """How long completed records are kept for replays: what `purge` deletes when not given `older_than`, and
+        the backlog `stats` counts (settable)."""
+        return self.core.retention
+
+    @retention.setter
+    def retention(self, window: timedelta) -> None:
+        self.core.retention = check_retention(window)
 
     @property
     def encoder(self) -> Encoder | None:

@@ -15,6 +15,7 @@ from sqlalchemy import DateTime, Engine, LargeBinary, Select, String, and_, bind
 from sqlalchemy.engine import URL, Connection, ExceptionContext, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import Pool
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Column, Table
 from sqlalchemy.types import TypeEngine
@@ -22,6 +23,7 @@ from sqlalchemy.types import TypeEngine
 from ..errors import CannotConnect, IdemError, RetryCause, TransientError
 from ..features import Features
 from ..keys import MAX_LENGTH
+from ..retention import TableSize
 from .drivers import Driver
 from .network import socket_problem
 
@@ -313,6 +315,31 @@ class Backend:
             return 0
         match = or_(*(and_(*(col == value for col, value in zip(pk, row, strict=True))) for row in keys))
         return conn.execute(delete(table).where(match, condition)).rowcount
+
+    # --- operations: telemetry and stats ---------------------------------------------------------------------
+
+    @property
+    def db_system_name(self) -> str:
+        """This engine's `db.system.name` in OpenTelemetry's semantic conventions."""
+        return self.name
+
+    def db_namespace(self) -> str | None:
+        """`db.namespace`: the database the URL names, known without a round trip (None if it names none)."""
+        url: URL | None = getattr(self.engine, "url", None)
+        return url.database if url is not None and url.database else None
+
+    def size_statement(self, table: Table) -> Executable | None:
+        """A statement giving one row (table bytes, index bytes) for `table` from the engine's catalog, or None if the
+        engine reports no sizes. Table bytes include the table's LOB/TOAST storage; index bytes every index's."""
+        return None
+
+    def table_size(self, conn: Connection, table: Table) -> TableSize | None:
+        """`table`'s size on disk as `size_statement` reports it; None where the engine reports none."""
+        stmt = self.size_statement(table)
+        row = None if stmt is None else conn.execute(stmt).first()
+        if row is None or row[0] is None:
+            return None
+        return TableSize(int(row[0]), int(row[1] or 0))
 
     # --- error classification (by driver error code, never by message text) --------------------------------
 

@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, String, delete, func, literal_column, text, type_coerce
+from sqlalchemy import Integer, String, case, delete, func, literal, literal_column, select, text, type_coerce
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
 from sqlalchemy.engine import Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError
@@ -315,6 +317,26 @@ class MSSQLBackend(Backend):
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         # One statement, the batch size bounding the locks it takes; `limit` is a validated int.
         return conn.execute(delete(table).where(condition).prefix_with(f"TOP ({int(limit)})")).rowcount
+
+    # --- operations ------------------------------------------------------------------------------------------
+
+    @property
+    def db_system_name(self) -> str:
+        return "microsoft.sql_server"
+
+    def size_statement(self, table: Table) -> Executable:
+        # Pages in use (in-row, LOB and row-overflow) of the heap or clustered index (index_id 0/1) and of the other
+        # indexes; needs VIEW DATABASE STATE (or the table's owner), else stats says the size is unavailable.
+        stats = sql_table("dm_db_partition_stats", *map(sql_column, ("object_id", "index_id", "used_page_count")),
+                          schema="sys")
+        pages = stats.c.used_page_count
+
+        def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:
+            return func.sum(case((condition, pages), else_=literal_column("0"))) * literal_column("8192")
+
+        name = self.engine.dialect.identifier_preparer.format_table(table)
+        return select(total(stats.c.index_id < literal_column("2")), total(stats.c.index_id >= literal_column("2"))
+                      ).where(stats.c.object_id == func.object_id(literal(name)))
 
     # --- error classification --------------------------------------------------------------------------------
 

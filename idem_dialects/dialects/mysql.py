@@ -57,6 +57,8 @@ from importlib.util import find_spec
 from typing import Any, ClassVar
 
 from sqlalchemy import Engine, Select, UniqueConstraint, event, func, literal, literal_column, select, text, type_coerce
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection, ExceptionContext
@@ -351,6 +353,16 @@ class MySQLBackend(Backend):
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         # Single-table DELETE ... LIMIT: one statement, no key list round trip.
         return conn.execute(table.delete().where(condition).ext(mysql_limit(limit))).rowcount
+
+    # --- operations ------------------------------------------------------------------------------------------
+
+    def size_statement(self, table: Table) -> Select[Any]:
+        # InnoDB's estimates (the clustered primary key is the data; INDEX_LENGTH the secondary indexes), refreshed
+        # with its persistent statistics; MySQL 8 caches them up to information_schema_stats_expiry (a day).
+        tables = sql_table("TABLES", sql_column("TABLE_SCHEMA"), sql_column("TABLE_NAME"), sql_column("DATA_LENGTH"),
+                           sql_column("INDEX_LENGTH"), schema="information_schema")
+        return select(tables.c.DATA_LENGTH, tables.c.INDEX_LENGTH).where(
+            tables.c.TABLE_SCHEMA == func.database(), tables.c.TABLE_NAME == table.name)
 
     # --- error classification --------------------------------------------------------------------------------
 

@@ -32,13 +32,18 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    literal,
     literal_column,
+    or_,
     select,
     type_coerce,
 )
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.oracle import RAW
 from sqlalchemy.engine import Connection, Dialect, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -208,6 +213,29 @@ class OracleBackend(Backend):
         batch = select(rowid).select_from(table).where(condition, literal_column("ROWNUM") <= bindparam(
             None, limit, type_=Integer()))
         return conn.execute(delete(table).where(and_(rowid.in_(batch), condition))).rowcount
+
+    # --- operations ------------------------------------------------------------------------------------------
+
+    @property
+    def db_system_name(self) -> str:
+        return "oracle.db"
+
+    def size_statement(self, table: Table) -> Executable:
+        # The schema's own segments: the table's and its LOB columns' (large responses) as the table, its indexes'
+        # (LOB indexes included) as the index size. A table without rows may have no segment yet (deferred segment
+        # creation): 0 bytes.
+        segments = sql_table("user_segments", sql_column("segment_name"), sql_column("bytes"))
+        lobs = sql_table("user_lobs", sql_column("table_name"), sql_column("segment_name"))
+        indexes = sql_table("user_indexes", sql_column("table_name"), sql_column("index_name"))
+        name = literal(self.engine.dialect.denormalize_name(table.name))  # as the data dictionary spells it
+
+        def total(condition: ColumnElement[bool]) -> Any:
+            return select(func.coalesce(func.sum(segments.c.bytes), 0)).where(condition).scalar_subquery()
+
+        own_lobs = select(lobs.c.segment_name).where(lobs.c.table_name == name)
+        own_indexes = select(indexes.c.index_name).where(indexes.c.table_name == name)
+        return select(total(or_(segments.c.segment_name == name, segments.c.segment_name.in_(own_lobs))),
+                      total(segments.c.segment_name.in_(own_indexes)))
 
     # --- error classification --------------------------------------------------------------------------------
 

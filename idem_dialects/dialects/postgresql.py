@@ -49,6 +49,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.dml import Delete, ReturningInsert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -285,6 +286,13 @@ class PostgreSQLBackend(Backend):
 
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         return conn.execute(self.purge_statement(table, condition, limit)).rowcount
+
+    # --- operations ------------------------------------------------------------------------------------------
+
+    def size_statement(self, table: Table) -> Executable:
+        # pg_table_size counts the heap, TOAST (large responses) and the free space and visibility maps.
+        relation = func.to_regclass(literal(self.engine.dialect.identifier_preparer.format_table(table)))
+        return select(func.pg_table_size(relation), func.pg_indexes_size(relation))
 
     # --- error classification --------------------------------------------------------------------------------
 

@@ -19,11 +19,12 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, delete, event, func, literal_column, select, type_coerce
+from sqlalchemy import DateTime, Engine, delete, event, func, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -157,6 +158,17 @@ class SQLiteBackend(Backend):
         rowid: ColumnElement[int] = literal_column("rowid")
         batch = select(rowid).select_from(table).where(condition).limit(limit).scalar_subquery()
         return conn.execute(delete(table).where(rowid.in_(batch))).rowcount
+
+    # --- operations ------------------------------------------------------------------------------------------
+
+    def size_statement(self, table: Table) -> Executable:
+        # The dbstat virtual table (in the sqlite3 of CPython's builds; where it is missing, stats says so), summed per
+        # b-tree: the table's own (its rows) and its indexes' (the primary key's autoindex among them).
+        return text(
+            "SELECT sum(CASE WHEN d.name = :t THEN d.pgsize ELSE 0 END),"
+            " sum(CASE WHEN d.name = :t THEN 0 ELSE d.pgsize END)"
+            " FROM dbstat('main', 1) AS d JOIN sqlite_master AS m ON m.name = d.name WHERE m.tbl_name = :t"
+        ).bindparams(t=table.name)
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)

@@ -14,6 +14,7 @@ from ..errors import IdemError
 from ..outcomes import Claimed
 from ..protocol import Core, Reply
 from ..steps import Begin, Effect, Flow, transaction
+from ..telemetry import REQUEST_SPAN
 from .core import (
     Call,
     HandlerErrors,
@@ -38,12 +39,22 @@ def exchange(core: Core, policy: IdempotencyPolicy, req: HttpRequest, errors: Ha
         return passed
     if isinstance(prepared, HttpResponse):
         return prepared
+    # A span per idempotent request: a child of the server span the framework's instrumentation made current.
+    answer = _answer(core, policy, prepared, errors)
+    return (yield from core.telemetry.span(REQUEST_SPAN, prepared.operation, answer, _described))
+
+
+def _answer(core: Core, policy: IdempotencyPolicy, call: Call, errors: HandlerErrors) -> Flow[HttpResponse]:
     try:
         if policy.lease is None:
-            return (yield from _atomic(core, policy, prepared))
-        return (yield from _external(core, policy, prepared))
+            return (yield from _atomic(core, policy, call))
+        return (yield from _external(core, policy, call))
     except (ResponseTooLarge, IdemError) as exc:
         return errors.answer(policy, exc)
+
+
+def _described(resp: HttpResponse) -> dict[str, Any]:
+    return {"http.response.status_code": resp.status}
 
 
 def _identity(call: Call) -> dict[str, Any]:

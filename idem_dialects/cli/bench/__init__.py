@@ -49,6 +49,9 @@ from .sync_report import RATIO_TARGETS, SCHEMA
 from .workload import Workload, plpgsql_ddl
 
 APIS = ("sync", "async", "http", "consumer")
+# What a run measures: the debit workload through an API, or an operation's cost on the sync store.
+MEASURES = ("workload", "telemetry", "purge")
+_MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"), "purge": ("rows", "batch_size", "workers")}
 
 
 def benchmark(api: str, **options: Any) -> Benchmark:
@@ -72,10 +75,58 @@ def benchmark(api: str, **options: Any) -> Benchmark:
     raise ValueError(f"unknown API {api!r}; known: {', '.join(APIS)}")
 
 
+def measurement(name: str, api: str, **options: Any) -> Benchmark:
+    """The benchmark of an operation's cost (`MEASURES` but the workload) with its options; ValueError (a usage
+    error) for an option it does not use or an API other than the sync store."""
+    if api != "sync":
+        raise ValueError(f"--measure {name} measures the sync store (no --api {api})")
+    wrong = [o for o, value in options.items() if value is not None and o not in _MEASURE_OPTIONS[name]]
+    if wrong:
+        raise ValueError(f"--measure {name} takes no " + ", ".join(f"--{o.replace('_', '-')}" for o in wrong))
+    given = {o: value for o, value in options.items() if value is not None}
+    if name == "telemetry":
+        from .telemetry import TelemetryBenchmark
+
+        return TelemetryBenchmark(**given)
+    from .purge import PurgeBenchmark
+
+    return PurgeBenchmark(**given)
+
+
 __all__ = [
-    "APIS", "IDEM_MODES", "MODES", "PLPGSQL_MODES", "RATIO_TARGETS", "SCHEMA", "SET_SCHEMA", "Bench", "BenchFailed",
-    "Benchmark", "CannotMeasure", "Config", "ExactlyOnceViolation", "Slice", "StatementLog", "SyncBenchmark",
-    "Unavailable", "UsageError", "Workload", "benchmark", "combine", "engine_info", "implicit_begin", "machine_info",
-    "new_prefix", "percentiles", "plan", "plpgsql_ddl", "record_statements", "reset_reaches_server", "run",
-    "statement_kind", "targets",
+    "APIS",
+    "IDEM_MODES",
+    "MEASURES",
+    "MODES",
+    "PLPGSQL_MODES",
+    "RATIO_TARGETS",
+    "SCHEMA",
+    "SET_SCHEMA",
+    "Bench",
+    "BenchFailed",
+    "Benchmark",
+    "CannotMeasure",
+    "Config",
+    "ExactlyOnceViolation",
+    "Slice",
+    "StatementLog",
+    "SyncBenchmark",
+    "Unavailable",
+    "UsageError",
+    "Workload",
+    "benchmark",
+    "combine",
+    "engine_info",
+    "implicit_begin",
+    "machine_info",
+    "measurement",
+    "new_prefix",
+    "percentiles",
+    "plan",
+    "plpgsql_ddl",
+    "record_statements",
+    "reset_reaches_server",
+    "run",
+    "statement_kind",
+    "targets",
 ]

@@ -23,6 +23,7 @@ from .report import combine
 
 if TYPE_CHECKING:
     from ...engines import Server
+    from ...store import IdempotencyStore
 
 Log = Callable[[str], None]
 
@@ -87,6 +88,27 @@ def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
     if not backend_of(url).url_features(url).concurrent_connections:
         return {}
     return {"pool_size": connections, "max_overflow": overflow}
+
+
+@contextmanager
+def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore, dict[str, Any]]]:
+    """A sync store on tables of a new prefix at `url`, and the report's "engine" entry; the tables are dropped and
+    the engine disposed of at the end. Failing to reach the database raises CannotMeasure."""
+    from ...store import IdempotencyStore
+    from .report import engine_info, new_prefix
+
+    with reaching(url):
+        store = IdempotencyStore.from_url(url, table_prefix=new_prefix(), **pool_options(url, connections, 2))
+    try:
+        with reaching(url), store.engine.connect() as conn:
+            info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
+                               conn.dialect.server_version_info)
+        try:
+            yield store, info
+        finally:
+            store.drop_tables()
+    finally:
+        store.close()
 
 
 def targets(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench import APIS
+from ..bench import APIS, MEASURES
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
@@ -61,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         scope = "" if apis == APIS else f"--api {'/'.join(apis)}: "
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar, help=scope + text,
                             action="append" if name == "broker" else "store")
+    parser.add_argument("--measure", choices=MEASURES, default="workload",
+                        help="workload: the debit workload through --api (default); telemetry: replays with telemetry"
+                             " off, with OpenTelemetry's no-op API and with the SDK recording (--requests,"
+                             " --repetitions, --warmup); purge: purge's rows/s and the latency of first-time claims"
+                             " beside it (--rows, --batch-size, --workers); both on the sync store, one engine")
+    parser.add_argument("--rows", type=int, metavar="N", help="--measure purge: old records to purge (default 100000)")
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="--measure purge: rows per purge transaction (default 1000)")
     parser.add_argument("--profile", choices=MODES,
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
@@ -94,8 +102,14 @@ def run(args: argparse.Namespace) -> int:
 
     prog = "idem-dialects bench"
     try:
-        measure = bench.benchmark(args.api, **options(args))
         names, lenient = bench.targets(args.url, args.engine)
+        if args.measure == "workload":
+            measure = bench.benchmark(args.api, **options(args))
+        elif len(names) != 1:
+            raise bench.UsageError(f"--measure {args.measure} measures one engine at a time")
+        else:
+            chosen = {o: getattr(args, o) for o in (*OPTIONS, "profile", "rows", "batch_size")}
+            measure = bench.measurement(args.measure, args.api, **chosen)
         report = bench.run(names, measure, lenient=lenient, log=log)
     except (ValueError, bench.UsageError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -120,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
 def emit(args: argparse.Namespace, report: dict[str, Any]) -> int:
     from ..reporting import render, render_html
 
-    text = render(report, args.format)
+    if args.measure != "workload":  # a report of its own: its module renders the table
+        from importlib import import_module
+
+        module = import_module(f"idem_dialects.cli.bench.{args.measure}")
+        text = module.render(report) if args.format != "json" else render(report, "json")
+    else:
+        text = render(report, args.format)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:

@@ -1,0 +1,127 @@
+"""`idem-dialects stats URL`: what an operator asks of the idempotency tables, for people (table) or tools (JSON).
+
+Records by state (completed, in flight, expired lease), the oldest claim not completed and its age, the records and
+messages past retention waiting for purge, and each table's size where the engine reports it. With --fail-on-*
+thresholds it is a monitoring check: the report is printed either way, and the exit status says whether a threshold
+was exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from . import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from .purge import duration
+
+if TYPE_CHECKING:
+    from ...retention import Stats
+
+EXIT_THRESHOLD = EXIT_FAILED  # a --fail-on-* threshold was exceeded (the report is still printed)
+EPILOG = (f"exit status: {EXIT_OK} no threshold exceeded; {EXIT_THRESHOLD} a --fail-on-* threshold was exceeded"
+          f" (each one named on stderr); {EXIT_UNAVAILABLE} the database did not answer; {EXIT_USAGE} a wrong command"
+          f" line; {EXIT_CONFIG} a configuration error (URL, driver, missing tables, privileges)")
+
+
+def count(text: str) -> int:
+    """A threshold: a whole number, 0 or more (argparse type)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.add_argument("url", metavar="URL", help="SQLAlchemy URL of the database")
+    parser.add_argument("--table-prefix", default="idem_", help="table name prefix (default: idem_)")
+    parser.add_argument("--retention", type=duration, default=None, metavar="DURATION",
+                        help="the application's retention window (as given to the store or to purge --older-than;"
+                             " e.g. 24h, 7d): records completed longer ago are the purge backlog (default 24h, the"
+                             " store's default)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="table for people, json for tools")
+    parser.add_argument("--fail-on-stuck", type=count, metavar="N",
+                        help=f"exit {EXIT_THRESHOLD} if more than N claims are stuck (never completed, lease over)")
+    parser.add_argument("--fail-on-backlog", type=count, metavar="N",
+                        help=f"exit {EXIT_THRESHOLD} if more than N records and messages are past retention, waiting"
+                             " for purge")
+    parser.add_argument("--fail-on-age", type=duration, metavar="DURATION",
+                        help=f"exit {EXIT_THRESHOLD} if the oldest claim not completed (in flight or stuck) is older")
+
+
+def exceeded(stats: Stats, args: argparse.Namespace) -> list[str]:
+    """One line per threshold the tables exceed."""
+    found = []
+    if args.fail_on_stuck is not None and stats.expired > args.fail_on_stuck:
+        found.append(f"{stats.expired} stuck claims (never completed, lease over) exceed --fail-on-stuck"
+                     f" {args.fail_on_stuck}")
+    backlog = stats.purgeable + stats.purgeable_messages
+    if args.fail_on_backlog is not None and backlog > args.fail_on_backlog:
+        found.append(f"{backlog} rows past retention ({_duration(stats.retention)}) exceed --fail-on-backlog"
+                     f" {args.fail_on_backlog}: run purge (see docs/operations/purge.md)")
+    age = stats.oldest_open_age
+    if args.fail_on_age is not None and age is not None and age > args.fail_on_age:
+        found.append(f"the oldest open claim is {_duration(age)} old, over --fail-on-age {_duration(args.fail_on_age)}")
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...retention import DEFAULT_RETENTION
+    from ...store import IdempotencyStore
+
+    retention = DEFAULT_RETENTION if args.retention is None else args.retention
+    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix, retention=retention) as store:
+        with store.backend.connect(store.engine):  # fail at once on a database that does not answer (no retries)
+            pass
+        stats = store.stats()
+        where = f"{store.engine.url.render_as_string(hide_password=True)}, tables {store.table_prefix}*"
+    if args.format == "json":
+        print(json.dumps({"database": where} | stats.as_dict(), indent=2))
+    else:
+        print(render(stats, where))
+    problems = exceeded(stats, args)
+    for line in problems:
+        print(f"idem-dialects stats: {line}", file=sys.stderr)
+    return EXIT_THRESHOLD if problems else EXIT_OK
+
+
+def render(stats: Stats, where: str) -> str:
+    oldest = "none"
+    if stats.oldest_open is not None and stats.oldest_open_age is not None:
+        oldest = f"created {stats.oldest_open:%Y-%m-%d %H:%M:%S} UTC, {_duration(stats.oldest_open_age)} ago"
+    rows = [
+        ("records", f"{stats.records:,}"),
+        ("  completed", f"{stats.completed:,}"),
+        ("  in flight", f"{stats.in_flight:,}  (live lease)"),
+        ("  expired lease", f"{stats.expired:,}  (stuck: never completed, lease over)"),
+        ("oldest open claim", oldest),
+        ("retention", _duration(stats.retention)),
+        ("past retention", f"{stats.purgeable:,} records, {stats.purgeable_messages:,} messages  (waiting for purge)"),
+        ("messages", f"{stats.messages:,}"),
+    ]
+    for name, size in stats.sizes.items():
+        rows.append((f"size {name}", "not reported" if size is None else
+                     f"{_bytes(size.table_bytes)} table, {_bytes(size.index_bytes)} indexes"))
+    if stats.sizes_unavailable:
+        rows.append(("size", f"not reported: {stats.sizes_unavailable}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join([where, *(f"{name:<{width}}  {value}" for name, value in rows)])
+
+
+def _bytes(n: int) -> str:
+    size, unit = float(n), "B"
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            break
+        size /= 1024
+    return f"{size:,.0f} B" if unit == "B" else f"{size:,.1f} {unit}"
+
+
+def _duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    if seconds < 10:
+        return f"{span.total_seconds():.1f}s"
+    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m"), (seconds % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n)
