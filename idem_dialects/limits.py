@@ -6,6 +6,7 @@ OverflowError / DataError, or a silent no-op on SQLite), and a huge batch size o
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from .errors import InvalidPayload
@@ -13,6 +14,15 @@ from .errors import InvalidPayload
 MAX_LEASE = timedelta(days=365)  # a lease holds a key against every retry: a year is already far beyond any effect
 MAX_RETENTION = timedelta(days=36_525)  # purge(older_than=...): 100 years, inside every engine's date range
 MAX_BATCH_SIZE = 1_000_000  # rows per purge transaction
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(?:(\d+)([smhdw]))+")
+
+
+def parse_duration(text: str) -> timedelta:
+    """'24h', '90m', '7d', '1h30m' -> timedelta (the purge commands' --older-than); ValueError otherwise."""
+    if not _DURATION.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is not a duration like 24h, 90m, 7d or 1h30m")
+    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text)))
 
 
 def lease_seconds(lease: object) -> float | None:

@@ -32,6 +32,7 @@ from .errors import (
     LeaseLost,
     RequestInFlight,
     RequestMismatch,
+    RetryCause,
     UnsupportedIsolation,
 )
 from .features import Features
@@ -304,7 +305,12 @@ class Core:
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
         """`attempt()` re-run on the backend's retryable errors within the retry budget, counted in `retries`."""
-        return retrying(policy or self.retry, self.backend.retry_cause, attempt, self._count_retry)
+        return retrying(policy or self.retry, self.retry_cause, attempt, self._count_retry)
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        """Why a flow may run its attempt again after `exc` (None: it propagates). The backend's classification; an
+        adapter whose transactions can be nested in its caller's (Django's atomic blocks) narrows it."""
+        return self.backend.retry_cause(exc)
 
     def _count_retry(self, cause: str) -> None:
         with self._retries_lock:

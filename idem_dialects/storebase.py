@@ -70,7 +70,7 @@ class StoreBase:
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """Why `run` would retry after `exc` (None: it propagates unchanged)."""
-        return self.backend.retry_cause(exc)
+        return self.core.retry_cause(exc)
 
 
 _Store = TypeVar("_Store", bound=StoreBase)

@@ -23,7 +23,7 @@ def pytest_configure(config: Any) -> None:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql-18", "postgresql", "mariadb"])
-def live_server(request: pytest.FixtureRequest) -> Iterator[Any]:
+def live_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     """Each engine this machine runs (a skip, with the reason, where one cannot be had)."""
     spec = engines.get(request.param)
     try:

@@ -73,9 +73,9 @@ def test_missing_driver_says_what_to_install(tmp_path: Path, url: str, module: s
     assert issubclass(MissingDriver, ConfigurationError)
 
 
-def test_missing_tables_say_how_to_create_them(live_server: Any) -> None:
+def test_missing_tables_say_how_to_create_them(live_engine: Any) -> None:
     prefix = f"nt_{uuid.uuid4().hex[:6]}_"
-    with IdempotencyStore.from_url(live_server.url, table_prefix=prefix) as store:
+    with IdempotencyStore.from_url(live_engine.url, table_prefix=prefix) as store:
         with pytest.raises(MissingTables) as err:
             store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1)
         assert f"{prefix}records" in str(err.value)

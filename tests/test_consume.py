@@ -56,8 +56,8 @@ class Applied:
 
 
 @pytest.fixture
-def store(live_server: Any) -> Iterator[IdempotencyStore]:
-    with IdempotencyStore.from_url(live_server.url, table_prefix=f"cons_{uuid.uuid4().hex[:8]}_") as made:
+def store(live_engine: Any) -> Iterator[IdempotencyStore]:
+    with IdempotencyStore.from_url(live_engine.url, table_prefix=f"cons_{uuid.uuid4().hex[:8]}_") as made:
         made.create_tables()
         applied = Applied(made)
         applied.table.create(made.engine)

@@ -16,10 +16,10 @@ MESSAGES = 300
 
 
 @pytest.mark.parametrize("name", ["rabbitmq", "nats", "redis"])
-def test_kills_and_duplicates_apply_every_message_exactly_once(live_server: Any, broker: Callable[..., str],
+def test_kills_and_duplicates_apply_every_message_exactly_once(live_engine: Any, broker: Callable[..., str],
                                                                name: str) -> None:
     url = broker(name)
-    result = Proof(name, url, live_server.engine, live_server.url, total=MESSAGES, kills=5, workers=2,
+    result = Proof(name, url, live_engine.engine, live_engine.url, total=MESSAGES, kills=5, workers=2,
                    timeout=300, log=print).run()
     print(table([result]))
     assert len(result.kills) == 5 and set(result.kills) == set(KILL_POINTS)

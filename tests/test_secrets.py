@@ -53,16 +53,16 @@ def forbidden(token: str) -> list[str]:
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["from_url", "wrapped-engine"])
-def test_failing_complete_reveals_no_stored_value(live_server: Any, wrapped: bool,
+def test_failing_complete_reveals_no_stored_value(live_engine: Any, wrapped: bool,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     if not wrapped:  # SQLAlchemy's engine log (statements; parameters unless hidden): the caller's choice for
         caplog.set_level(logging.INFO, logger="sqlalchemy.engine")  # an engine of their own (README: Secrets)
     prefix = f"sec_{uuid.uuid4().hex[:6]}_"
     if wrapped:  # the caller's engine, built without hide_parameters
-        store = IdempotencyStore(create_engine(live_server.url), table_prefix=prefix)
+        store = IdempotencyStore(create_engine(live_engine.url), table_prefix=prefix)
     else:
-        store = IdempotencyStore.from_url(live_server.url, table_prefix=prefix)
+        store = IdempotencyStore.from_url(live_engine.url, table_prefix=prefix)
     store.create_tables()
     try:
         with store.engine.begin() as conn:

@@ -38,10 +38,10 @@ def _fill(store: IdempotencyStore) -> None:
         store.accept_message(conn, subscriber="projection", message_id="m1")
 
 
-def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_server: Any) -> None:
+def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_engine: Any) -> None:
     prefix = f"st{uuid.uuid4().hex[:6]}_"
-    url = live_server.url.render_as_string(hide_password=False)
-    store = IdempotencyStore.from_url(live_server.url, table_prefix=prefix, retention=timedelta(seconds=1))
+    url = live_engine.url.render_as_string(hide_password=False)
+    store = IdempotencyStore.from_url(live_engine.url, table_prefix=prefix, retention=timedelta(seconds=1))
     try:
         store.create_tables()
         _fill(store)
@@ -64,7 +64,7 @@ def test_stats_on_every_live_engine_shows_stuck_claims_and_backlog(live_server: 
         assert report["messages"] == {"total": 1, "purgeable": 1}
         assert report["oldest_open"]["age_seconds"] > 1
         assert set(report["sizes"]) == {f"{prefix}records", f"{prefix}messages"}
-        assert not live_server.url.password or live_server.url.password not in quiet.stdout
+        assert not live_engine.url.password or live_engine.url.password not in quiet.stdout
 
         alarmed = cli(url, "--table-prefix", prefix, "--retention", "1s", "--fail-on-stuck", "0",
                       "--fail-on-backlog", "4", "--fail-on-age", "1s")

@@ -27,12 +27,14 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeEngine
 
 from ..errors import ConnectionConfigError, IdemError, IdemWarning, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import AnyRow, Backend
 from .drivers import Driver
+from .types import TextOrParsedDateTime
 
 # Primary result codes (the low byte of the extended code sqlite3 exposes as sqlite_errorcode).
 _SQLITE_ERROR = 1  # the generic code: a missing table has no code of its own
@@ -94,6 +96,9 @@ class SQLiteBackend(Backend):
         if is_memory(url):  # one shared connection whose transactions take turns, in this process only
             return cls.base_features.replace(concurrent_connections=False, processes=False)
         return cls.base_features
+
+    def timestamp_type(self) -> TypeEngine[datetime]:
+        return TextOrParsedDateTime()
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:

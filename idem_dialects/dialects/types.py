@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Dialect
-from sqlalchemy.types import LargeBinary, TypeDecorator, TypeEngine
+from sqlalchemy.types import DateTime, LargeBinary, TypeDecorator, TypeEngine
 
 
 class Utf8Bytes(TypeDecorator[str]):
@@ -28,3 +30,22 @@ class Utf8Bytes(TypeDecorator[str]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
         return None if value is None else bytes(value).decode("utf-8")
+
+
+class TextOrParsedDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as text (SQLite) that reads back from the text, or as the datetime a driver already parsed:
+    a connection opened with declared-type conversion (sqlite3's ``detect_types``, as Django opens its own) turns
+    DATETIME columns into datetimes before SQLAlchemy sees them."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Callable[[Any], Any] | None:
+        parse = self.impl_instance.dialect_impl(dialect).result_processor(dialect, coltype)
+        if parse is None:
+            return None
+
+        def process(value: Any) -> Any:
+            return value if value is None or isinstance(value, datetime) else parse(value)
+
+        return process

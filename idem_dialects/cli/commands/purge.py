@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from datetime import timedelta
 
+from ...limits import parse_duration
 from ...store import IdempotencyStore
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(?:(\d+)([smhdw]))+")
 
 
 def duration(text: str) -> timedelta:
     """'24h', '90m', '7d', '1h30m' -> timedelta (argparse type)."""
-    if not _DURATION.fullmatch(text.strip()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 24h, 90m, 7d or 1h30m")
-    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text)))
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

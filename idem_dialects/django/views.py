@@ -1,0 +1,172 @@
+"""The Django adapter of the HTTP layer: a middleware and a view decorator that run the one request flow
+(`idem_dialects.http.exchange`) on a `DjangoStore`. They only translate: a Django (or DRF) request into the core's
+`HttpRequest`, and the view's response into the core's `HttpResponse` and back."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.http import HttpRequest as DjangoRequest
+from django.http import HttpResponse as DjangoResponse
+from django.http import HttpResponseBase
+from sqlalchemy.engine import Connection
+
+from ..http.core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from ..http.problems import HttpResponse
+from ..http.runner import Idempotency
+from .conf import Config, Scope, get_config, get_store
+from .connection import DjangoStore
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def http_request(request: Any, max_bytes: int) -> HttpRequest:
+    """The core's view of a Django request (or of the Django request inside a DRF `Request`); the body is read
+    unless its Content-Length is over `max_bytes`. `native` is the request as the view gets it, for the scope."""
+    django: DjangoRequest = getattr(request, "_request", request)
+    meta = django.META
+    try:
+        length = int(meta.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    too_large = length > max_bytes
+    return HttpRequest(method=str(django.method).upper(), path=django.path,
+                       headers=[(k.lower(), str(v)) for k, v in django.headers.items()], native=request,
+                       body=b"" if too_large else django.body, query=str(meta.get("QUERY_STRING", "")),
+                       body_too_large=too_large)
+
+
+def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
+    """The view's response, complete (a streaming one is buffered and handed on as one chunk); ResponseTooLarge past
+    `limit` bytes, since the record must hold all of it."""
+    if response.streaming:
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.streaming_content:  # type: ignore[attr-defined]
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLarge(size)
+            chunks.append(bytes(chunk))
+        body = b"".join(chunks)
+        response.streaming_content = [body]  # type: ignore[attr-defined]
+    else:
+        body = response.content  # type: ignore[attr-defined]
+        if len(body) > limit:
+            raise ResponseTooLarge(len(body))
+    return HttpResponse(response.status_code, list(response.items()), body)
+
+
+def django_response(answer: HttpResponse) -> DjangoResponse:
+    """A replay or a problem as a Django response: its status, headers and body bytes exactly."""
+    out = DjangoResponse(answer.body, status=answer.status)
+    del out["Content-Type"]  # Django's default; the stored headers say what the original had
+    joined: dict[str, list[str]] = {}
+    for name, value in answer.headers:
+        joined.setdefault(name, []).append(value)
+    for name, values in joined.items():  # repeated lines (Link) as one, which HTTP allows
+        out[name] = ", ".join(values)
+    return out
+
+
+def respond(store: DjangoStore, policy: IdempotencyPolicy, request: Any,
+            view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """Answer `request` under `policy`: the view's own response (run at most once per key, in atomic mode inside the
+    record's transaction), a replay, or a problem. The view's exceptions propagate unchanged."""
+    if policy.lease is not None and connections[store.using].in_atomic_block:
+        raise ImproperlyConfigured(
+            "external-call (lease) mode commits the claim before the view runs, which cannot happen inside an atomic"
+            f" block on {store.using!r}: turn ATOMIC_REQUESTS off for this view (@transaction.non_atomic_requests)")
+    ran: list[tuple[HttpResponseBase, HttpResponse]] = []
+
+    def handler(conn: Connection | None) -> HttpResponse:
+        response = view()
+        ran[:] = [(response, core_response(response, policy.max_response_bytes))]
+        return ran[0][1]
+
+    answer = Idempotency(store, policy).handle(http_request(request, policy.max_request_bytes), handler)
+    if ran and answer is ran[0][1]:
+        return ran[0][0]  # the view's response object itself: cookies, streaming and all
+    return django_response(answer)
+
+
+def finished(response: Any, request: Any, view_self: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
+    """A response as Django would send it: a DRF `Response` a view method returned is finalized by its view (content
+    negotiation, as `APIView.dispatch` does next) and rendered, a TemplateResponse rendered."""
+    if getattr(response, "is_rendered", True):
+        return response
+    if hasattr(response, "data") and getattr(response, "accepted_renderer", None) is None:
+        view = view_self if hasattr(view_self, "finalize_response") else \
+            getattr(request, "parser_context", {}).get("view")
+        if view is None:
+            raise ImproperlyConfigured("@idempotent got a DRF Response it cannot render: put it on the APIView's"
+                                       " method (or inside @api_view)")
+        response = view.finalize_response(request, response, *args, **kwargs)
+    return response.render()
+
+
+class IdempotencyMiddleware:
+    """Runs the requests ``settings.IDEMPOTENCY['POLICY']`` selects once per key. Place it after
+    ``AuthenticationMiddleware`` (the default scope is ``request.user``)."""
+
+    def __init__(self, get_response: Callable[[DjangoRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+        get_config()  # a configuration problem shows at start-up
+
+    def __call__(self, request: DjangoRequest) -> HttpResponseBase:
+        policy = _policy(get_config(), None, _NO_OVERRIDES)
+        if not policy.applies(str(request.method), request.path) or (
+                not policy.require_key and policy.header not in request.headers):
+            return self.get_response(request)
+        return respond(get_store(), policy, request, lambda: self.get_response(request))
+
+
+def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **policy: Any) -> Callable[[View], View]:
+    """A view decorator: function views, a class-based view's ``as_view()`` or its methods (``method_decorator``),
+    DRF ``APIView``/viewset methods and ``@api_view`` functions (below ``@api_view``, so DRF's authentication
+    has set ``request.user``). `using`, `scope` and IdempotencyPolicy options override ``settings.IDEMPOTENCY``."""
+
+    def decorate(view: View) -> View:
+        if inspect.iscoroutinefunction(view):
+            raise ImproperlyConfigured(f"@idempotent decorates sync views; {view.__qualname__} is async (use a sync"
+                                       " view, or IdempotencyMiddleware, which Django runs around async views too)")
+
+        @functools.wraps(view)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            view_self, request, rest = _split(args)
+            chosen = _policy(get_config(), scope, policy)
+
+            def call() -> HttpResponseBase:
+                return finished(view(*args, **kwargs), request, view_self, rest, kwargs)  # type: ignore[no-any-return]
+
+            return respond(get_store(using), chosen, request, call)
+
+        return wrapped  # type: ignore[return-value]
+
+    return decorate
+
+
+_NO_OVERRIDES: dict[str, Any] = {}
+_policies: dict[tuple[int, int], tuple[Config, IdempotencyPolicy]] = {}
+
+
+def _policy(config: Config, scope: Scope | str | None, overrides: dict[str, Any]) -> IdempotencyPolicy:
+    """The policy of `config` with a decorator's overrides, built once per configuration (settings may change)."""
+    key = (id(config), id(overrides))
+    cached = _policies.get(key)
+    if cached is None or cached[0] is not config:
+        cached = _policies[key] = (config, config.make_policy(scope, **overrides))
+    return cached[1]
+
+
+def _split(args: tuple[Any, ...]) -> tuple[Any, Any, tuple[Any, ...]]:
+    """(the view instance or None, the request, the view's other positional arguments)."""
+    if args and hasattr(args[0], "META"):
+        return None, args[0], args[1:]
+    if len(args) > 1 and hasattr(args[1], "META"):
+        return args[0], args[1], args[2:]
+    raise ImproperlyConfigured("@idempotent decorates a view: its first argument (after self) must be the request")

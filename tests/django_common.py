@@ -1,0 +1,95 @@
+"""What the Django tests share (tests/djangotests): the live site on one database alias, and what they count there."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+
+@dataclass
+class Site:
+    """The live server, one database alias, and what the tests count there."""
+
+    url: str
+    alias: str
+
+    def client(self, user: str | None = "alice") -> Any:
+        auth = (user, f"{user}-password") if user else None
+        return httpx.Client(base_url=self.url, auth=auth, timeout=60)
+
+    def post(self, path: str, key: str | None, body: Any = None, user: str | None = "alice",
+             headers: dict[str, str] | None = None) -> Any:
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Idempotency-Key"] = f'"{key}"'
+        with self.client(user) as client:
+            return client.post(f"/{self.alias}/{path}" if not path.startswith("/") else path,
+                               json={"amount": 100} if body is None else body, headers=sent)
+
+    def rows(self, account: str | None = None) -> int:
+        from django_site.models import Payment
+
+        found = Payment.objects.using(self.alias)
+        return (found.filter(account=account) if account else found).count()
+
+    def records(self, key: str) -> int:
+        from idem_dialects.django import get_store
+
+        store = get_store(self.alias)
+        t = store.tables.records
+        with store.transaction() as conn:
+            return int(conn.execute(select(func.count()).select_from(t).where(t.c.idem_key == key)).scalar_one())
+
+
+def new_key() -> str:
+    return f"key-{secrets.token_hex(6)}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
+    """gunicorn serving `app` from `cwd` on a free loopback port, with the environment `env` (all of it), its output
+    in `log`, until the block ends (then stopped, by its pid)."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "gunicorn"), app, "-w", str(workers), "-b", f"127.0.0.1:{port}",
+               "--graceful-timeout", "5", "--timeout", "120"]
+    with open(log, "ab") as out:
+        server = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gunicorn did not start (exit {server.returncode}); see {log}") from None
+                time.sleep(0.2)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        except BaseException as exc:
+            exc.add_note(f"gunicorn's log ({log}):\n{log.read_text(errors='replace')[-3000:]}")
+            raise
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)

@@ -1,0 +1,8 @@
+from django.conf import settings
+from django.urls import path
+
+from .views import middleware_async_payments, middleware_payments, views_for
+
+urlpatterns = [path("mw/payments", middleware_payments), path("mw/async", middleware_async_payments)]
+for alias in settings.DATABASES:
+    urlpatterns += [path(f"{alias}/{name}", view) for name, view in views_for(alias).items()]

@@ -1,0 +1,141 @@
+"""The views under test, one set per database alias: each writes a Payment row with the ORM on that alias."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views import View
+from rest_framework import viewsets
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idem_dialects.django import idempotent
+
+from .models import Payment
+
+CALLS: Counter[str] = Counter()  # view executions by "alias:view:key" (the live server runs in this process)
+_calls_lock = threading.Lock()
+EXPLODED: set[str] = set()
+STARTED, GATE = threading.Event(), threading.Event()  # the gated view has begun / may finish
+
+
+def ran(request: Any, alias: str, name: str) -> None:
+    with _calls_lock:
+        CALLS[f"{alias}:{name}:{(request.headers.get('Idempotency-Key') or '').strip(chr(34))}"] += 1
+
+
+def pay(request: Any, alias: str, account: str | None = None) -> Payment:
+    payment = Payment.objects.using(alias).create(account=account or str(request.user), amount=request.data["amount"]
+                                                  if hasattr(request, "data") else 1)
+    if request.headers.get("X-Slow"):  # hold the transaction open a little: the concurrent duplicates overlap it
+        time.sleep(float(request.headers["X-Slow"]))
+    return payment
+
+
+def views_for(alias: str) -> dict[str, Any]:
+    class Payments(APIView):
+        @idempotent(using=alias)
+        def post(self, request: Request) -> Response:
+            ran(request, alias, "payments")
+            payment = pay(request, alias)
+            return Response({"id": payment.pk, "account": payment.account, "note": "café ✓"}, status=201,
+                            headers={"Location": f"/{alias}/payments/{payment.pk}", "X-Trace": "first"})
+
+    class Explode(APIView):
+        @idempotent(using=alias)
+        def post(self, request: Request) -> Response:
+            ran(request, alias, "explode")
+            payment = pay(request, alias)
+            key = f"{alias}:{request.headers['Idempotency-Key']}"
+            if key not in EXPLODED:  # the first attempt raises after its write; a retry succeeds
+                EXPLODED.add(key)
+                raise RuntimeError("after the ORM write")
+            return Response({"id": payment.pk}, status=201)
+
+    class External(APIView):
+        @idempotent(using=alias, lease=timedelta(seconds=30))
+        def post(self, request: Request) -> Response:
+            ran(request, alias, "external")
+            payment = pay(request, alias)
+            return Response({"id": payment.pk}, status=201)
+
+    class Gated(APIView):
+        """An external call in progress until the test opens the gate."""
+
+        @idempotent(using=alias, lease=timedelta(seconds=30))
+        def post(self, request: Request) -> Response:
+            ran(request, alias, "gated")
+            STARTED.set()
+            assert GATE.wait(60)
+            return Response({"charged": 1}, status=201)
+
+    class Crash(APIView):
+        """Writes, then (once, when the test asks through a file) tells its pid and waits to be killed."""
+
+        @idempotent(using=alias)
+        def post(self, request: Request) -> Response:
+            payment = pay(request, alias)
+            flag = Path(os.environ.get("IDEM_CRASH_FLAG", "/nonexistent"))
+            if flag.exists():
+                flag.unlink()
+                Path(f"{flag}.pid").write_text(str(os.getpid()))
+                time.sleep(120)
+            return Response({"id": payment.pk}, status=201)
+
+    class Accounts(viewsets.ViewSet):
+        @idempotent(using=alias)
+        def create(self, request: Request) -> Response:
+            ran(request, alias, "viewset")
+            return Response({"id": pay(request, alias).pk}, status=201)
+
+    @api_view(["POST"])
+    @idempotent(using=alias)
+    def api_function(request: Request) -> Response:
+        ran(request, alias, "api_view")
+        return Response({"id": pay(request, alias).pk}, status=201)
+
+    @idempotent(using=alias, scope=lambda request: request.headers.get("X-Account"))
+    def function(request: HttpRequest) -> JsonResponse:
+        ran(request, alias, "function")
+        return JsonResponse({"id": pay(request, alias, request.headers["X-Account"]).pk}, status=201)
+
+    class ClassBased(View):
+        def post(self, request: HttpRequest) -> JsonResponse:
+            ran(request, alias, "class")
+            return JsonResponse({"id": pay(request, alias, request.headers["X-Account"]).pk}, status=201)
+
+    return {"payments": Payments.as_view(), "explode": Explode.as_view(), "external": External.as_view(),
+            "gated": Gated.as_view(), "crash": Crash.as_view(), "viewset": Accounts.as_view({"post": "create"}),
+            "api_view": api_function, "function": function,
+            "class": idempotent(using=alias, scope=lambda r: r.headers.get("X-Account"))(ClassBased.as_view())}
+
+
+def middleware_payments(request: HttpRequest) -> JsonResponse:
+    """Under /mw/: made idempotent by IdempotencyMiddleware (settings.IDEMPOTENCY), the caller from X-Remote-User."""
+    alias = settings.IDEMPOTENCY["DATABASE"]
+    ran(request, alias, "middleware")
+    if request.headers.get("X-Explode"):
+        Payment.objects.using(alias).create(account=str(request.user), amount=0)
+        raise RuntimeError("after the ORM write")
+    payment = Payment.objects.using(alias).create(account=str(request.user), amount=1)
+    return JsonResponse({"id": payment.pk, "user": str(request.user)}, status=201)
+
+
+async def middleware_async_payments(request: HttpRequest) -> JsonResponse:
+    """An async view under /mw/: Django runs it from the sync middleware chain; its ORM calls come back to the thread
+    (and the connection) that holds the record's transaction."""
+    alias = settings.IDEMPOTENCY["DATABASE"]
+    payment = await Payment.objects.using(alias).acreate(account="async", amount=1)
+    if request.headers.get("X-Explode"):
+        raise RuntimeError("after the ORM write")
+    return JsonResponse({"id": payment.pk}, status=201)

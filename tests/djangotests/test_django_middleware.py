@@ -1,0 +1,69 @@
+"""IdempotencyMiddleware (settings.IDEMPOTENCY) after Django's authentication: the scope is request.user, the
+record shares the view's transaction on IDEMPOTENCY['DATABASE'], on every engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django_common import Site, new_key
+
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+PROBLEM = "urn:idem-dialects:problem:"
+
+
+@pytest.fixture
+def mw(site: Site) -> Iterator[Site]:
+    config = {"DATABASE": site.alias, "POLICY": {"paths": lambda path: path.startswith("/mw/")}}
+    with override_settings(IDEMPOTENCY=config):
+        yield site
+
+
+def post(site: Site, key: str | None, user: str | None = "carol", **headers: str) -> Any:
+    sent = dict(headers)
+    if user:
+        sent["X-Remote-User"] = user
+    return site.post("/mw/payments", key, user=None, headers=sent)
+
+
+def test_replay_and_scope_from_request_user(mw: Site) -> None:
+    key = new_key()
+    carol = post(mw, key, "carol")
+    assert carol.status_code == 201 and carol.json()["user"] == "carol"
+    again = post(mw, key, "carol")
+    assert again.headers["idempotent-replayed"] == "true" and again.content == carol.content
+    dave = post(mw, key, "dave")  # the same key, another user: their own result
+    assert dave.status_code == 201 and "idempotent-replayed" not in dave.headers and dave.json()["user"] == "dave"
+    assert mw.rows("carol") == 1 and mw.rows("dave") == 1 and mw.records(key) == 2
+
+
+def test_anonymous_is_401_and_the_view_does_not_run(mw: Site) -> None:
+    resp = post(mw, new_key(), user=None)
+    assert resp.status_code == 401 and resp.json()["type"] == PROBLEM + "unauthenticated"
+    assert mw.rows() == 0
+
+
+def test_view_raising_after_its_write_is_a_500_with_neither_row_nor_record(mw: Site) -> None:
+    key = new_key()
+    resp = post(mw, key, **{"X-Explode": "1"})
+    assert resp.status_code == 500  # Django turned the exception into its 500 response inside the middleware
+    assert mw.rows() == 0 and mw.records(key) == 0
+    assert post(mw, key).status_code == 201 and mw.rows() == 1
+
+
+def test_paths_outside_the_policy_pass_through(mw: Site) -> None:
+    key = new_key()
+    first = mw.post("payments", key)  # the decorated DRF view: its own decorator, not the middleware
+    assert first.status_code == 201 and mw.records(key) == 1
+
+
+def test_an_async_view_behind_the_middleware_shares_the_transaction(mw: Site) -> None:
+    key = new_key()
+    failed = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol", "X-Explode": "1"})
+    assert failed.status_code == 500 and mw.rows() == 0 and mw.records(key) == 0
+    first = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol"})
+    again = mw.post("/mw/async", key, user=None, headers={"X-Remote-User": "carol"})
+    assert first.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content and mw.rows() == 1 and mw.records(key) == 1
