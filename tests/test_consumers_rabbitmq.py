@@ -147,7 +147,9 @@ def test_broker_restart_loses_nothing_and_applies_nothing_twice(broker: Callable
     finally:
         node.stop()
     assert inbox.applied() == dict.fromkeys(ids, 1)
-    assert consumer.counts["processed"] == len(ids)
+    # The tally is no proof (a callback cancelled by the closing connection after its commit is not counted, and
+    # its redelivery counts as a duplicate); the table above is. Every message was acknowledged at last.
+    assert consumer.counts["ack"] >= len(ids)
 
 
 async def _restart_when(node: Any, ready: Callable[[], bool]) -> None:
