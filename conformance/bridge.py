@@ -103,6 +103,7 @@ class BridgedStore:
         self.aio = self._loop.call(_make(url, table_prefix, engine_options))
         # The checks' own reads and DDL of their business table, at the isolation level the store was given.
         self.engine = create_engine(sync_url, **{k: v for k, v in engine_options.items() if k == "isolation_level"})
+        type(self.aio.backend)(self.engine)  # consumes the URL's options on this engine too (e.g. a pooler's)
         event.listen(self.aio.engine.sync_engine, "before_cursor_execute",
                      lambda *args: self.engine.dispatch.before_cursor_execute(*args))
         # The same flows on the checks' sync connections (a check driving a Connection of `engine` itself).

@@ -8,8 +8,9 @@ container when a Docker engine answers (``IDEM_IMAGE_<NAME>`` overrides its imag
 unavailable when it is, and what would enable it.
 
 Floors, each importing only those below it: `entry` (CatalogueEntry, Server, Unavailable, Provision) and `controls`;
-the providers (`servers`, `containers`, `local`, `galera`, `pg_ha`, and each backend's provisioning module beside its
-dialect, ``idem_dialects/dialects/<engine>_provision.py``); then `catalogue` and `provision` (probing an entry).
+the providers (`servers`, `containers`, `local`, the stacks `patroni`, `pgbouncer` and `haproxy` with `pgserver` and
+`galera` below them, and each backend's provisioning module beside its dialect,
+``idem_dialects/dialects/<engine>_provision.py``); then `catalogue` and `provision` (probing an entry).
 `brokers` (beside them, on `local`): the message brokers the consumer adapters are proved on.
 Reading the catalogue starts nothing; `CatalogueEntry.provide` (or `provision`, which also connects) does.
 """

@@ -9,22 +9,37 @@ from idem_dialects.dialects.postgresql_provision import embedded
 from idem_dialects.dialects.sqlite_provision import temp_file
 
 from .containers import container
-from .entry import CatalogueEntry, Server, described
+from .entry import CatalogueEntry, Provider, Server, described
 from .servers import local_service
 
 
-@described("a 3-node cluster started on loopback ports from the machine's galera-4 and mariadb-server packages")
-def galera(entry: CatalogueEntry) -> Server:
-    from .galera import galera_cluster  # started only when this engine is asked for
-
-    return galera_cluster(entry)
-
-
-@described("a primary and a synchronous standby started on loopback ports from the machine's PostgreSQL 15")
-def postgresql_ha(entry: CatalogueEntry) -> Server:
-    from .pg_ha import postgresql_ha as start
+# HA and pooling stacks: each module is imported only when its engine is asked for.
+@described("3 etcd members and 2 PostgreSQL 15 nodes under Patroni, started on loopback ports from the machine's"
+           " patroni, etcd-server and PostgreSQL 15 packages")
+def postgresql_patroni(entry: CatalogueEntry) -> Server:
+    from .patroni import postgresql_patroni as start
 
     return start(entry)
+
+
+@described("PgBouncer (pool_mode=transaction) and a PostgreSQL 15 server, started on loopback ports from the"
+           " machine's pgbouncer and PostgreSQL 15 packages")
+def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
+    from .pgbouncer import pgbouncer_transaction as start
+
+    return start(entry)
+
+
+def galera_haproxy(layout: str) -> Provider:
+    @described(f"HAProxy ({'all nodes take writes' if layout == 'all' else 'one writer, two backups'}) in front of a"
+               " 3-node Galera cluster, started on loopback ports from the machine's haproxy, galera-4 and"
+               " mariadb-server packages")
+    def provide(entry: CatalogueEntry) -> Server:
+        from .haproxy import provide as start
+
+        return start(entry, layout)
+
+    return provide
 
 
 _MSSQL_URL = "mssql+pyodbc://sa:PASSWORD@HOST:1433/master?driver=FreeTDS&TDS_Version=7.4"
@@ -49,15 +64,29 @@ ENGINES: dict[str, CatalogueEntry] = {
                        [local_service("mariadb+pymysql://root@127.0.0.1:3306/test"), container("mariadb:10.11")],
                        "or run a server on 127.0.0.1:3306 (user root, database test)",
                        "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
-        # Clusters the project runs itself from Debian packages (engines/galera.py, engines/pg_ha.py). A URL from
-        # the environment reaches a cluster of yours, but then the checks that need node controls skip.
-        CatalogueEntry("galera", "mariadb", "MariaDB Galera cluster (3 nodes)", [galera],
-                       "or apt-get install galera-4 rsync mariadb-server (3 nodes then run on loopback ports)",
-                       "mariadb+pymysql://USER:PASSWORD@LOAD_BALANCER:3306/DB?charset=utf8mb4"),
-        CatalogueEntry("postgresql-ha", "postgresql", "PostgreSQL primary + synchronous standby", [postgresql_ha],
-                       "or apt-get install postgresql-15 (initdb, pg_basebackup: a primary and a standby then run on"
-                       " loopback ports)",
-                       "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"),
+        # HA and pooling stacks as deployments run them, from Debian's packages, on loopback ports (engines/patroni.py,
+        # engines/pgbouncer.py, engines/haproxy.py). A URL from the environment reaches a stack of yours, but then the
+        # checks that need node controls skip. `failover_window` bounds what a failover took here (README: HA and
+        # pooling stacks).
+        CatalogueEntry("postgresql-patroni", "postgresql", "PostgreSQL 15 under Patroni (etcd, synchronous mode)",
+                       [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members"
+                       " and 2 Patroni nodes then run on loopback ports)",
+                       "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"
+                       "&failover_window=15", failover_window=15.0),
+        CatalogueEntry("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
+                       [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a"
+                       " PostgreSQL server then run on loopback ports)",
+                       "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction"),
+        CatalogueEntry("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
+                       [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
+                       " nodes and HAProxy then run on loopback ports)",
+                       "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&failover_window=10",
+                       failover_window=10.0),
+        CatalogueEntry("galera-haproxy-single-writer", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, one"
+                       " writer", [galera_haproxy("single")], "or apt-get install haproxy galera-4 rsync"
+                       " mariadb-server (3 Galera nodes and HAProxy then run on loopback ports)",
+                       "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&writers=single"
+                       "&failover_window=10", failover_window=10.0),
         CatalogueEntry("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                        url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         CatalogueEntry("mssql-2022", "mssql", "SQL Server 2022",

@@ -26,8 +26,8 @@ class Unavailable(Exception):
 class Server:
     """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
     `restart(pause)` (only for a server this process started) stops it cleanly, waits `pause` seconds and starts it
-    again, returning once it answers; `controls` (clusters only) reach single nodes, kill a node or the primary,
-    promote the standby."""
+    again, returning once it answers; `controls` (clusters only) reach single nodes, kill a node or the leader,
+    await the failover, rejoin the node."""
 
     engine: str
     url: URL
@@ -89,6 +89,8 @@ class CatalogueEntry:
     providers: Sequence[Provider] = field(default_factory=tuple)
     enable_hint: str = ""
     url_example: str = ""
+    # HA stacks: the longest failover measured here, in seconds (RetryPolicy.total must exceed it).
+    failover_window: float | None = None
 
     def how_to_enable(self) -> str:
         """One line: the env var and URL shape, then whatever else would provide this engine."""

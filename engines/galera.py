@@ -1,11 +1,11 @@
-"""`galera`: a 3-node MariaDB Galera cluster on loopback ports, from Debian's mariadbd + galera-4 + rsync.
+"""A 3-node MariaDB Galera cluster on loopback ports, from Debian's mariadbd + galera-4 + rsync (the cluster behind
+the `galera-haproxy-*` engines, engines/haproxy.py).
 
 Node 1 is initialised with mariadb-install-db and bootstraps the cluster (--wsrep-new-cluster); nodes 2 and 3
-start on empty data dirs and receive node 1's state by rsync SST. Every node runs with --no-defaults (the
-machine's own MariaDB configuration never applies) as the `mysql` user when we are root: mariadbd drops to it
-before the SST script starts its rsync daemon, so the daemon writes the joiner's data dir as its owner (an rsync
-daemon started by root would drop to `nobody`). One connection pool spreads over the three nodes through a
-round-robin TCP proxy of ours; `Server.url` points at the proxy, `controls.node_urls()` at each node.
+start on empty data dirs, one after the other, and receive node 1's state by rsync SST. Every node runs with
+--no-defaults (the machine's own MariaDB configuration never applies) as the `mysql` user when we are root: mariadbd
+drops to it before the SST script starts its rsync daemon, so the daemon writes the joiner's data dir as its owner
+(an rsync daemon started by root would drop to `nobody`). A killed node restarts on its data dir and rejoins by IST.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from .entry import CatalogueEntry, Server, Unavailable
-from .local import LocalNode, RoundRobinProxy, chown_tree, free_ports, run_as, spawn, start_cluster, stop_group
+from .entry import Unavailable
+from .local import LocalNode, chown_tree, free_ports, run_as, spawn, stop_group
 from .local import wait_until as _wait_until
 
 MARIADBD = Path("/usr/sbin/mariadbd")
@@ -30,7 +30,7 @@ HINT = "apt-get install galera-4 rsync mariadb-server (a 3-node cluster then run
 NODES = 3
 
 
-def _provider() -> Path:
+def provider() -> Path:
     missing = []
     if not MARIADBD.exists():
         missing.append(f"{MARIADBD} (mariadb-server)")
@@ -81,14 +81,12 @@ class Node(LocalNode):
 
 @dataclass
 class GaleraCluster:
-    """Three nodes, the proxy in front of them, and the controls the cluster checks use."""
+    """Three nodes: start them, kill one, restart it."""
 
     root: Path
     user: str | None
     provider: Path
     nodes: list[Node] = field(default_factory=list)
-    proxy: RoundRobinProxy | None = None
-    kind: str = "multi-primary"
     started_in: float = 0.0
 
     def args(self, node: Node, bootstrap: bool) -> list[str]:
@@ -133,11 +131,9 @@ class GaleraCluster:
         chown_tree(self.root, self.user)
         first.proc = spawn(self.args(first, bootstrap=True), first.log)
         self.wait_synced(first, 60)
-        for node in self.nodes[1:]:
+        for node in self.nodes[1:]:  # one state transfer at a time: two at once from one donor can abort on a busy host
             node.proc = spawn(self.args(node, bootstrap=False), node.log)
-        for node in self.nodes[1:]:
             self.wait_synced(node, 120)
-        self.proxy = RoundRobinProxy([("127.0.0.1", n.port) for n in self.nodes])
         self.started_in = time.monotonic() - started
         conn = _client(first.port)  # the database the URLs name
         try:
@@ -154,8 +150,6 @@ class GaleraCluster:
         _wait_until(ready, timeout, f"Galera node {node.index} did not become Synced", node.alive)
 
     def stop(self) -> None:
-        if self.proxy is not None:
-            self.proxy.close()
         threads = [threading.Thread(target=stop_group, args=(n.proc,)) for n in self.nodes if n.proc is not None]
         for thread in threads:
             thread.start()
@@ -163,48 +157,21 @@ class GaleraCluster:
             thread.join()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # --- ClusterControls -----------------------------------------------------------------------------------
-
     def node_urls(self) -> list[URL]:
-        return [_url(n.port) for n in self.nodes if not n.killed]
+        return [url(n.port) for n in self.nodes if not n.killed]
 
-    def kill(self) -> str:
-        """SIGKILL the last live node that is not node 1 (with its SST helpers): a crash, not a shutdown."""
-        victim = next(n for n in reversed(self.nodes) if not n.killed)
-        victim.kill()
-        return f"node {victim.index} (port {victim.port}) killed with SIGKILL"
+    def restart(self, node: Node) -> None:
+        """Start a killed node again on its data dir: it rejoins the primary component (IST from a donor)."""
+        node.proc = spawn(self.args(node, bootstrap=False), node.log)
+        node.killed = False
+        self.wait_synced(node, 120)
 
-    def promote(self) -> None:
-        """Every Galera node takes writes: the survivors go on as a primary component of 2 of 3."""
-
-    def facts(self) -> dict[str, object]:
-        live = [n for n in self.nodes if not n.killed]
-        facts: dict[str, object] = {"nodes": f"{len(live)} of {len(self.nodes)} live",
-                                    "cold start (s)": round(self.started_in, 1)}
-        if self.proxy is not None:
-            facts["proxy connections per node"] = list(self.proxy.connections)
+    def certification_failures(self) -> int | str:
         try:
-            cert = sum(int(_status(n.port).get("wsrep_local_cert_failures", 0)) for n in live)
-            facts["certification failures (all nodes)"] = cert
+            return sum(int(_status(n.port).get("wsrep_local_cert_failures", 0)) for n in self.nodes if not n.killed)
         except Exception as exc:  # a fact for a report; a node going away must not fail the check
-            facts["certification failures (all nodes)"] = f"unreadable: {exc}"
-        return facts
+            return f"unreadable: {exc}"
 
 
-def _url(port: int) -> URL:
+def url(port: int) -> URL:
     return URL.create("mariadb+pymysql", "root", None, "127.0.0.1", port, "test", query={"charset": "utf8mb4"})
-
-
-def galera_cluster(entry: CatalogueEntry) -> Server:
-    provider = _provider()
-    cluster = start_cluster(lambda root, user: GaleraCluster(root, user, provider), prefix="idem-galera-",
-                            user="mysql", driver=("pymysql", "PyMySQL", "mysql"))
-    assert cluster.proxy is not None
-    # Behind a load balancer every session should wait for the other nodes' commits (DDL included: a table created
-    # through one node must exist on the next), not only the backend's claim connections; the node URLs keep the
-    # server default, so the cross-node replay check proves the backend's own setting.
-    url = _url(cluster.proxy.port).update_query_dict({"init_command": "SET SESSION wsrep_sync_wait = 7"})
-    ports = ", ".join(str(n.port) for n in cluster.nodes)
-    how = (f"3-node Galera cluster (galera-4, rsync SST) on 127.0.0.1 ports {ports}, one pool spread over the"
-           f" nodes by a round-robin proxy on port {cluster.proxy.port}; started in {cluster.started_in:.1f} s")
-    return Server(entry.name, url, how, cluster.stop, controls=cluster)

@@ -1,7 +1,6 @@
 """Helpers for servers the catalogue runs itself from local binaries: free loopback ports, child processes in
 their own process group (so stopping one leaves nothing behind), the node and start-up steps the clusters share,
-and loopback TCP proxies: the base the conformance fault proxy builds on, and a round-robin one that spreads one
-connection pool over the nodes of a cluster."""
+and the loopback TCP proxy base the conformance fault proxy builds on."""
 
 from __future__ import annotations
 
@@ -120,7 +119,7 @@ def wait_until(ready: Callable[[], bool], timeout: float, what: str, alive: Call
 
 
 class Cluster(Protocol):
-    """What `start_cluster` needs of a cluster (Galera, the PostgreSQL failover pair)."""
+    """What `start_cluster` needs of a stack (Patroni, PgBouncer, Galera behind HAProxy)."""
 
     def start(self) -> None: ...
 
@@ -253,43 +252,3 @@ class LoopbackProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class RoundRobinProxy(LoopbackProxy):
-    """A loopback TCP proxy handing each new client connection to the next backend that accepts one, so one
-    connection pool spreads over every node; a node that refuses (killed) is skipped."""
-
-    def __init__(self, backends: Sequence[tuple[str, int]]) -> None:
-        self.backends = list(backends)
-        self._next = 0
-        self.connections = [0] * len(self.backends)  # client connections handed to each backend
-        super().__init__("idem-rr-proxy")
-
-    def _connect(self) -> socket.socket:
-        with self._lock:
-            start = self._next
-            self._next = (self._next + 1) % len(self.backends)
-        for step in range(len(self.backends)):
-            index = (start + step) % len(self.backends)
-            try:
-                sock = socket.create_connection(self.backends[index], timeout=2)
-            except OSError:
-                continue
-            sock.settimeout(None)
-            with self._lock:
-                self.connections[index] += 1
-            return sock
-        raise OSError("no backend accepts connections")
-
-    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
-        for src, dst in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._forget(src, dst)

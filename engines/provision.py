@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import URL, Dialect
 
+from idem_dialects.dialects.options import driver_url
+
 from .catalogue import ENGINES
 from .entry import EntryUnavailable, Server, Unavailable, env_var
 
@@ -87,7 +89,7 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False,
 
 def probe(url: URL) -> str:
     """Connect once with plain SQLAlchemy (no backend involved) and return the server's version."""
-    engine = create_engine(url)
+    engine = create_engine(driver_url(url))  # without the options only a store's backend consumes
     try:
         with engine.connect() as conn:
             return version_text(conn.dialect)

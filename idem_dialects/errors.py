@@ -228,6 +228,15 @@ class InvalidURL(ConfigurationError):
                          " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
 
 
+class InvalidURLOption(ConfigurationError):
+    """A query option of the URL that idem-dialects consumes (failover_window, pooler, writers) is wrong."""
+
+    def __init__(self, option: str, problem: str) -> None:
+        self.option = option
+        self.problem = problem
+        super().__init__(f"URL option {option}: {problem}; see README (URL options)")
+
+
 class MissingDriver(ConfigurationError):
     """The URL names a driver that is not installed (or cannot load); the message says what to install."""
 

@@ -35,6 +35,12 @@ class Features:
     synchronous_standby: bool = flag(
         "a commit is acknowledged only once a synchronous standby has it, so a promoted standby has every"
         " acknowledged key (PostgreSQL with synchronous_standby_names and synchronous_commit on)", default=False)
+    session_state: bool = flag(
+        "a connection's transactions share one server session, so what a driver keeps there between them (prepared"
+        " statements, SET) lasts (False behind a transaction-mode pooler, such as PgBouncer)")
+    failover_window: float | None = dataclasses.field(
+        default=None, metadata={"doc": "seconds a failover of the database's HA stack takes at most, as declared (the"
+                                       " URL's failover_window); RetryPolicy.total should exceed it"})
     max_identity_bytes: int | None = dataclasses.field(
         default=None, metadata={"doc": "UTF-8 bytes scope + operation + key may hold together (None: every valid"
                                        " identity fits)"})

@@ -123,6 +123,7 @@ class Core:
         self.table_prefix = check_prefix(table_prefix)
         self.retry = retry or RetryPolicy()
         self.backend: Backend = dialects.load(engine.url.get_backend_name())(engine)
+        self.backend.check_retry_budget(self.retry.total)  # warns if shorter than the URL's failover_window
         check_isolation(self.backend, configured_isolation(engine))
         self.tables: Tables = build_tables(self.table_prefix, self.backend)
         guard(engine, self.backend, (self.tables.records.name, self.tables.messages.name))

@@ -1,12 +1,9 @@
-"""Cluster engines and the backends' cluster awareness: catalogue entries and their skip reasons, the round-robin
-proxy, Galera detection and classification, PostgreSQL multi-host URLs and connection failures during failover."""
+"""Cluster engines and the backends' cluster awareness: catalogue entries and their skip reasons, Galera detection
+and classification, PostgreSQL multi-host URLs and connection failures during failover."""
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,89 +15,65 @@ from idem_dialects.cli import main
 from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
-from idem_dialects.engines import ENGINES, EntryUnavailable, Unavailable, env_var, get, pg_ha
+from idem_dialects.engines import ENGINES, EntryUnavailable, env_var, get, haproxy, patroni, pgbouncer, pgserver
 from idem_dialects.engines import galera as galera_engine
-from idem_dialects.engines.local import RoundRobinProxy
 from idem_dialects.errors import CannotConnect, RetryCause
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
 
 
+STACKS = {  # engine: (what is missing on a bare machine, the package its install hint names)
+    "postgresql-patroni": ("patroni (patroni)", "apt-get install patroni etcd-server postgresql-15"),
+    "pgbouncer-transaction": ("no pgbouncer binary", "apt-get install pgbouncer postgresql-15"),
+    "galera-haproxy-all-writers": ("haproxy (haproxy)", "apt-get install haproxy galera-4 rsync mariadb-server"),
+    "galera-haproxy-single-writer": ("haproxy (haproxy)", "apt-get install haproxy galera-4 rsync mariadb-server"),
+}
+
+
 @pytest.fixture
 def no_cluster_binaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A machine without mariadbd/galera-4/rsync and without PostgreSQL server binaries."""
+    """A machine without Patroni, etcd, PgBouncer, HAProxy, mariadbd/galera-4/rsync or PostgreSQL server binaries."""
+    monkeypatch.setattr(patroni, "ETCD", tmp_path / "etcd")
+    monkeypatch.setattr(patroni, "PATRONI", tmp_path / "patroni")
+    monkeypatch.setattr(pgbouncer, "PGBOUNCER", (str(tmp_path / "pgbouncer"),))
+    monkeypatch.setattr(haproxy, "HAPROXY", tmp_path / "haproxy")
     monkeypatch.setattr(galera_engine, "MARIADBD", tmp_path / "mariadbd")
     monkeypatch.setattr(galera_engine, "PROVIDERS", (tmp_path / "libgalera_smm.so",))
-    monkeypatch.setattr(pg_ha, "BIN_DIRS", (str(tmp_path),))
-    for name in ("galera", "postgresql-ha"):
+    monkeypatch.setattr(pgserver, "BIN_DIRS", (str(tmp_path),))
+    for name in STACKS:
         monkeypatch.delenv(env_var(name), raising=False)
 
 
-def test_cluster_engines_are_in_the_catalogue() -> None:
-    assert ENGINES["galera"].backend == "mariadb" and ENGINES["postgresql-ha"].backend == "postgresql"
+def test_stacks_are_in_the_catalogue_with_their_failover_windows() -> None:
+    assert {name: ENGINES[name].backend for name in STACKS} == {
+        "postgresql-patroni": "postgresql", "pgbouncer-transaction": "postgresql",
+        "galera-haproxy-all-writers": "mariadb", "galera-haproxy-single-writer": "mariadb"}
+    assert ENGINES["pgbouncer-transaction"].failover_window is None  # one server: nothing fails over
+    assert all(ENGINES[name].failover_window for name in STACKS if name != "pgbouncer-transaction")
 
 
 def test_missing_binaries_skip_with_install_hint(no_cluster_binaries: None,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(EntryUnavailable) as err:
-        get("galera").provide()
-    assert "libgalera_smm.so (galera-4)" in err.value.reasons[-1]
-    assert "apt-get install galera-4 rsync" in err.value.hint
-    with pytest.raises(EntryUnavailable) as err:
-        get("postgresql-ha").provide()
-    assert "no PostgreSQL server binaries" in err.value.reasons[-1] and "apt-get install" in err.value.hint
-    assert main(["engines", "--probe", "--engine", "galera", "--engine", "postgresql-ha", "--format", "json"]) == 0
+    for name, (missing, hint) in STACKS.items():
+        with pytest.raises(EntryUnavailable) as err:
+            get(name).provide()
+        assert missing in err.value.reasons[-1] and hint in err.value.hint, (name, err.value)
+    engines = [arg for name in STACKS for arg in ("--engine", name)]
+    assert main(["engines", "--probe", *engines, "--format", "json"]) == 0
     found = json.loads(capsys.readouterr().out)["engines"]
-    assert not found["galera"]["available"] and "galera-4" in found["galera"]["hint"]
-    assert not found["postgresql-ha"]["available"] and "initdb" in found["postgresql-ha"]["reason"] + \
-        found["postgresql-ha"]["hint"]
+    for name, (missing, hint) in STACKS.items():
+        assert not found[name]["available"] and missing in found[name]["reason"] and hint in found[name]["hint"]
 
 
-@pytest.fixture
-def listeners() -> Iterator[list[socket.socket]]:
-    socks = []
-    for _ in range(3):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        socks.append(sock)
-    yield socks
-    for sock in socks:
-        sock.close()
-
-
-def _serve_once(sock: socket.socket, tag: bytes) -> threading.Thread:
-    def serve() -> None:
-        try:
-            conn, _ = sock.accept()
-        except OSError:
-            return
-        with conn:
-            conn.sendall(tag + conn.recv(16))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_proxy_round_robin_and_skips_dead_node(listeners: list[socket.socket]) -> None:
-    """One pool through the proxy reaches every node in turn; a node that refuses is skipped, not reported."""
-    ports = [s.getsockname()[1] for s in listeners]
-    listeners[1].close()  # node 2 is down
-    proxy = RoundRobinProxy([("127.0.0.1", p) for p in ports])
-    try:
-        seen = []
-        for _ in range(2):
-            for i in (0, 2):
-                _serve_once(listeners[i], f"node{i + 1}:".encode())
-            for _ in range(2):
-                with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
-                    client.sendall(b"hi")
-                    seen.append(client.recv(64))
-        assert sorted(seen) == [b"node1:hi", b"node1:hi", b"node3:hi", b"node3:hi"]
-        assert proxy.connections == [2, 0, 2]
-    finally:
-        proxy.close()
+def test_postgresql_binaries_missing(no_cluster_binaries: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Patroni and PgBouncer there but no PostgreSQL server binaries, the reason names those."""
+    monkeypatch.setattr(patroni, "ETCD", Path("/bin/sh"))
+    monkeypatch.setattr(patroni, "PATRONI", Path("/bin/sh"))
+    monkeypatch.setattr(pgbouncer, "PGBOUNCER", ("/bin/sh",))
+    for name in ("postgresql-patroni", "pgbouncer-transaction"):
+        with pytest.raises(EntryUnavailable) as err:
+            get(name).provide()
+        assert "no PostgreSQL server binaries" in err.value.reasons[-1] and "postgresql-15" in err.value.hint
 
 
 def _mysql_error(code: int) -> OperationalError:
@@ -120,8 +93,9 @@ def test_galera_errors_are_their_own_causes() -> None:
 
 
 def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
-    """A Galera node is detected from wsrep_on (claims not exclusive; wsrep_sync_wait covering INSERT on claim
-    connections); a single MariaDB server keeps exclusive claims and its session setting."""
+    """A Galera node is detected from wsrep_on (wsrep_sync_wait covering INSERT on claim connections; claims not
+    exclusive, unless the URL says one node takes every session: writers=single); a single MariaDB server keeps
+    exclusive claims and its session setting."""
     if idem_engine.backend != "mariadb":
         pytest.skip(f"{idem_engine.name} is not a MariaDB engine")
     # The server's sync URL: an async column (mariadb-asyncmy) runs on the same server through the async store.
@@ -131,8 +105,9 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
             features = store.features
             assert isinstance(features, MySQLFeatures)
             sync_wait = int(conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar_one())
-        if idem_engine.server.controls is not None:  # the galera engine
-            assert features.wsrep and features.multi_primary and not features.exclusive_claim
+        if idem_engine.server.controls is not None:  # a galera-haproxy-* engine
+            single = idem_engine.server.url.query.get("writers") == "single"
+            assert features.wsrep and features.multi_primary and features.exclusive_claim == single
             assert sync_wait & GALERA_SYNC_WAIT == GALERA_SYNC_WAIT and sync_wait & 4
         else:
             assert not features.wsrep and not features.multi_primary and features.exclusive_claim and sync_wait == 0
@@ -140,31 +115,14 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
         store.close()
 
 
-def test_lone_postgresql_has_no_synchronous_standby(idem_engine: EngineUnderTest) -> None:
-    if idem_engine.backend != "postgresql" or idem_engine.server.controls is not None:
-        pytest.skip(f"{idem_engine.name} is not a lone PostgreSQL server")
-    assert not idem_engine.features.synchronous_standby and not idem_engine.features.multi_primary
-
-
-def test_synchronous_standby_is_detected() -> None:
-    """A primary with a synchronous standby has the synchronous_standby feature (read from its settings); the
-    standby promoted after the primary's death has none of its own, and so neither has the feature."""
-    try:
-        server = pg_ha.postgresql_ha(get("postgresql-ha"))
-    except Unavailable as exc:
-        pytest.skip(f"postgresql-ha unavailable: {exc}")
-    try:
-        assert server.controls is not None
-        with IdempotencyStore.from_url(server.url, table_prefix="idem_probe_") as store:
-            with store.transaction():
-                assert store.features.synchronous_standby and not store.features.multi_primary
-        server.controls.kill()
-        server.controls.promote()
-        with IdempotencyStore.from_url(server.url, table_prefix="idem_probe_") as store:
-            with store.transaction():
-                assert not store.features.synchronous_standby and store.features.exclusive_claim
-    finally:
-        server.stop()
+def test_live_postgresql_features(idem_engine: EngineUnderTest) -> None:
+    """A Patroni leader in synchronous mode has the synchronous_standby feature (read from the settings Patroni
+    sets on it); a lone server, or one behind PgBouncer, has none. None is multi-primary."""
+    if idem_engine.backend != "postgresql":
+        pytest.skip(f"{idem_engine.name} is not a PostgreSQL engine")
+    features = idem_engine.features
+    assert features.synchronous_standby == (idem_engine.server.controls is not None)
+    assert not features.multi_primary and features.exclusive_claim
 
 
 @pytest.mark.parametrize(("given", "expected"), [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-SHOTS = {"index.html": "site-index.png", "reference/api.html": "site-api.png"}
+SHOTS = {"index.html": "site-index.png", "engines/postgresql.html": "site-engine-postgresql.png"}
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--host-resolver-rules=MAP * ~NOTFOUND", "--hide-scrollbars", "--window-size=1280,1400"]

@@ -33,13 +33,15 @@ def test_env_var_naming() -> None:
 
 def test_catalogue_has_every_engine() -> None:
     assert set(ENGINES) == {"sqlite", "postgresql-18", "postgresql", "mariadb", "mysql-8.4", "mssql-2022",
-                            "mssql-2025", "oracle-23", "oracle-26", "galera", "postgresql-ha"}
+                            "mssql-2025", "oracle-23", "oracle-26", "postgresql-patroni", "pgbouncer-transaction",
+                            "galera-haproxy-all-writers", "galera-haproxy-single-writer"}
 
 
 def test_families_expand() -> None:
     assert expand(["mssql"]) == ["mssql-2022", "mssql-2025"]
     assert expand(["oracle", "mysql"]) == ["oracle-23", "oracle-26", "mysql-8.4"]
     assert expand(["postgresql"]) == ["postgresql"]  # an exact name wins over the family
+    assert expand(["galera-haproxy"]) == ["galera-haproxy-all-writers", "galera-haproxy-single-writer"]
     assert expand(["sqlite", "sqlite"]) == ["sqlite"]
     assert expand(["all"]) == list(ENGINES)
     with pytest.raises(KeyError, match="unknown engine 'db2'"):
@@ -128,8 +130,9 @@ def test_engines_lists_the_catalogue_without_providing_anything(monkeypatch: pyt
     assert report["engines"]["mssql-2022"]["url_from_env"] is True
     assert report["engines"]["mssql-2022"]["providers"][0] == "the URL in IDEM_URL_MSSQL_2022"
     assert "secret" not in json.dumps(report)
-    assert report["engines"]["galera"]["providers"] == [
-        "a 3-node cluster started on loopback ports from the machine's galera-4 and mariadb-server packages"]
+    assert report["engines"]["galera-haproxy-single-writer"]["providers"] == [
+        "HAProxy (one writer, two backups) in front of a 3-node Galera cluster, started on loopback ports from the"
+        " machine's haproxy, galera-4 and mariadb-server packages"]
     assert main(["engines"]) == 0
     out = capsys.readouterr().out
-    assert "postgresql-ha" in out and "engines --probe" in out and ran == []
+    assert "postgresql-patroni" in out and "engines --probe" in out and ran == []

@@ -60,7 +60,7 @@ def test_unknown_feature_names_the_known_ones() -> None:
     features = idem.Features()
     assert features.has("concurrent_connections")
     with pytest.raises(KeyError, match="known features: concurrent_connections, exclusive_claim, multi_primary,"
-                                       " processes, synchronous_standby"):
+                                       " processes, session_state, synchronous_standby"):
         features.has("no_such_feature")
 
 

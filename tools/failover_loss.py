@@ -1,10 +1,13 @@
-"""Measure what a PostgreSQL failover does to acknowledged keys (the table in README "Clusters").
+"""Measure what a Patroni failover does to acknowledged keys (the table in README "Clusters").
 
-For each mode (synchronous or asynchronous standby, with or without replication lag) it starts the `postgresql-ha`
-engine's primary + standby, runs `store.run` from 8 threads, pauses the primary's WAL sender (SIGSTOP) to make
-lag when asked, kills the primary (SIGKILL), promotes the standby, then re-sends every acknowledged key: a key
-whose record survived replays its response; a lost one runs its effect again and answers differently.
-Run as root or as a user that can run PostgreSQL: ``.venv/bin/python tools/failover_loss.py [SECONDS]``.
+For each mode (synchronous mode or an asynchronous replica, with or without replication lag) it starts the
+`postgresql-patroni` engine's stack (3 etcd members, 2 Patroni nodes), runs `store.run` from 8 threads, pauses the
+leader's WAL sender (SIGSTOP) to make lag when asked, kills the leader's Patroni and postmaster (SIGKILL) and lets
+Patroni fail over by itself. If Patroni promoted the replica, every acknowledged key is re-sent: a key whose record
+survived replays its response, a lost one runs its effect again and answers differently. If Patroni refused
+(``maximum_lag_on_failover``), the old leader's Patroni is started again, takes the leader lock back, and the keys
+are re-sent then. Run as root or as a user that can run PostgreSQL:
+``.venv/bin/python tools/failover_loss.py [SECONDS OF LAG ...]`` (default: 0.3 and 5).
 """
 
 from __future__ import annotations
@@ -18,18 +21,22 @@ from typing import Any
 
 from idem_dialects import IdempotencyStore, RetryPolicy
 from idem_dialects.conformance.support import Effects
-from idem_dialects.engines.catalogue import get
-from idem_dialects.engines.pg_ha import PgFailoverPair, _query, postgresql_ha
+from idem_dialects.conformance.test_cluster import outage
+from idem_dialects.engines.patroni import LOOP_WAIT, TTL, PatroniCluster, patroni_cluster
+from idem_dialects.engines.pgserver import query
 
 REQ = {"amount": 1}
 
 
-def measure(synchronous: bool, lag: float) -> dict[str, Any]:
-    server = postgresql_ha(get("postgresql-ha"), synchronous=synchronous)
-    pair = server.controls
-    assert isinstance(pair, PgFailoverPair)
+def _lag(cluster: PatroniCluster) -> int | str:
+    lags = [m.get("lag") for m in cluster.members() if m.get("role") != "leader"]
+    return next((lag for lag in lags if lag is not None), "unknown")
+
+
+def measure(synchronous: bool, pause: float) -> dict[str, Any]:
+    cluster = patroni_cluster(synchronous=synchronous)
     try:
-        store = IdempotencyStore.from_url(server.url, table_prefix="fo_", retry=RetryPolicy(total=60),
+        store = IdempotencyStore.from_url(cluster.url(), table_prefix="fo_", retry=RetryPolicy(total=3 * TTL),
                                           pool_size=8, max_overflow=0)
         store.create_tables()
         effects = Effects(store)
@@ -37,6 +44,8 @@ def measure(synchronous: bool, lag: float) -> dict[str, Any]:
         acked: dict[str, Any] = {}
         stop = threading.Event()
         lock = threading.Lock()
+        killed_at: list[float] = []
+        acked_at: list[float] = []
 
         def worker(t: int) -> None:
             i = 0
@@ -49,50 +58,58 @@ def measure(synchronous: bool, lag: float) -> dict[str, Any]:
                     continue
                 with lock:
                     acked[key] = result.response
+                    acked_at.append(time.monotonic())
 
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
         for thread in threads:
             thread.start()
-        time.sleep(1.0)
-        sender = None
-        if lag:
-            # Pause the primary's WAL sender: WAL then stays on the primary only (pausing the standby's receiver
-            # would not do: what the sender wrote waits in the receiver's socket buffer and survives the kill).
-            sender = int(str(_query(pair.primary.port, "SELECT pid FROM pg_stat_replication")[0][0]))
+        time.sleep(2.0)
+        leader = cluster.leader()
+        assert leader is not None
+        if pause:
+            # Pause the leader's WAL sender: WAL then stays on the leader only. Synchronous mode: commits wait.
+            sender = int(str(query(leader.port, "SELECT pid FROM pg_stat_replication")[0][0]))
             os.kill(sender, signal.SIGSTOP)
-            time.sleep(lag)
+            time.sleep(pause)
+            time.sleep(2 * LOOP_WAIT)  # the leader publishes its position in etcd once per loop
+        lag = _lag(cluster)
         with lock:
             acked_at_kill = len(acked)
-        pair.kill()  # the paused sender dies with the primary's process group
-        pair.promote()
+            killed_at.append(time.monotonic())
+        cluster.kill()  # the paused sender dies with the leader's postmaster
+        promoted = cluster.elected(2 * TTL + 5 * LOOP_WAIT)
+        if not promoted:
+            stop.set()
+        how = cluster.rejoin()
         time.sleep(1.0)
         stop.set()
         for thread in threads:
             thread.join()
         store.engine.dispose()
-        lost = 0
-        for key, response in acked.items():
-            again = store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
-            lost += again.response != response
+        lost = sum(store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key)).response
+                   != response for key, response in acked.items())
         doubled = sum(n > 1 for n in effects.per_key().values())
         store.engine.dispose()
-        return {"acked before the kill": acked_at_kill, "acked in total": len(acked), "lost": lost,
-                "doubled in the database": doubled}
+        return {"lag": lag, "acked": acked_at_kill, "promoted": promoted, "lost": lost, "doubled": doubled,
+                "window": round(outage(killed_at[0], acked_at), 1) if promoted else None, "rejoin": how}
     finally:
-        server.stop()
+        cluster.stop()
 
 
 def main() -> None:
-    lag = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
-    print("| standby | replication lag at the kill | keys acknowledged before the kill | acknowledged keys lost |"
+    pauses = [float(a) for a in sys.argv[1:]] or [0.3, 5.0]
+    print("| replication | WAL sender paused | replica lag at the kill (bytes) | keys acknowledged before the kill |"
+          " Patroni promoted the replica | longest time without an ack after the kill (s) | acknowledged keys lost |"
           " keys with 2 effects |")
-    print("|---|---|---|---|---|")
-    for synchronous, pause in ((False, 0.0), (False, lag), (True, 0.0), (True, lag)):
-        found = measure(synchronous, pause)
-        mode = "synchronous (`synchronous_commit = on`)" if synchronous else "asynchronous"
-        print(f"| {mode} | {'none' if not pause else f'{pause:.0f} s (WAL sender paused)'} |"
-              f" {found['acked before the kill']} | {found['lost']} | {found['doubled in the database']} |",
-              flush=True)
+    print("|---|---|---|---|---|---|---|---|")
+    for synchronous in (True, False):
+        for pause in (0.0, *pauses):
+            found = measure(synchronous, pause)
+            mode = "synchronous mode" if synchronous else "asynchronous"
+            promoted = "yes" if found["promoted"] else "no (lag guard): old leader back"
+            window = "-" if found["window"] is None else found["window"]
+            print(f"| {mode} | {f'{pause:g} s' if pause else 'no'} | {found['lag']} | {found['acked']} | {promoted} |"
+                  f" {window} | {found['lost']} | {found['doubled']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Names describe capabilities (insert if absent, read the committed winner), never
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -20,10 +21,11 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.schema import Column, Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import CannotConnect, IdemError, RetryCause, TransientError
+from ..errors import CannotConnect, IdemError, IdemWarning, RetryCause, TransientError
 from ..features import Features
 from ..keys import MAX_LENGTH
 from ..retention import TableSize
+from . import options
 from .drivers import Driver
 from .network import socket_problem
 
@@ -69,6 +71,8 @@ class Backend:
     async_drivers: ClassVar[tuple[str, ...]] = ()
     # The database lives in the client's process: there is no server to restart and no connection to cut.
     embedded: ClassVar[bool] = False
+    # The URL query options (options.py) this backend consumes; the driver never sees them.
+    url_options: ClassVar[frozenset[str]] = frozenset()
     # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
     plpgsql_baseline: ClassVar[bool] = False
     # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
@@ -86,9 +90,14 @@ class Backend:
         self.engine = engine
         # A mock engine (create_mock_engine: DDL without a server) has no URL: it gets the backend's base features.
         url: URL | None = getattr(engine, "url", None)
+        if url is not None:
+            options.check(url, self.url_options)
         self.features = self.base_features if url is None else self.url_features(url)
         self._refined = False
         self._prepared: dict[Hashable, Any] = {}
+        self._budget_warned = False
+        if isinstance(engine, Engine) and self.url_options:
+            options.install(engine, self.connect_params)
 
     # --- drivers --------------------------------------------------------------------------------------------
 
@@ -129,8 +138,19 @@ class Backend:
 
     @classmethod
     def url_features(cls, url: URL) -> Features:
-        """What this backend offers for a database at `url`, known without connecting."""
-        return cls.base_features
+        """What this backend offers for a database at `url`, known without connecting (the URL's options)."""
+        return cls.base_features.replace(failover_window=options.failover_window(url, cls.url_options))
+
+    def connect_params(self, params: dict[str, Any]) -> None:
+        """Adjust the driver's connect() keyword arguments to what the URL's options declare (e.g. a pooler)."""
+
+    def check_retry_budget(self, total: float) -> None:
+        """Warn once (IdemWarning) if a retry budget of `total` seconds is shorter than the failover window the
+        database declares: its callers would get RetriesExhausted during every failover."""
+        message = options.budget_warning(total, self.features.failover_window)
+        if message is not None and not self._budget_warned:
+            warnings.warn(message, IdemWarning, stacklevel=3)
+            self._budget_warned = True
 
     def refine_features(self, conn: Connection, features: Features) -> Features:
         """`features` adjusted to what the live server decides (called once, on the store's first connection)."""

@@ -42,9 +42,10 @@ Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters 
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
 
 On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
-exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect);
-claim connections set ``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a
-certification failure and 1047 (node not ready) as its own cause.
+exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect)
+unless the URL says ``writers=single`` (a load balancer sends every session to one node); claim connections set
+``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a certification failure and 1047
+(node not ready) as its own cause.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
+from . import options
 from .base import Backend
 from .drivers import Driver
 from .network import socket_problem
@@ -203,6 +205,7 @@ class MySQLBackend(Backend):
         Driver("mariadbconnector", "mariadb", "mariadb"),
     )
     provision = "idem_dialects.dialects.mysql_provision:MySQLProvision"
+    url_options = frozenset({options.FAILOVER_WINDOW, options.WRITERS})
     retryable: ClassVar[Mapping[int, RetryCause]] = {
         ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
         ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
@@ -306,8 +309,11 @@ class MySQLBackend(Backend):
             conn.rollback()
         if row is not None and str(row[1]).upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
-            # effect callable may run on several nodes for one key; its database writes still land once.
-            refined = refined.replace(wsrep=True, exclusive_claim=False, multi_primary=True)
+            # effect callable may run on several nodes for one key; its database writes still land once. Unless
+            # the URL says one node takes every session (a load balancer with backup servers): then the claim's
+            # row lock excludes the other claimers, as on a single server.
+            single = options.choice(self.engine.url, options.WRITERS, self.url_options) == "single"
+            refined = refined.replace(wsrep=True, exclusive_claim=single, multi_primary=True)
         return refined
 
     def share_lock(self, conn: Connection) -> str:

@@ -15,6 +15,10 @@ fresh transaction. The read therefore takes no row lock: FOR SHARE would only ad
 
 ON CONFLICT DO NOTHING never raises for the arbiter index, so a duplicate claim leaves the caller's transaction
 usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK violation still raises.
+
+The protocol keeps no session state (no SET, advisory lock or temporary table), so it works through a
+transaction-mode pooler such as PgBouncer once the URL says ``?pooler=transaction``: then no driver prepares a
+statement that a later transaction, on another server session, would use (`connect_params`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
+from . import options
 from .base import AnyRow, Backend, replay_columns
 from .drivers import Driver
 from .network import socket_problem
@@ -134,6 +139,12 @@ def _pg8000_integrity_errors(context: ExceptionContext) -> BaseException | None:
 _PSYCOPG_BEGIN = "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
 
 
+def _unnamed_statement() -> str:
+    """The statement name SQLAlchemy's asyncpg dialect prepares under: '' is PostgreSQL's unnamed statement, which
+    asyncpg (its cache off) parses again with every execution, so nothing is left on any server session."""
+    return ""
+
+
 class PostgreSQLBackend(Backend):
     name = "postgresql"
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES)
@@ -149,6 +160,7 @@ class PostgreSQLBackend(Backend):
         # pg8000 1.31: close() after a lost connection fails writing Terminate and never closes its socket file.
         Driver("pg8000", "pg8000", "pg8000", leaks_lost_sockets=True),
     )
+    url_options = frozenset({options.FAILOVER_WINDOW, options.POOLER})
     plpgsql_baseline = True
     replay_cpu_target_ms = 0.7
     provision = "idem_dialects.dialects.postgresql_provision:PostgreSQLProvision"
@@ -170,6 +182,28 @@ class PostgreSQLBackend(Backend):
         if isinstance(host, str) and "," in host and ":" in host and "port" not in url.query:
             url = url.update_query_pairs([("host", h.strip()) for h in host.split(",") if h.strip()])
         return url
+
+    @classmethod
+    def url_features(cls, url: URL) -> Features:
+        features = super().url_features(url)
+        if options.choice(url, options.POOLER, cls.url_options) == "transaction":
+            return features.replace(session_state=False)
+        return features
+
+    def connect_params(self, params: dict[str, Any]) -> None:
+        if self.features.session_state:
+            return
+        # Behind a transaction-mode pooler a prepared statement would be sent to a server session that never
+        # prepared it (or prepared another under its name): no driver may prepare across transactions.
+        driver = self.engine.dialect.driver
+        if driver in ("psycopg", "psycopg_async"):
+            params["prepare_threshold"] = None  # psycopg 3: never prepare (default: after 5 executions)
+        elif driver == "asyncpg":
+            # asyncpg's own statement cache off; SQLAlchemy's dialect prepares every statement itself: no cache
+            # there either, and the unnamed statement, which lives only until the next one.
+            params["statement_cache_size"] = 0
+            params["prepared_statement_cache_size"] = 0
+            params["prepared_statement_name_func"] = _unnamed_statement
 
     def refine_features(self, conn: Connection, features: Features) -> Features:
         refined = super().refine_features(conn, features)

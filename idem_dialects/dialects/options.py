@@ -1,0 +1,110 @@
+"""Query options of a database URL that idem-dialects consumes; the driver never sees them.
+
+A deployment knows facts about its database that a client cannot ask the server: how long its HA stack takes to
+fail over, that a transaction-mode pooler sits in front of it, that its load balancer sends every session to one
+writer. The URL says so, and the backend turns that into its `Features` and into driver settings:
+
+- ``failover_window=SECONDS`` (PostgreSQL, MySQL, MariaDB): how long a failover takes, at most; a store whose
+  ``RetryPolicy.total`` is shorter warns once (its callers would get RetriesExhausted during a failover).
+- ``pooler=transaction`` (PostgreSQL): PgBouncer (or another pooler) in transaction mode, so a client's next
+  transaction may run on another server session: server-side prepared statements are turned off on every driver.
+  ``pooler=session`` says a session-mode pooler is there (nothing to change).
+- ``writers=single`` (MariaDB Galera): a load balancer sends every session to one node (HAProxy with backup
+  servers), so an atomic claim excludes other claimers as on a single server; ``writers=all`` is the default.
+
+The options stay in the engine's URL (features are read from it) and are removed from the driver's connect()
+arguments by a ``do_connect`` listener the backend installs on every engine a store wraps: they work with
+`from_url` and with an engine the caller built from the same URL.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Collection
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import URL
+
+from ..errors import InvalidURLOption
+
+FAILOVER_WINDOW = "failover_window"
+POOLER = "pooler"
+WRITERS = "writers"
+CHOICES: dict[str, tuple[str, ...]] = {POOLER: ("session", "transaction"), WRITERS: ("all", "single")}
+ALL = (FAILOVER_WINDOW, POOLER, WRITERS)
+
+_installed: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _raw(url: URL, name: str, accepted: Collection[str]) -> str | None:
+    raw = url.query.get(name)
+    if raw is None:
+        return None
+    backend = url.get_backend_name()
+    if name not in accepted:
+        raise InvalidURLOption(name, f"the {backend} backend has no such option (it has:"
+                                     f" {', '.join(sorted(accepted)) or 'none'})")
+    if not isinstance(raw, str):
+        raise InvalidURLOption(name, "given more than once")
+    return raw
+
+
+def choice(url: URL, name: str, accepted: Collection[str]) -> str | None:
+    """The value of option `name` (one of CHOICES[name]) if the URL has it; InvalidURLOption if it is wrong."""
+    raw = _raw(url, name, accepted)
+    if raw is not None and raw not in CHOICES[name]:
+        raise InvalidURLOption(name, f"{raw!r} is not one of {', '.join(CHOICES[name])}")
+    return raw
+
+
+def failover_window(url: URL, accepted: Collection[str]) -> float | None:
+    """The failover window the URL declares, in seconds; InvalidURLOption unless a positive number."""
+    raw = _raw(url, FAILOVER_WINDOW, accepted)
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InvalidURLOption(FAILOVER_WINDOW, f"{raw!r} is not a positive number of seconds")
+    return seconds
+
+
+def check(url: URL, accepted: Collection[str]) -> None:
+    """InvalidURLOption for the first option in `url` that is not `accepted`, repeated, or has a wrong value."""
+    for name in ALL:
+        if name in CHOICES:
+            choice(url, name, accepted)
+        else:
+            failover_window(url, accepted)
+
+
+def driver_url(url: URL) -> URL:
+    """`url` without the options of this module: what a plain driver connection (no store) accepts."""
+    return url.difference_update_query(ALL)
+
+
+def install(engine: Engine, adjust: Callable[[dict[str, Any]], None]) -> None:
+    """Remove the options from every connect() of `engine`, then let `adjust` set the driver's own arguments
+    (once per engine: several stores may share one)."""
+    if engine in _installed:
+        return
+    _installed.add(engine)
+
+    @event.listens_for(engine, "do_connect")
+    def consume(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        for name in ALL:
+            cparams.pop(name, None)
+        adjust(cparams)
+
+
+def budget_warning(total: float, window: float | None) -> str | None:
+    """What to warn about when a retry budget of `total` seconds is shorter than a failover `window`."""
+    if window is None or total >= window:
+        return None
+    return (f"the retry budget (RetryPolicy.total = {total:g} s) is shorter than this database's failover window"
+            f" ({window:g} s, the URL's failover_window): callers would get RetriesExhausted during a failover;"
+            f" give the store a RetryPolicy whose total exceeds {window:g} s")
