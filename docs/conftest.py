@@ -26,11 +26,11 @@ from sybil import Example, Sybil
 from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.myst import CodeBlockParser, SkipParser
 
-_LIVE_PORTS = {"postgresql": 5432, "mariadb": 3306}
+_LIVE_PORTS = {"postgresql": 5432, "mariadb": 3306, "rabbitmq": 5672, "nats": 4222, "redis": 6379}
 
 
 def live(engine: str) -> bool:
-    """Whether the machine's server for `engine` answers on its loopback port."""
+    """Whether the machine's server for `engine` (or broker) answers on its loopback port."""
     try:
         with socket.create_connection(("127.0.0.1", _LIVE_PORTS[engine]), timeout=1):
             return True

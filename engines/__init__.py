@@ -11,6 +11,7 @@ Floors, each importing only those below it: `entry` (CatalogueEntry, Server, Una
 the providers (`servers`, `containers`, `local`, the stacks `patroni`, `pgbouncer` and `haproxy` with `pgserver` and
 `galera` below them, and each backend's provisioning module beside its dialect,
 ``idem_dialects/dialects/<engine>_provision.py``); then `catalogue` and `provision` (probing an entry).
+`brokers` (beside them, on `local`): the message brokers the consumer adapters are proved on.
 Reading the catalogue starts nothing; `CatalogueEntry.provide` (or `provision`, which also connects) does.
 """
 

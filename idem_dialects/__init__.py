@@ -27,7 +27,7 @@ from .errors import (
     WinnerNotVisible,
 )
 from .features import Features
-from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
 from .protocol import Reply
 from .retry import RetryPolicy
 from .store import IdempotencyStore
@@ -55,6 +55,8 @@ __all__ = [
     "Claimed",
     "ConfigurationError",
     "ConnectionConfigError",
+    "Delivery",
+    "Disposition",
     "Features",
     "IdemError",
     "IdemWarning",

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
-from .outcomes import Claimed, Outcome, Result
-from .protocol import NO_PAYLOAD, Core
+from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
@@ -116,6 +116,18 @@ class AsyncIdempotencyStore(StoreBase):
         flow = self.core.accept_message(subscriber, message_id, payload)
         await _own(conn).run_sync(self.core.checked)
         return await self.drive(flow, conn)
+
+    # --- the idempotent consumer -------------------------------------------------------------------------------
+
+    async def consume(self, *, subscriber: str, message_id: str, handler: AsyncEffect, payload: Any = NO_PAYLOAD,
+                      on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Delivery:
+        """Await `handler(conn)` and record (subscriber, message_id) in one transaction, once per message id.
+
+        What the sync `consume` does, awaited; `handler` is an `async def` taking the AsyncConnection."""
+        flow = self.core.consume(subscriber=subscriber, message_id=message_id, payload=payload,
+                                 on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
+        refuse_sync_effect(handler, "handler")
+        return await self.drive(flow, effect=handler)
 
     # --- the whole protocol in one call --------------------------------------------------------------------------
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import RequestMismatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +67,28 @@ class Result:
     response: Any
     status: int
     replayed: bool
+
+
+class Disposition(StrEnum):
+    """What a consumer does with a message once `consume` is done with it."""
+
+    ACK = "ack"
+    """Processed now, or before (a redelivery, the handler not run again): acknowledge it."""
+    RETRY = "retry"
+    """Not processed: leave it to the broker to deliver again later (nak with a delay, requeue, leave pending)."""
+    DEAD_LETTER = "dead-letter"
+    """Not processed and never will be as it is: to the dead-letter queue, for a person to look at."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What `consume` did with one delivery of a message."""
+
+    disposition: Disposition
+    duplicate: bool = False
+    """The message was processed before (this is a redelivery or a duplicate publish): the handler did not run."""
+    value: Any = None
+    """What the handler returned, when it ran."""
+    mismatch: RequestMismatch | None = None
+    """The message id was first processed with a different payload: the handler did not run, and `disposition`
+    is what the caller's `on_mismatch` chose."""

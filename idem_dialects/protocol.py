@@ -30,6 +30,7 @@ from .dialects.base import Backend, configured_isolation
 from .errors import (
     ClaimRaced,
     IdemWarning,
+    InvalidPayload,
     LeaseLost,
     RequestInFlight,
     RequestMismatch,
@@ -41,7 +42,7 @@ from .fingerprint import Encoder, decode_response, encode_response, fingerprint,
 from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
 from .limits import check_batch_size, check_retention, check_status, lease_seconds
-from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
+from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
 from .retention import DEFAULT_RETENTION, Stats, purge_targets
 from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
@@ -52,6 +53,8 @@ from .telemetry import Telemetry
 T = TypeVar("T")
 _Fenceable = TypeVar("_Fenceable", Update, Delete)
 NO_PAYLOAD: Any = object()
+# What a consumer does with a message whose id was first processed with a different payload.
+OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
@@ -245,11 +248,15 @@ class Core:
     def accept_message(self, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> Flow[bool]:
         """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
         A redelivery whose payload differs from the first one's raises RequestMismatch. Validates eagerly."""
+        ident, fp = self._message(subscriber, message_id, payload)
+        return self.telemetry.message(ident["subscriber"], self._accept_message(ident, fp))
+
+    def _message(self, subscriber: object, message_id: object, payload: Any) -> tuple[dict[str, str], str | None]:
+        """A message's identity and payload fingerprint, validated before any SQL."""
         ident = {"subscriber": check_identifier("subscriber", subscriber),
                  "message_id": check_identifier("message_id", message_id)}
         check_identity_size(ident, self.identity_limit)
-        fp = None if payload is NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
-        return self.telemetry.message(ident["subscriber"], self._accept_message(ident, fp))
+        return ident, None if payload is NO_PAYLOAD else payload_fingerprint(payload, self.encoder)
 
     def _accept_message(self, ident: dict[str, str], fp: str | None) -> Flow[bool]:
         t, backend = self.tables.messages, self.backend
@@ -265,6 +272,39 @@ class Core:
             return False
         raise ClaimRaced(f"message {ident['message_id']!r} of {ident['subscriber']!r} changed under"
                          f" {_CLAIM_ROUNDS} attempts")
+
+    # --- the idempotent consumer ---------------------------------------------------------------------------------
+
+    def consume(self, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD,
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Flow[Delivery]:
+        """Run the handler (an `Effect` step) and record the message in one transaction, re-run on the backend's
+        retryable errors like `run`; a message processed before is acknowledged without running the handler, and
+        one whose payload differs from the first one's gets the disposition `on_mismatch` chooses (a Disposition,
+        or a function of the RequestMismatch that returns one). The handler's own error reaches the caller
+        unchanged. Validates eagerly: bad input raises here, before the flow runs."""
+        ident, fp = self._message(subscriber, message_id, payload)
+        if not (isinstance(on_mismatch, Disposition) or callable(on_mismatch)):
+            raise InvalidPayload("on_mismatch", f"must be a Disposition or a function returning one, got"
+                                                f" {type(on_mismatch).__name__}")
+        return self._consumed(ident, fp, on_mismatch, retry)
+
+    def _consumed(self, ident: dict[str, str], fp: str | None, on_mismatch: OnMismatch,
+                  retry: RetryPolicy | None) -> Flow[Delivery]:
+        delivery = yield from self.retrying(lambda: transaction(self._consume(ident, fp)), retry)
+        if delivery.mismatch is not None:
+            chosen = on_mismatch(delivery.mismatch) if callable(on_mismatch) else on_mismatch
+            delivery = Delivery(Disposition(chosen), mismatch=delivery.mismatch)
+        # The one place a message's fate is known: accepted (handler ran), duplicate, or mismatched.
+        return delivery
+
+    def _consume(self, ident: dict[str, str], fp: str | None) -> Flow[Delivery]:
+        try:  # counted as accepted, duplicate or mismatch where every consumer form is counted
+            accepted = yield from self.telemetry.message(ident["subscriber"], self._accept_message(ident, fp))
+        except RequestMismatch as mismatch:
+            return Delivery(Disposition.DEAD_LETTER, mismatch=mismatch)  # its disposition is the caller's choice
+        if not accepted:
+            return Delivery(Disposition.ACK, duplicate=True)
+        return Delivery(Disposition.ACK, value=(yield from self.call_effect(operation=ident["subscriber"])))
 
     # --- the whole protocol in one call ------------------------------------------------------------------------
 
@@ -334,8 +374,13 @@ class Core:
 
     def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None,
                operation: str = "") -> Flow[tuple[Any, int]]:
-        """Call the effect: (response, status) to store. Its error is marked as the effect's (EffectFailed,
-        unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
+        """Call the effect: (response, status) to store."""
+        return reply((yield from self.call_effect(on_effect, operation)), status)
+
+    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "") -> Flow[Any]:
+        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`.
+        Its error is marked as the effect's (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup
+        raises after it can take its place."""
         started = time.perf_counter()
         try:
             response = yield Effect()
@@ -347,7 +392,7 @@ class Core:
             self.telemetry.effect(operation, time.perf_counter() - started, exc)
             raise EffectFailed(exc) from exc
         self.telemetry.effect(operation, time.perf_counter() - started, None)
-        return reply(response, status)
+        return response
 
     def release_after(self, claimed: Claimed, error: BaseException) -> Flow[None]:
         """Release `claimed` in a transaction of its own after `error`, even if cancelled meanwhile; a release that

@@ -14,8 +14,8 @@ from sqlalchemy.engine import URL, Connection
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
-from .outcomes import Claimed, Outcome, Result
-from .protocol import NO_PAYLOAD, Core
+from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
 from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
@@ -105,6 +105,21 @@ class IdempotencyStore(StoreBase):
         flow = self.core.accept_message(subscriber, message_id, payload)
         self.core.checked(conn)
         return self.drive(flow, conn)
+
+    # --- the idempotent consumer -------------------------------------------------------------------------------
+
+    def consume(self, *, subscriber: str, message_id: str, handler: SyncEffect, payload: Any = NO_PAYLOAD,
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Delivery:
+        """Run `handler(conn)` and record (subscriber, message_id) in one transaction, once per message id.
+
+        A redelivery (or a duplicate publish) of a message processed before returns a Delivery with
+        `duplicate=True` and `Disposition.ACK` without calling the handler; one whose `payload` differs from the
+        first one's gets the disposition `on_mismatch` chooses. Retried like `run`; the handler's error reaches the
+        caller unchanged (nothing is recorded: the message is not processed)."""
+        flow = self.core.consume(subscriber=subscriber, message_id=message_id, payload=payload,
+                                 on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
+        refuse_async_effect(handler, "handler")
+        return self.drive(flow, effect=handler)
 
     # --- the whole protocol in one call --------------------------------------------------------------------------
 

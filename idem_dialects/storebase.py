@@ -95,26 +95,26 @@ def is_async_callable(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
-def refuse_async_effect(effect: object) -> None:
+def refuse_async_effect(effect: object, name: str = "effect") -> None:
     if is_async_callable(effect):
-        raise AsyncMisuse("effect is an `async def` function: the sync IdempotencyStore calls its effect"
+        raise AsyncMisuse(f"{name} is an `async def` function: the sync IdempotencyStore calls its {name}"
                           " synchronously; use AsyncIdempotencyStore (idem_dialects.AsyncIdempotencyStore) for"
-                          " async effects, or pass a plain function")
+                          f" an async {name}, or pass a plain function")
     if not callable(effect):
-        raise _not_callable(effect, "must be callable")
+        raise _not_callable(effect, name, "must be callable")
 
 
-def refuse_sync_effect(effect: object) -> None:
+def refuse_sync_effect(effect: object, name: str = "effect") -> None:
     if not callable(effect):
-        raise _not_callable(effect, "must be an `async def` function")
+        raise _not_callable(effect, name, "must be an `async def` function")
     if not is_async_callable(effect):
-        raise AsyncMisuse("effect must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
-                          " awaits it); for a sync function write `async def effect(conn): return await"
-                          " conn.run_sync(sync_effect)`, or use the sync IdempotencyStore")
+        raise AsyncMisuse(f"{name} must be an `async def` function taking the AsyncConnection (AsyncIdempotencyStore"
+                          f" awaits it); for a sync function write `async def {name}(conn): return await"
+                          f" conn.run_sync(sync_{name})`, or use the sync IdempotencyStore")
 
 
-def _not_callable(effect: object, rule: str) -> InvalidPayload:
-    return InvalidPayload("effect", f"{rule}, got {type(effect).__name__}")
+def _not_callable(effect: object, name: str, rule: str) -> InvalidPayload:
+    return InvalidPayload(name, f"{rule}, got {type(effect).__name__}")
 
 
 def refuse_awaitable(response: object) -> None:

@@ -104,3 +104,16 @@ def offline(url: str | URL, executor: Callable[..., object] = lambda *args, **kw
 def async_drivers_hint(backend: type[Backend]) -> str:
     names = [f"{backend.name}+{driver}" for driver in backend.async_drivers]
     return " or ".join(names) if names else f"no async driver is declared for {backend.name}"
+
+
+def async_url(url: str | URL, driver: str | None = None) -> URL:
+    """The URL of the same database through an async driver: `url` itself if its driver is asyncio-only, else
+    `driver` or the first async driver the backend declares that is installed here (MissingDriver if none is)."""
+    resolved = target(url)
+    if resolved.asyncio_only:
+        return resolved.url
+    chosen = driver or next(iter(resolved.backend.usable_drivers(asynchronous=True)), None)
+    if chosen is None:
+        raise MissingDriver(resolved.drivername, "pip install 'idem-dialects[async]'",
+                            ModuleNotFoundError(f"no async driver for {resolved.backend.name} is installed"))
+    return resolved.url.set(drivername=f"{resolved.backend.name}+{chosen}")

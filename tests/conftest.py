@@ -1,11 +1,15 @@
 """The project's own tests opt in to the shipped conformance plugin, exactly as a third-party project would."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer_common import Inbox
 
 from idem_dialects import engines
+from idem_dialects.engines.brokers import BROKERS
 
 pytest_plugins = ["idem_dialects.conformance.plugin"]
 
@@ -28,3 +32,38 @@ def live_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
         pytest.skip(f"{spec.name}: {exc}")
     yield provided
     provided.stop()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--idem-require-broker", action="append", default=[], metavar="NAME",
+                     help="a broker (rabbitmq, nats, redis, or all) whose adapter tests must run: unavailable, they"
+                          " fail instead of skipping (repeatable)")
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """`broker(name, client=None)`: the URL of that broker's service (IDEM_BROKER_<NAME> or the standard local
+    port); a skip with the reason where it or the client package (default: the adapter's) is missing, or a failure
+    where the command line requires the broker."""
+    required = set(request.config.getoption("idem_require_broker"))
+
+    def need(name: str, client: str | None = None) -> str:
+        spec = BROKERS[name]
+        why = spec.unavailable()
+        if why is None and client is not None and find_spec(client) is None:
+            why = f"{client} is not installed (pip install 'idem-dialects[{client}]')"
+        if why is not None:
+            if name in required or "all" in required:
+                pytest.fail(f"required broker {name} is unavailable: {why}", pytrace=False)
+            pytest.skip(f"{spec.title}: {why}")
+        return spec.url()
+
+    return need
+
+
+@pytest.fixture
+def inbox(tmp_path: Path) -> Iterator[Inbox]:
+    """A store on an SQLite file in `tmp_path` with a table counting committed handler runs (the adapters' tests)."""
+    made = Inbox(tmp_path)
+    yield made
+    made.close()

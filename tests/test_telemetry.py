@@ -246,3 +246,15 @@ def test_no_key_scope_or_payload_in_any_span_or_metric_attribute(otel: Sdk, tmp_
     assert any("ValueError" in text for _, text in found)  # the failure is there, by its type only
     assert any("projection" in text for _, text in found) or api == "async"
     assert [where for where, text in found if secret in text] == []
+
+
+def test_consumed_messages_are_counted_where_every_consumer_form_is(otel: Sdk, tmp_path: Path) -> None:
+    """`consume` (and so every broker adapter) counts its messages through the same hook as `accept_message`."""
+    subscriber = f"consumer-{uuid.uuid4().hex[:6]}"
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="c_") as store:
+        store.create_tables()
+        for message_id, payload in [("m1", "a"), ("m1", "a"), ("m2", "b"), ("m1", "changed")]:
+            store.consume(subscriber=subscriber, message_id=message_id, payload=payload, handler=lambda conn: 1)
+    messages = Counter({attrs["idempotency.outcome"]: p.value for name, attrs, p in otel.points()
+                        if name == "idempotency.messages" and attrs["idempotency.subscriber"] == subscriber})
+    assert messages == {"accepted": 2, "duplicate": 1, "mismatch": 1}

@@ -50,6 +50,8 @@ def load(name: str) -> Command:
         from .commands import purge as module
     elif name == "stats":
         from .commands import stats as module
+    elif name == "consumers":
+        from .commands import consumers as module
     else:
         raise KeyError(f"unknown subcommand {name!r}")
     return module
@@ -67,6 +69,8 @@ COMMANDS: dict[str, str] = {
     "ddl": "print the CREATE statements for a database URL or backend, without connecting",
     "purge": "delete records completed longer ago than --older-than, in batches, with progress",
     "stats": "records by state, stuck claims, the purge backlog and table sizes; a monitoring check with --fail-on-*",
+    "consumers": "prove the broker consumers under faults: messages with duplicates, consumer kills, every message"
+                 " applied once (a table)",
 }
 
 

@@ -1,9 +1,10 @@
 """What the protocol costs: one debit workload (an account table, debits of one unit), with and without idempotency,
-side by side, through each API — the sync store, the async store, the HTTP middleware.
+side by side, through each API — the sync store, the async store, the HTTP middleware — and a message consumer
+beside the same consumer without the inbox, per broker (`consumer`).
 
 One runner (`runner.run`) provides the databases, runs one API's `Benchmark` on each in turn and returns one report;
-`benchmark(api, ...)` builds the Benchmark of an API (its module imported only then). A new API (a message
-consumer, say) is one module with a class that has `refuse` and `measure`, and one branch below.
+`benchmark(api, ...)` builds the Benchmark of an API (its module imported only then). A new API is one module with
+a class that has `refuse` and `measure`, and one branch below.
 
 The sync store's modes (each a slice of `requests` requests, interleaved per repetition so drift hits them all alike):
 
@@ -47,7 +48,7 @@ from .sync import Bench, SyncBenchmark
 from .sync_report import RATIO_TARGETS, SCHEMA
 from .workload import Workload, plpgsql_ddl
 
-APIS = ("sync", "async", "http")
+APIS = ("sync", "async", "http", "consumer")
 # What a run measures: the debit workload through an API, or an operation's cost on the sync store.
 MEASURES = ("workload", "telemetry", "purge")
 _MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"), "purge": ("rows", "batch_size", "workers")}
@@ -55,7 +56,8 @@ _MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"), "purge":
 
 def benchmark(api: str, **options: Any) -> Benchmark:
     """The benchmark of `api` with its options (ValueError for a bad value). Only the chosen API's module is
-    imported: the async one needs greenlet and an async driver, the HTTP one uvicorn and Starlette."""
+    imported: the async one needs greenlet and an async driver, the HTTP one uvicorn and Starlette, the consumer one
+    the brokers' clients."""
     if api == "sync":
         return SyncBenchmark(Config(**options))
     if api == "async":
@@ -66,6 +68,10 @@ def benchmark(api: str, **options: Any) -> Benchmark:
         from .http import HttpBenchmark
 
         return HttpBenchmark(**options)
+    if api == "consumer":
+        from .consumer import ConsumerBenchmark
+
+        return ConsumerBenchmark(**options)
     raise ValueError(f"unknown API {api!r}; known: {', '.join(APIS)}")
 
 

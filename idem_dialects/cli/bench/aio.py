@@ -30,7 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ...aio import AsyncIdempotencyStore
 from ...dialects.base import Backend
+from ...errors import MissingDriver
 from ...store import IdempotencyStore
+from ...url import async_url as url_async_url
 from ...url import target
 from .report import engine_info, machine_info, new_prefix, percentiles
 from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
@@ -260,17 +262,15 @@ class AsyncBench:
 
 
 def async_url(url: URL, driver: str | None) -> URL:
-    """The URL of the same database through an async driver: `url` itself if its driver is asyncio-only, else
-    `driver` or the first async driver the backend declares that is installed here."""
+    """The URL of the same database through an async driver (`idem_dialects.url.async_url`); CannotMeasure when
+    there is none here."""
     with reaching(url):
         resolved = target(url)
-    if resolved.asyncio_only:
-        return resolved.url
-    chosen = driver or next(iter(resolved.backend.usable_drivers(asynchronous=True)), None)
-    if chosen is None:
+    try:
+        return url_async_url(resolved.url, driver)
+    except MissingDriver:
         raise CannotMeasure(f"no async driver for {resolved.backend.name} is installed"
-                            " (pip install 'idem-dialects[async]')")
-    return resolved.url.set(drivername=f"{resolved.backend.name}+{chosen}")
+                            " (pip install 'idem-dialects[async]')") from None
 
 
 def sync_url(url: URL) -> URL:

@@ -1,5 +1,5 @@
 """Measure what the protocol costs: a debit workload beside the bare effect, through the sync store, the async store
-or the HTTP middleware (--api), on one or several databases.
+or the HTTP middleware, or a message consumer beside the bare consumer (--api), on one or several databases.
 
 The work is in idem_dialects.cli.bench (one runner for every API); this module parses arguments, maps outcomes to
 exit statuses and writes the report. Exit status (as every subcommand's, idem_dialects.cli.commands): 0 measured
@@ -23,11 +23,12 @@ FORMATS = ("table", "markdown", "json")
 # Defaults belong to each API's benchmark (stated once there; the help repeats them).
 OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "workers": (("sync",), int, "N", "concurrent workers, one thread and one connection each (default 1)"),
-    "requests": (APIS, int, "M", "requests per mode (sync: per repetition; default 1000; http: 400)"),
+    "requests": (("sync", "async", "http"), int, "M", "requests per mode (sync: per repetition; default 1000;"
+                                                      " http: 400)"),
     "duplicates": (("sync",), float, "RATIO", "share of the contention slice that repeats a key another worker sends"
                                               " at the same moment, in [0, 1) (default 0.5)"),
-    "repetitions": (("sync",), int, "R", "interleaved repetitions of every mode; the report takes medians"
-                                         " (default 5)"),
+    "repetitions": (("sync", "consumer"), int, "R", "interleaved repetitions of every mode; the report takes"
+                                                     " medians (default 5; consumer: 3)"),
     "warmup": (("sync",), int, "W", "unmeasured requests per mode before the first repetition (default 100)"),
     "memory_check": (("sync",), int, "N", "finally run N requests (first-time and replay in turn) under tracemalloc"
                                           " and report memory growth per 10k requests (e.g. 100000; default off)"),
@@ -36,6 +37,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "sleep": (("async",), float, "S", "what the sleep figure's effect awaits, in seconds (default 0.2)"),
     "driver": (("async", "http"), str, "NAME", "the async driver (default: the first installed the backend"
                                                 " declares)"),
+    "messages": (("consumer",), int, "N", "messages per mode and repetition, each broker (default 2000)"),
+    "broker": (("consumer",), str, "NAME", "rabbitmq, nats or redis (repeatable; default: every broker reachable"
+                                           " here)"),
 }
 
 
@@ -50,10 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to measure: sync = IdempotencyStore.run beside the bare effect on worker threads"
                              " (default); async = AsyncIdempotencyStore beside the bare async effect and the sync"
                              " store, with the event-loop lag of a 10 ms heartbeat; http = the ASGI middleware on a"
-                             " real uvicorn server beside the bare endpoint (the [http] and [async] extras)")
+                             " real uvicorn server beside the bare endpoint (the [http] and [async] extras);"
+                             " consumer = messages/s of each broker's idempotent consumer beside the same consumer"
+                             " without the inbox (the brokers' extras)")
     for name, (apis, kind, metavar, text) in OPTIONS.items():
         scope = "" if apis == APIS else f"--api {'/'.join(apis)}: "
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar, help=scope + text)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar, help=scope + text,
+                            action="append" if name == "broker" else "store")
     parser.add_argument("--measure", choices=MEASURES, default="workload",
                         help="workload: the debit workload through --api (default); telemetry: replays with telemetry"
                              " off, with OpenTelemetry's no-op API and with the SDK recording (--requests,"
@@ -66,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/1, or"
+                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/1,"
+                             " -consumer/1, or"
                              " -set/1 for several engines; see BENCHMARKS.md) for tools")
     parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
     parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bench_apis import render_async, render_http
+from .bench_apis import OTHERS
 from .text import WIDTH, heading, table, wrap
 
 SYNC = "idem-dialects-bench/1"
@@ -35,8 +35,7 @@ def render_bench(report: Mapping[str, Any], fmt: str = "table") -> str:
     items, markdown = runs(report), fmt == "markdown"
     skipped: Mapping[str, str] = report.get("skipped") or {}
     if any(run["schema"] != SYNC for run in items):  # the async store's and HTTP reports: one after another
-        text = "\n".join((render_async if run["schema"].endswith("-async/1") else render_http)(run, markdown)
-                         for run in items)
+        text = "\n".join(OTHERS[run["schema"].removeprefix("idem-dialects-bench-")](run, markdown) for run in items)
         return text + (f"\nnot available here: {', '.join(skipped)}\n" if skipped else "")
     if len(items) == 1 and fmt == "table" and not skipped:
         return render_one(items[0]) + "\n"

@@ -1,5 +1,5 @@
-"""The async store's and the HTTP middleware's bench reports (idem-dialects-bench-async/1, -http/1) as a terminal
-table or markdown."""
+"""The async store's, the HTTP middleware's and the consumer's bench reports (idem-dialects-bench-async/1, -http/1,
+-consumer/1) as a terminal table or markdown."""
 
 from __future__ import annotations
 
@@ -52,3 +52,24 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
              f"exactly-once: balance and record count checked in the database ({x['effects']} effects,"
              f" {x['records']} records)", f"elapsed {run['elapsed_s']} s"]
     return "\n".join(lines) + "\n"
+
+
+def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
+    e, c = run["engine"], run["config"]
+    name = e.get("name") or e["backend"]
+    rows = [[name, broker, f"{r['bare']['per_s']:,.0f}", f"{r['idempotent']['per_s']:,.0f}",
+             f"{r['ratio_to_bare']:.2f}"] for broker, r in run["brokers"].items()]
+    lines = [heading(f"idem-dialects bench --api consumer -- {name} {e['server_version']}", markdown), "",
+             f"database: {e['url']} via {e['driver']} (the async store via {e.get('async_driver', '?')})",
+             f"{c['messages']} messages per mode x {c['repetitions']} alternating repetitions (medians),"
+             f" {c['in_flight']} in flight at once", "",
+             *table(["engine", "broker", "bare msg/s", "idempotent msg/s", "x bare"], rows, markdown), "",
+             "bare = the same consumer loop, the handler in its own transaction, then the ack",
+             "idempotent = the broker's adapter: handler and inbox record in one transaction, then the ack"]
+    lines += [f"broker not reachable here, skipped: {b} ({why})" for b, why in run["skipped_brokers"].items()]
+    lines += [f"exactly-once: {run['exactly_once']['effects']} effects for as many distinct messages, checked in the"
+              " database", f"elapsed {run['elapsed_s']} s"]
+    return "\n".join(lines) + "\n"
+
+
+OTHERS = {"async/1": render_async, "http/1": render_http, "consumer/1": render_consumer}
