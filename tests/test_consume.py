@@ -12,12 +12,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from idem_dialects import (
-    AsyncIdempotencyStore,
     AsyncMisuse,
     Delivery,
     Disposition,
@@ -191,12 +190,14 @@ def test_async_store_consumes_the_same_way(store: IdempotencyStore) -> None:
     except MissingDriver as exc:
         pytest.skip(f"no async driver for {url.get_backend_name()}: {exc}")
 
+    aio_store = async_store_class()
+
     async def main() -> list[Delivery]:
-        async with AsyncIdempotencyStore.from_url(aurl, table_prefix=store.table_prefix) as aio:
-            async def handler(conn: AsyncConnection) -> Any:
+        async with aio_store.from_url(aurl, table_prefix=store.table_prefix) as aio:
+            async def handler(conn: Any) -> Any:
                 return await conn.run_sync(applied.handler("a-1"))
 
-            async def failing(conn: AsyncConnection) -> None:
+            async def failing(conn: Any) -> None:
                 raise KeyError("bad")
 
             with pytest.raises(KeyError):

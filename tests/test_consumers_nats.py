@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from async_common import async_store_class
 from consumer_common import Inbox, await_for
 
-from idem_dialects import AsyncIdempotencyStore
 from idem_dialects.engines.brokers import BROKERS
 
 nats = pytest.importorskip("nats", reason="nats-py is not installed (pip install 'idem-dialects[nats]')")
+AsyncIdempotencyStore = async_store_class()  # skips, naming what to install, without greenlet
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig  # noqa: E402
 
 from idem_dialects.consumers import DeadLetter, header  # noqa: E402
