@@ -40,6 +40,7 @@ def live(engine: str) -> bool:
 
 def _run_console(example: Example) -> None:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("PYTEST_ADDOPTS", None)  # the reader's shell has none; CI's own options name this project's test flags
     for line in str(example.parsed).splitlines():
         if not line.startswith("$ "):
             continue  # output shown by the page

@@ -48,6 +48,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "docs": ("sphinx", "myst_parser", "furo", "sphinxarg", "sybil"),
     "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
     "django": ("django", "rest_framework", "pytest_django", "gunicorn"),
+    "rabbitmq": ("aio_pika", "greenlet", "idem_dialects.consumers.rabbitmq"),
+    "nats": ("nats", "greenlet", "idem_dialects.consumers.nats"),
+    "redis": ("redis", "idem_dialects.consumers.redis"),
+    "celery": ("celery", "idem_dialects.consumers.celery"),
 }
 # Modules the base install must not load on `import idem_dialects` / `import idem_dialects.http`: SQLAlchemy's asyncio
 # layer needs greenlet, and the workshop (CLI, bench, reporting, catalogue, suite) is not the library.
