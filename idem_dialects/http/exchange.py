@@ -97,9 +97,9 @@ def _atomic(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Call)
     return handled[0]
 
 
-def _external(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Call) -> Flow[HttpResponse]:
-    claim = core.request(call.scope, call.operation, call.key, call.request, policy.lease)
-    outcome = yield from core.retrying(lambda: transaction(core.claim(claim), Begin.CLAIM))
+def _external(core: Core, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
+    req = core.request(call.scope, call.operation, call.key, call.request, policy.lease)
+    outcome = yield from core.retrying(lambda: transaction(core.claim(req), Begin.CLAIM))
     if not isinstance(outcome, Claimed):
         answer = outcome_response(policy, call, outcome)
         assert answer is not None
@@ -113,7 +113,7 @@ def _external(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Cal
         yield from core.release_after(outcome, exc)
         raise  # the handler's own error, unchanged
     else:
-        if not keeps(policy, req, resp.status):
+        if not keeps(policy, http, resp.status):
             yield from _release(core, outcome)
             return resp
     body = encode_stored(policy, resp)
