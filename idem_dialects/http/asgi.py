@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..aio import AsyncIdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
 
@@ -105,7 +105,7 @@ class IdempotencyMiddleware:
         policy = self.policy
         if scope["type"] != "http" or not policy.applies(scope["method"], scope["path"]):
             return await self.app(scope, receive, send)
-        if self.idempotency.claimed_outside(scope):
+        if claimed_outside(scope, self.idempotency.identity):
             return await self.app(scope, receive, send)  # an outer layer on this store claimed it
         headers = decode_headers(scope.get("headers", []))
         if not policy.require_key and all(k != policy.header.lower() for k, _ in headers):

@@ -23,7 +23,7 @@ from fastapi.routing import APIRoute
 
 from ..aio import AsyncIdempotencyStore
 from .asgi import STATE_KEY, decode_headers
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, current_connection, routed
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside, current_connection, routed
 from .problems import PROBLEM_TYPE, HttpResponse
 from .runner import AsyncIdempotency
 
@@ -118,7 +118,7 @@ def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) ->
                 if not policy.applies(request.method, request.url.path) or (not policy.require_key and not has_key):
                     return await original(request)
                 marks = routed(request.scope)  # outer layers learn the route received it ...
-                if idempotency.claimed_outside(request.scope):  # the ASGI middleware on this store holds the claim
+                if claimed_outside(request.scope, idempotency.identity):  # the ASGI middleware holds the claim
                     passed = await original(request)
                     if marks is not None:
                         marks.began = True  # ... and that the endpoint answered (not validation or an exception)

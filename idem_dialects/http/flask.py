@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 import flask
 
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, routed
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside, routed
 from .problems import HttpResponse
 from .runner import Idempotency
 
@@ -49,7 +49,7 @@ def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Calla
             keyless = not policy.require_key and policy.header not in req.headers
             if not policy.applies(req.method, req.path) or keyless:
                 return flask.make_response(view(*args, **kwargs))
-            if idempotency.claimed_outside(req.environ):  # the WSGI middleware on this store holds the claim
+            if claimed_outside(req.environ, idempotency.identity):  # the WSGI middleware on this store holds the claim
                 marks = routed(req.environ)
                 passed = flask.make_response(view(*args, **kwargs))
                 if marks is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from ..store import IdempotencyStore
-from .core import HandlerErrors, HttpRequest, IdempotencyPolicy, claimed_outside, store_identity
+from .core import HandlerErrors, HttpRequest, IdempotencyPolicy, store_identity
 from .exchange import exchange
 from .problems import HttpResponse
 
@@ -30,11 +30,7 @@ class Idempotency:
     def __init__(self, store: IdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
-        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)
-
-    def claimed_outside(self, context: Any) -> bool:
-        """Whether a layer further out claimed this request on this store: pass it through untouched."""
-        return claimed_outside(context, self.identity)
+        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)  # see core.claimed_outside
 
     def handle(self, req: HttpRequest, handler: Handler) -> HttpResponse:
         errors = HandlerErrors()
@@ -53,11 +49,7 @@ class AsyncIdempotency:
     def __init__(self, store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
-        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)
-
-    def claimed_outside(self, context: Any) -> bool:
-        """Whether a layer further out claimed this request on this store: pass it through untouched."""
-        return claimed_outside(context, self.identity)
+        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)  # see core.claimed_outside
 
     async def handle(self, req: HttpRequest, handler: AsyncHandler) -> HttpResponse:
         errors = HandlerErrors()

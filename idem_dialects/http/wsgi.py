@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
 from .problems import HttpResponse
 from .runner import Idempotency
 
@@ -135,7 +135,7 @@ class IdempotencyMiddleware:
         header = "HTTP_" + self.policy.header.upper().replace("-", "_")
         if not self.policy.applies(method, path) or (not self.policy.require_key and header not in environ):
             return self.app(environ, start_response)
-        if self.idempotency.claimed_outside(environ):
+        if claimed_outside(environ, self.idempotency.identity):
             return self.app(environ, start_response)  # an outer layer on this store claimed it
         req = request_from_environ(environ, self.policy.max_request_bytes)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from http_common import gunicorn, server
 
 httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
