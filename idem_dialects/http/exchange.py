@@ -34,6 +34,7 @@ from .core import (
     passage,
     prepare,
     replay_response,
+    routed,
     store_identity,
     too_large_after_acting,
 )
@@ -45,7 +46,10 @@ def exchange(core: Core, policy: IdempotencyPolicy, req: HttpRequest, errors: Ha
     the handler raised, which is re-raised unchanged, never turned into a problem."""
     store = store_identity(core.engine.url, core.table_prefix)
     if claimed_outside(req.context, store):
+        marks = routed(req.context) if req.route else None
         inner: HttpResponse = yield Effect()  # an outer layer holds the claim and stores what this returns
+        if marks is not None:
+            marks.began = True  # the route's own handler answered it
         return inner
     prepared = prepare(policy, req)
     if prepared is None:
