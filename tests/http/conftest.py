@@ -129,7 +129,7 @@ class Hooks:
 def policies() -> tuple[IdempotencyPolicy, IdempotencyPolicy]:
     atomic = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: not p.startswith("/external"),
                                max_request_bytes=LIMIT, max_response_bytes=LIMIT)
-    external = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths={"/external", "/external-big"},
+    external = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: p.startswith("/external"),
                                  lease=timedelta(seconds=30), max_response_bytes=LIMIT)
     return atomic, external
 
@@ -185,6 +185,20 @@ def flask_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], 
         if hooks.calls["throttled"] == 1:
             return {"error": "slow down"}, 429, {"Retry-After": "1"}
         return {"id": write(6)}, 201
+
+    @app.post("/external-throttled")
+    @deco(external)
+    def external_throttled() -> Any:
+        hooks.calls["external-throttled"] += 1
+        if hooks.calls["external-throttled"] == 1:
+            return {"error": "slow down"}, 429, {"Retry-After": "1"}
+        return {"charged": hooks.calls["external-throttled"]}, 201
+
+    @app.post("/external-pay")
+    @deco(external)
+    def external_pay() -> Any:
+        hooks.calls["external-pay"] += 1
+        return {"charged": hooks.calls["external-pay"]}, 201
 
     @app.post("/external-big")
     @deco(external)
@@ -275,6 +289,23 @@ def fastapi_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[]
     async def validated(body: Amount, request: Request, conn: IdemConnection) -> Any:
         hooks.calls["validated"] += 1
         return {"id": await write(request, conn, body.amount)}
+
+    @ext_router.post("/external-throttled")
+    async def external_throttled() -> Any:
+        hooks.calls["external-throttled"] += 1
+        if hooks.calls["external-throttled"] == 1:
+            return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "1"})
+        return JSONResponse({"charged": hooks.calls["external-throttled"]}, status_code=201)
+
+    @ext_router.post("/external-pay", status_code=201)
+    async def external_pay() -> Any:
+        hooks.calls["external-pay"] += 1
+        return {"charged": hooks.calls["external-pay"]}
+
+    @ext_router.post("/external-validated", status_code=201)
+    async def external_validated(body: Amount) -> Any:
+        hooks.calls["external-validated"] += 1
+        return {"charged": body.amount}
 
     @ext_router.post("/external-big", status_code=201)
     async def external_big() -> Any:
