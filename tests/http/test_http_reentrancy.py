@@ -35,7 +35,7 @@ def policy_for(mode: str) -> IdempotencyPolicy:
     return IdempotencyPolicy(scope=lambda r: r.header("x-account"), lease=lease)
 
 
-def fastapi_twice(db: Database, mode: str, calls: Counter[str]) -> Any:
+def fastapi_twice(db: Database, mode: str, calls: Counter[str]) -> tuple[Any, Callable[[], None]]:
     fastapi = pytest.importorskip("fastapi", reason="the [http] extra (fastapi) is not installed")
     from idem_dialects.http.asgi import IdempotencyMiddleware
     from idem_dialects.http.fastapi import idempotent_route
@@ -63,10 +63,10 @@ def fastapi_twice(db: Database, mode: str, calls: Counter[str]) -> Any:
     router.add_api_route("/refuse", refuse, methods=["POST"])
     app.include_router(router)
     app.add_middleware(IdempotencyMiddleware, store=store, policy=policy)
-    return app
+    return app, lambda: None  # the lifespan disposed of the engine, in the server's loop
 
 
-def flask_twice(db: Database, mode: str, calls: Counter[str]) -> Any:
+def flask_twice(db: Database, mode: str, calls: Counter[str]) -> tuple[Any, Callable[[], None]]:
     flask = pytest.importorskip("flask", reason="the [http] extra (flask) is not installed")
     from idem_dialects.http.flask import idempotent_view
     from idem_dialects.http.wsgi import IdempotencyMiddleware
@@ -88,7 +88,7 @@ def flask_twice(db: Database, mode: str, calls: Counter[str]) -> Any:
         flask.abort(409)
 
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store, policy)  # type: ignore[method-assign]
-    return app
+    return app, store.close
 
 
 @pytest.mark.parametrize("mode", ["atomic", "lease"])
@@ -98,21 +98,24 @@ def test_middleware_and_route_integration_on_one_route_run_the_handler_once(
     if stack == "fastapi" and not hasattr(idem_dialects, "AsyncIdempotencyStore"):
         pytest.skip("idem_dialects.AsyncIdempotencyStore is not in this build")
     calls: Counter[str] = Counter()
-    app = (fastapi_twice if stack == "fastapi" else flask_twice)(database, mode, calls)
+    app, close = (fastapi_twice if stack == "fastapi" else flask_twice)(database, mode, calls)
     headers = {"x-account": "a1", "idempotency-key": "7d1c9a40-twice", "content-type": "application/json"}
-    with serve_app("fastapi-route" if stack == "fastapi" else "flask-decorator", app) as url, \
-            httpx.Client(base_url=url, timeout=60) as client:
-        started = time.monotonic()
-        first = client.post("/pay", content=b'{"amount": 3}', headers=headers)
-        elapsed = time.monotonic() - started
-        assert first.status_code == 201, first.text
-        assert elapsed < FIRST_ANSWER_BOUND, f"first answer took {elapsed:.2f} s"
-        again = client.post("/pay", content=b'{"amount": 3}', headers=headers)
-        assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
-        assert again.content == first.content and first.json()["run"] == 1
-        # The handler's own refusal (an exception the route integration lets the framework answer) is not stored.
-        refuse_headers = dict(headers, **{"idempotency-key": '"refuse-1"'})
-        assert client.post("/refuse", headers=refuse_headers).status_code == 409
-        assert client.post("/refuse", headers=refuse_headers).status_code == 409
+    try:
+        with serve_app("fastapi-route" if stack == "fastapi" else "flask-decorator", app) as url, \
+                httpx.Client(base_url=url, timeout=60) as client:
+            started = time.monotonic()
+            first = client.post("/pay", content=b'{"amount": 3}', headers=headers)
+            elapsed = time.monotonic() - started
+            assert first.status_code == 201, first.text
+            assert elapsed < FIRST_ANSWER_BOUND, f"first answer took {elapsed:.2f} s"
+            again = client.post("/pay", content=b'{"amount": 3}', headers=headers)
+            assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+            assert again.content == first.content and first.json()["run"] == 1
+            # The handler's own refusal (an exception the route integration lets the framework answer) is not stored.
+            refuse_headers = dict(headers, **{"idempotency-key": '"refuse-1"'})
+            assert client.post("/refuse", headers=refuse_headers).status_code == 409
+            assert client.post("/refuse", headers=refuse_headers).status_code == 409
+    finally:
+        close()
     assert calls["pay"] == 1 and calls["refuse"] == 2
     assert database.count("idem_records") == 1
