@@ -1,6 +1,7 @@
 """Flask on SQLite: POST /payments runs once per Idempotency-Key; every retry gets the stored answer.
 
     python examples/flask_sqlite.py            # http://127.0.0.1:5000
+    gunicorn -w 4 --chdir examples 'flask_sqlite:create_app()'   # DATABASE_URL=sqlite:///payments.db by default
     curl -X POST localhost:5000/payments -H 'X-Account: 1' -H 'Idempotency-Key: "pay-42"' \\
          -H 'Content-Type: application/json' -d '{"amount": 100}'
 
@@ -20,8 +21,8 @@ from idem_dialects.http import IdempotencyPolicy, current_connection
 from idem_dialects.http.flask import idempotent_view
 
 
-def create_app(url: str = "sqlite:///payments.db") -> Flask:
-    store = IdempotencyStore.from_url(url)
+def create_app(url: str | None = None) -> Flask:
+    store = IdempotencyStore.from_url(url or os.environ.get("DATABASE_URL", "sqlite:///payments.db"))
     store.create_tables()
     with store.engine.begin() as conn:
         conn.execute(text("CREATE TABLE IF NOT EXISTS payments"
@@ -42,4 +43,4 @@ def create_app(url: str = "sqlite:///payments.db") -> Flask:
 
 
 if __name__ == "__main__":
-    create_app(os.environ.get("DATABASE_URL", "sqlite:///payments.db")).run()
+    create_app().run()

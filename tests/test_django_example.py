@@ -66,6 +66,6 @@ def test_example_under_gunicorn_4_workers_driven_with_the_readme_curls(tmp_path:
     assert replay.startswith("HTTP/1.1 201 Created") and "\nIdempotent-Replayed: true" in replay
     assert first.split("\n\n", 1)[1] == replay.split("\n\n", 1)[1]  # the same body
     assert mismatch.startswith("HTTP/1.1 422") and "application/problem+json" in mismatch
-    assert json.loads(mismatch.split("\n\n", 1)[1])["type"] == "urn:idem-dialects:problem:request-mismatch"
+    assert json.loads(mismatch.split("\n\n", 1)[1])["type"] == "https://idem-dialects.readthedocs.io/en/latest/http.html#request-mismatch"
     payments = json.loads(listing)
     assert len(payments) == 1 and payments[0]["amount"] == 250

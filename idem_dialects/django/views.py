@@ -25,7 +25,7 @@ from .connection import DjangoStore
 View = TypeVar("View", bound=Callable[..., Any])
 
 
-def http_request(request: Any, max_bytes: int) -> HttpRequest:
+def http_request(request: Any, max_bytes: int, route: bool = False) -> HttpRequest:
     """The core's view of a Django request (or of the Django request inside a DRF `Request`); the body is read
     unless its Content-Length is over `max_bytes`. `native` is the request as the view gets it, for the scope."""
     django: DjangoRequest = getattr(request, "_request", request)
@@ -38,7 +38,7 @@ def http_request(request: Any, max_bytes: int) -> HttpRequest:
     return HttpRequest(method=str(django.method).upper(), path=django.path,
                        headers=[(k.lower(), str(v)) for k, v in django.headers.items()], native=request,
                        body=b"" if too_large else django.body, query=str(meta.get("QUERY_STRING", "")),
-                       body_too_large=too_large)
+                       body_too_large=too_large, context=meta, route=route)
 
 
 def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
@@ -74,7 +74,7 @@ def django_response(answer: HttpResponse) -> DjangoResponse:
 
 
 def respond(store: DjangoStore, policy: IdempotencyPolicy, request: Any,
-            view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+            view: Callable[[], HttpResponseBase], route: bool = False) -> HttpResponseBase:
     """Answer `request` under `policy`: the view's own response (run at most once per key, in atomic mode inside the
     record's transaction), a replay, or a problem. The view's exceptions propagate unchanged."""
     if policy.lease is not None and connections[store.using].in_atomic_block:
@@ -88,7 +88,9 @@ def respond(store: DjangoStore, policy: IdempotencyPolicy, request: Any,
         ran[:] = [(response, core_response(response, policy.max_response_bytes))]
         return ran[0][1]
 
-    answer = Idempotency(store, policy).handle(http_request(request, policy.max_request_bytes), handler)
+    # route: the decorator wraps the view itself, so what it answers is the view's own (the middleware cannot tell
+    # Django's 404/405/redirects from the view's; see idem_dialects.http.core).
+    answer = Idempotency(store, policy).handle(http_request(request, policy.max_request_bytes, route), handler)
     if ran and answer is ran[0][1]:
         return ran[0][0]  # the view's response object itself: cookies, streaming and all
     return django_response(answer)
@@ -143,7 +145,7 @@ def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **
             def call() -> HttpResponseBase:
                 return finished(view(*args, **kwargs), request, view_self, rest, kwargs)  # type: ignore[no-any-return]
 
-            return respond(get_store(using), chosen, request, call)
+            return respond(get_store(using), chosen, request, call, route=True)
 
         return wrapped  # type: ignore[return-value]
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..aio import AsyncIdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
 
@@ -105,6 +105,8 @@ class IdempotencyMiddleware:
         policy = self.policy
         if scope["type"] != "http" or not policy.applies(scope["method"], scope["path"]):
             return await self.app(scope, receive, send)
+        if claimed_outside(scope, self.idempotency.identity):
+            return await self.app(scope, receive, send)  # an outer layer on this store claimed it
         headers = decode_headers(scope.get("headers", []))
         if not policy.require_key and all(k != policy.header.lower() for k, _ in headers):
             return await self.app(scope, receive, send)
@@ -115,7 +117,8 @@ class IdempotencyMiddleware:
         except Disconnected:
             return None
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
-                          body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"))
+                          body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"),
+                          context=scope)
 
         async def handler(conn: Any) -> HttpResponse:
             return await run_asgi(self.app, scope, receive, body, conn, policy.max_response_bytes)

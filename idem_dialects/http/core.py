@@ -14,23 +14,32 @@ the body parses and canonicalizes (so key order and whitespace do not matter), e
 `fingerprint_method=False` / `fingerprint_path=False`.
 
 **Stored and replayed.** Status, body bytes exactly, and the headers in `replay_headers` (an allow-list; default
-Content-Type, Content-Language, Content-Location, Location, ETag, Last-Modified, Link). Statuses for which
-`store_status(status)` is true are stored (default 2xx, 3xx and 4xx); any other (5xx) is answered as is and leaves no
-record: the transaction rolls back in atomic mode, the claim is released in external-call mode. A replay carries the
-marker header (`Idempotent-Replayed: true` by default).
+Content-Type, Content-Language, Content-Location, Location, ETag, Last-Modified, Link). Only what a retry should see
+is stored: a response the handler made, whose status `store_status(status)` accepts (default 2xx-4xx except 408, 425
+and 429; never a 5xx). Any other is answered as is and leaves no record: the transaction rolls back in atomic mode,
+the claim is released in external-call mode. Whether the handler made it: the route integrations (FastAPI route
+class, Flask decorator, Django decorator) know; under plain middleware, a status `framework_status(status)` accepts
+(default 3xx, 404, 405, 422: redirects, no route, wrong method, request validation, which a framework answers before
+any handler runs) is taken as the framework's and not stored. A replay carries the marker header
+(`Idempotent-Replayed: true` by default).
+
+**Layers on one request** (`Passage`, in the ASGI scope / WSGI environ): a layer that claims a request notes its
+store there; a layer further in on the same store passes the request through instead of claiming it again (which
+would wait on the outer layer's own claim), and a route integration notes that the handler ran.
 
 **Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. A response, streamed
 or not, is buffered until it is complete (the record must hold all of it before the first byte leaves); one over
-`max_response_bytes` is refused: nothing is stored, the transaction rolls back (atomic) or the claim is released
-(external call), and the client gets a 500 `response-too-large` problem. Routes that stream (server-sent events,
-large downloads) should not be idempotency routes: leave them out with `paths` / `methods`.
+`max_response_bytes` is refused with a 500 `response-too-large` problem. In atomic mode the transaction rolls back
+(the handler's writes with it), so a retry runs the handler again; in external-call mode the handler has acted, so the
+claim is completed with that problem, which every retry receives instead of a second run. Routes that stream
+(server-sent events, large downloads) should not be idempotency routes: leave them out with `paths` / `methods`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -42,7 +51,7 @@ import rfc8785
 from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
 from .keyheader import KeyHeaderError, parse_key_header
-from .problems import HttpResponse, error_problem, problem
+from .problems import PROBLEM_BASE, HttpResponse, error_problem, problem
 
 DEFAULT_REPLAY_HEADERS = ("content-type", "content-language", "content-location", "location", "etag",
                           "last-modified", "link")
@@ -60,6 +69,11 @@ class HttpRequest:
     body: bytes = b""
     query: str = ""  # the raw query string, part of the fingerprinted target
     body_too_large: bool = False  # the adapter saw a Content-Length over the limit and did not read the body
+    # The ASGI scope / WSGI environ, shared by the layers on this request: where they leave their `Passage`.
+    context: MutableMapping[str, Any] | None = None
+    # The adapter's handler is the route's own handler (a route class, a view decorator): what it answers, the
+    # handler made; False for middleware, which cannot tell a framework's own answers from the handler's.
+    route: bool = False
 
     def header_values(self, name: str) -> list[str]:
         name = name.lower()
@@ -70,9 +84,21 @@ class HttpRequest:
         return ", ".join(values) if values else None
 
 
+# Answers that mean "not done, try again": never a result a retry should get back.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+# Answers a framework gives before any handler runs: a redirect (FastAPI's redirect_slashes 307, Flask's 308), no
+# route (404), wrong method (405), request validation (FastAPI's 422).
+FRAMEWORK_STATUSES = frozenset({404, 405, 422})
+
+
 def default_store_status(status: int) -> bool:
-    """Store 2xx, 3xx and 4xx (a 303 after a POST is a result too); never a 5xx, so a retry runs the handler."""
-    return 200 <= status < 500
+    """Store 2xx, 3xx and 4xx (a 303 after a POST is a result too), except 408, 425 and 429; never a 5xx."""
+    return 200 <= status < 500 and status not in RETRYABLE_STATUSES
+
+
+def default_framework_status(status: int) -> bool:
+    """The statuses a framework answers on its own (3xx, 404, 405, 422): under plain middleware, not stored."""
+    return 300 <= status < 400 or status in FRAMEWORK_STATUSES
 
 
 @dataclass(frozen=True)
@@ -86,7 +112,7 @@ class IdempotencyPolicy:
     global_scope: bool = False
     operation: str | Callable[[HttpRequest], str] = "http"
     header: str = "Idempotency-Key"
-    allow_token: bool = False
+    allow_token: bool = True  # False: the draft's strict syntax, a quoted Structured Field string only
     methods: Collection[str] = ("POST", "PATCH")
     paths: Callable[[str], bool] | Collection[str] | None = None
     require_key: bool = True
@@ -95,8 +121,9 @@ class IdempotencyPolicy:
     fingerprint_headers: Collection[str] = ()
     replay_headers: Collection[str] = DEFAULT_REPLAY_HEADERS
     store_status: Callable[[int], bool] = default_store_status
+    framework_status: Callable[[int], bool] = default_framework_status
     replay_marker: tuple[str, str] = ("Idempotent-Replayed", "true")
-    problem_base: str = "urn:idem-dialects:problem:"
+    problem_base: str = PROBLEM_BASE
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 1 << 20
     lease: timedelta | None = None
@@ -128,6 +155,62 @@ class IdempotencyPolicy:
 
     def problem(self, slug: str, status: int, detail: str, retry_after: float | None = None) -> HttpResponse:
         return problem(slug, status, detail, base=self.problem_base, retry_after=retry_after)
+
+
+PASSAGE_KEY = "idem_dialects.passage"
+
+
+@dataclass
+class Passage:
+    """What the idempotency layers on one request tell each other (kept in its ASGI scope / WSGI environ, which
+    adapters copy shallowly, so every layer sees the same object)."""
+
+    claimed: set[str] = field(default_factory=set)  # stores (`store_identity`) holding this request's claim
+    routed: bool = False  # a route integration received the request
+    began: bool = False  # ... and its handler produced the response
+
+
+def passage(context: MutableMapping[str, Any] | None) -> Passage | None:
+    if context is None:
+        return None
+    found = context.get(PASSAGE_KEY)
+    if not isinstance(found, Passage):
+        found = context[PASSAGE_KEY] = Passage()
+    return found
+
+
+def store_identity(engine_url: Any, table_prefix: str) -> str:
+    """Two store objects on the same database and tables are the same store to a request: one claim between them."""
+    return f"{engine_url}|{table_prefix}"
+
+
+def claimed_outside(context: MutableMapping[str, Any] | None, store: str) -> bool:
+    """Whether a layer further out already claimed this request on `store`: then this one passes it through."""
+    found = None if context is None else context.get(PASSAGE_KEY)
+    return isinstance(found, Passage) and store in found.claimed
+
+
+def routed(context: MutableMapping[str, Any] | None) -> Passage | None:
+    """A route integration marks that it received the request (returns the passage to mark `began` on later)."""
+    found = passage(context)
+    if found is not None:
+        found.routed = True
+    return found
+
+
+def handler_made(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bool:
+    """Whether the response is the handler's own (so `store_status` decides), as far as the layers can tell."""
+    if req.route:
+        return True
+    found = None if req.context is None else req.context.get(PASSAGE_KEY)
+    if isinstance(found, Passage) and found.routed:
+        return found.began  # a route integration saw the request: it knows
+    return not policy.framework_status(status)
+
+
+def keeps(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bool:
+    """Whether a response is stored for retries: the handler's own, of a status the policy stores."""
+    return handler_made(policy, req, status) and policy.store_status(status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +376,14 @@ def current_connection() -> Any:
 
 
 def too_large(policy: IdempotencyPolicy) -> HttpResponse:
+    """Atomic mode: the handler's writes rolled back with the claim."""
     return policy.problem("response-too-large", 500, f"The response is over {policy.max_response_bytes} bytes, the"
-                          " most this service stores for replay; it was not stored and its effects were undone"
-                          " where possible.")
+                          " most this service stores for replay; it was not stored and the request's writes were"
+                          " rolled back: a retry runs it again.")
+
+
+def too_large_after_acting(policy: IdempotencyPolicy) -> HttpResponse:
+    """External-call mode: the handler acted; this answer is stored for the key, so no retry acts again."""
+    return policy.problem("response-too-large", 500, f"The request was carried out, but its response is over"
+                          f" {policy.max_response_bytes} bytes, the most this service stores for replay; this"
+                          " answer is kept for the key instead, so a retry does not carry it out again.")

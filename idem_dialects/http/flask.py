@@ -9,7 +9,8 @@
         return {"id": 7}, 201, {"Location": "/payments/7"}
 
 A view that raises (or calls `abort`) leaves nothing behind: its writes roll back with the claim, and Flask answers
-the error as usual; such responses are not stored.
+the error as usual; such responses are not stored. Under the WSGI middleware on the same store, the decorator passes
+the request through (the middleware holds the claim) and tells it the view ran, so what it answers is the view's own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, TypeVar, cast
 import flask
 
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside, routed
 from .problems import HttpResponse
 from .runner import Idempotency
 
@@ -30,9 +31,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def request_from_flask(req: flask.Request, max_bytes: int) -> HttpRequest:
     too_large = (req.content_length or 0) > max_bytes
+    body = b"" if too_large else req.get_data(cache=True)  # a chunked body too (werkzeug reads it to its end)
+    too_large = too_large or len(body) > max_bytes
     return HttpRequest(method=req.method, path=req.path, headers=[(k.lower(), v) for k, v in req.headers.items()],
-                       native=req, body=b"" if too_large else req.get_data(cache=True), body_too_large=too_large,
-                       query=req.query_string.decode("latin-1"))
+                       native=req, body=body, body_too_large=too_large, query=req.query_string.decode("latin-1"),
+                       context=req.environ, route=True)
 
 
 def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Callable[[F], F]:
@@ -46,6 +49,12 @@ def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Calla
             keyless = not policy.require_key and policy.header not in req.headers
             if not policy.applies(req.method, req.path) or keyless:
                 return flask.make_response(view(*args, **kwargs))
+            if claimed_outside(req.environ, idempotency.identity):  # the WSGI middleware on this store holds the claim
+                marks = routed(req.environ)
+                passed = flask.make_response(view(*args, **kwargs))
+                if marks is not None:
+                    marks.began = True
+                return passed
 
             def handler(conn: object) -> HttpResponse:
                 rv = flask.make_response(view(*args, **kwargs))

@@ -1,9 +1,12 @@
-"""The Idempotency-Key header: an RFC 8941 Structured Field Item whose value is a String.
+"""The Idempotency-Key header: the key as clients send it, quoted or bare.
 
-draft-ietf-httpapi-idempotency-key-header defines the field as `Idempotency-Key: "8e03978e-40d5-43e8-bc93"`: a
-quoted sf-string (printable ASCII, with only `\\"` and `\\\\` as escapes). Parameters after the string are allowed
-by RFC 8941 and ignored, as it asks for parameters a receiver does not know. A bare sf-token (`Idempotency-Key: abc`)
-is not a String; it is accepted only when the policy says so (many clients send keys unquoted).
+draft-ietf-httpapi-idempotency-key-header defines the field as an RFC 8941 Structured Field String:
+`Idempotency-Key: "8e03978e-40d5-43e8-bc93"` (printable ASCII, with only `\\"` and `\\\\` as escapes); parameters
+after the string are allowed by RFC 8941 and ignored, as it asks for parameters a receiver does not know. Most
+clients (Stripe's SDKs among them) send the key bare: `Idempotency-Key: 8e03978e-40d5-43e8-bc93`. By default a bare
+key is accepted and is the same key as its quoted form: the whole value, any visible ASCII without spaces or double
+quotes, a digit first included. `allow_token=False` keeps the draft's strict syntax (a bare key is a 400).
+The store limits a key to 255 characters (`idem_dialects.keys.MAX_LENGTH`); a longer one is a 400 too.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import re
 
 # RFC 8941 3.1.2: parameters are `;key[=bare-item]`; keys are lcalpha/"*" then lcalpha/digit/"_-.*".
 _PARAMS = re.compile(r'(?:;[ ]*[a-z*][a-z0-9_.*-]*(?:=(?:"(?:[^"\\]|\\["\\])*"|[^;"\s]+))?)*')
-# RFC 8941 3.3.4: sf-token = ( ALPHA / "*" ) *( tchar / ":" / "/" )
-_TOKEN = re.compile(r"[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*")
+# A bare key: visible ASCII (0x21-0x7E) except the double quote, so it can never be mistaken for a quoted one.
+_BARE = re.compile(r"[!#-~]+")
 
 
 class KeyHeaderError(ValueError):
@@ -24,7 +27,7 @@ class KeyHeaderError(ValueError):
         super().__init__(reason)
 
 
-def parse_key_header(values: list[str], *, allow_token: bool = False) -> str | None:
+def parse_key_header(values: list[str], *, allow_token: bool = True) -> str | None:
     """The key carried by the header's field lines (None when there are none), or KeyHeaderError.
 
     Several field lines are one field joined with commas (RFC 9110 5.3), and a comma outside a string makes an
@@ -35,17 +38,18 @@ def parse_key_header(values: list[str], *, allow_token: bool = False) -> str | N
         raise KeyHeaderError("the header appears more than once; send exactly one idempotency key")
     text = values[0].strip(" \t")
     if not text:
-        raise KeyHeaderError("the header is empty; send the key as a quoted string, e.g. \"4f1c-...\"")
+        raise KeyHeaderError("the header is empty; send the key, e.g. \"4f1c-...\"")
     if text.startswith('"'):
         key, rest = _parse_string(text)
-    else:
-        match = _TOKEN.match(text)
-        if match is None or not allow_token:
-            raise KeyHeaderError('the key must be a Structured Field string in double quotes, e.g. "4f1c-..."')
-        key, rest = match.group(), text[match.end():]
-    if _PARAMS.fullmatch(rest) is None:
-        raise KeyHeaderError("unexpected text after the key; send exactly one quoted key")
-    return key
+        if _PARAMS.fullmatch(rest) is None:
+            raise KeyHeaderError("unexpected text after the key; send exactly one quoted key")
+        return key
+    if not allow_token:
+        raise KeyHeaderError('the key must be a Structured Field string in double quotes, e.g. "4f1c-..."')
+    if _BARE.fullmatch(text) is None:
+        raise KeyHeaderError('a bare key is visible ASCII without spaces or double quotes; quote other keys,'
+                             ' e.g. "4f1c-..."')
+    return text
 
 
 def _parse_string(text: str) -> tuple[str, str]:

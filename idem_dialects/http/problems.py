@@ -1,7 +1,8 @@
 """RFC 9457 problem details for every answer the idempotency layer gives on its own.
 
-Each problem has a documented `type` URI: the policy's `problem_base` (default `urn:idem-dialects:problem:`)
-followed by the slug below. Details never include a stored response, a request body or a claim token.
+Each problem has a documented `type` URI: the policy's `problem_base` (default `PROBLEM_BASE`, the HTTP page of the
+documentation) followed by the slug below, which is that page's anchor for the problem.
+Details never include a stored response, a request body or a claim token.
 
 | slug                  | status | when                                                                          |
 |-----------------------|--------|-------------------------------------------------------------------------------|
@@ -12,7 +13,8 @@ followed by the slug below. Details never include a stored response, a request b
 | request-mismatch      | 422    | the key was first used with a different request; the handler did not run    |
 | request-in-flight     | 409    | the first request with this key is still running (`Retry-After` seconds)     |
 | lease-lost            | 409    | the claim's lease ran out and another attempt took the key over              |
-| response-too-large    | 500    | the handler's response is over `max_response_bytes`: not stored, rolled back |
+| response-too-large    | 500    | the response is over `max_response_bytes` (atomic: rolled back; external    |
+|                       |        | call: the handler acted, so this answer is stored for the key)               |
 | retries-exhausted     | 503    | the database stayed busy/deadlocked past the retry budget (`Retry-After`)    |
 | transient             | 503    | another transient condition of the store (`Retry-After`)                     |
 | idempotency-error     | (its)  | any other error of the library, with its `http_status` (500 if none)        |
@@ -36,6 +38,8 @@ from ..errors import (
 )
 
 PROBLEM_TYPE = "application/problem+json"
+# Each problem type's documentation: the slug is the anchor of its section in docs/http.md.
+PROBLEM_BASE = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 
 _TITLES: dict[str, str] = {
     "missing-key": "Idempotency key required",
@@ -50,6 +54,7 @@ _TITLES: dict[str, str] = {
     "transient": "Database busy, try again",
     "idempotency-error": "Idempotency error",
 }
+SLUGS = tuple(_TITLES)  # every problem type the layer answers with
 
 
 @dataclass(frozen=True, slots=True)

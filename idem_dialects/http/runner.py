@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from ..store import IdempotencyStore
-from .core import HandlerErrors, HttpRequest, IdempotencyPolicy
+from .core import HandlerErrors, HttpRequest, IdempotencyPolicy, store_identity
 from .exchange import exchange
 from .problems import HttpResponse
 
@@ -30,6 +30,7 @@ class Idempotency:
     def __init__(self, store: IdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
+        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)  # see core.claimed_outside
 
     def handle(self, req: HttpRequest, handler: Handler) -> HttpResponse:
         errors = HandlerErrors()
@@ -48,6 +49,7 @@ class AsyncIdempotency:
     def __init__(self, store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
+        self.identity = store_identity(store.core.engine.url, store.core.table_prefix)  # see core.claimed_outside
 
     async def handle(self, req: HttpRequest, handler: AsyncHandler) -> HttpResponse:
         errors = HandlerErrors()

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
 from .problems import HttpResponse
 from .runner import Idempotency
 
@@ -28,22 +28,45 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 CONNECTION_KEY = "idem_dialects.connection"
 
 
+def read_body(environ: Environ, max_bytes: int) -> tuple[bytes, bool]:
+    """The request body and whether it is over `max_bytes` (then b"": it is refused, and not read further).
+
+    With a Content-Length, that many bytes. Without one, a server that ends the input stream itself
+    (`wsgi.input_terminated`: gunicorn, werkzeug and others for a chunked body) is read to its end, up to the limit;
+    PEP 3333 allows no other read past a missing Content-Length."""
+    stream = environ["wsgi.input"]
+    declared = environ.get("CONTENT_LENGTH")
+    if declared:
+        try:
+            length = int(declared)
+        except ValueError:
+            length = 0
+        if length > max_bytes:
+            return b"", True
+        return (stream.read(length) if length > 0 else b""), False
+    if not environ.get("wsgi.input_terminated"):
+        return b"", False
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := stream.read(min(65536, max_bytes + 1 - size)):
+        size += len(chunk)
+        if size > max_bytes:
+            return b"", True
+        chunks.append(chunk)
+    return b"".join(chunks), False
+
+
 def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
-    """The core's view of a WSGI request; reads the body unless its Content-Length is over `max_bytes`."""
+    """The core's view of a WSGI request; reads the body unless it is over `max_bytes`."""
     headers = [(k[5:].replace("_", "-").lower(), str(v)) for k, v in environ.items() if k.startswith("HTTP_")]
     for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
         if environ.get(key):
             headers.append((key.replace("_", "-").lower(), str(environ[key])))
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    too_large = length > max_bytes
-    body = b"" if too_large or length <= 0 else environ["wsgi.input"].read(length)
+    body, too_large = read_body(environ, max_bytes)
     return HttpRequest(method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
                        path=str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", "")),
                        headers=headers, native=environ, body=body, body_too_large=too_large,
-                       query=str(environ.get("QUERY_STRING", "")))
+                       query=str(environ.get("QUERY_STRING", "")), context=environ)
 
 
 def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpResponse:
@@ -51,6 +74,7 @@ def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpRes
     env = dict(environ)
     env["wsgi.input"] = io.BytesIO(body)
     env["CONTENT_LENGTH"] = str(len(body))
+    env.pop("HTTP_TRANSFER_ENCODING", None)  # the buffered body has a length now, chunked or not before
     chunks: list[bytes] = []
     size = [0]
     started: list[tuple[str, list[tuple[str, str]]]] = []
@@ -111,6 +135,8 @@ class IdempotencyMiddleware:
         header = "HTTP_" + self.policy.header.upper().replace("-", "_")
         if not self.policy.applies(method, path) or (not self.policy.require_key and header not in environ):
             return self.app(environ, start_response)
+        if claimed_outside(environ, self.idempotency.identity):
+            return self.app(environ, start_response)  # an outer layer on this store claimed it
         req = request_from_environ(environ, self.policy.max_request_bytes)
 
         def handler(conn: Connection | None) -> HttpResponse:

@@ -11,7 +11,7 @@ from django.test import override_settings
 from django_common import Site, new_key
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
-PROBLEM = "urn:idem-dialects:problem:"
+PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from idem_dialects.django.connection import engine_url
 from idem_dialects.engines import provisioning
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
-PROBLEM = "urn:idem-dialects:problem:"
+PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 
 
 class Boom(Exception):

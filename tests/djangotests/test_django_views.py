@@ -10,7 +10,7 @@ import pytest
 from django_common import Site, new_key
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
-PROBLEM = "urn:idem-dialects:problem:"
+PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 
 
 def calls(site: Site, view: str, key: str) -> int:

@@ -29,12 +29,16 @@ httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not ins
 try:  # at module level: FastAPI resolves the handlers' (string) annotations in this module's globals
     from fastapi import APIRouter, FastAPI, Request, Response
     from fastapi.responses import JSONResponse
+    from pydantic import BaseModel
+
+    class Amount(BaseModel):
+        amount: int
 
     from idem_dialects.http.fastapi import IdemConnection, idempotent_route
 except ImportError:  # the ASGI stacks skip with the reason
     FastAPI = None
 
-PROBLEM = "urn:idem-dialects:problem:"
+PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 LIMIT = 64 * 1024
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STACKS = ["flask-decorator", "wsgi-middleware", "asgi-middleware", "fastapi-route"]
@@ -123,10 +127,10 @@ class Hooks:
 
 
 def policies() -> tuple[IdempotencyPolicy, IdempotencyPolicy]:
-    atomic = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: p != "/external",
+    atomic = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: not p.startswith("/external"),
                                max_request_bytes=LIMIT, max_response_bytes=LIMIT)
-    external = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths={"/external"},
-                                 lease=timedelta(seconds=30))
+    external = IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths=lambda p: p.startswith("/external"),
+                                 lease=timedelta(seconds=30), max_response_bytes=LIMIT)
     return atomic, external
 
 
@@ -173,6 +177,34 @@ def flask_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], 
         hooks.calls["flaky"] += 1
         pid = write(5)
         return ({"error": "upstream down"}, 503) if hooks.calls["flaky"] == 1 else ({"id": pid}, 201)
+
+    @app.post("/throttled")
+    @deco(atomic)
+    def throttled() -> Any:
+        hooks.calls["throttled"] += 1
+        if hooks.calls["throttled"] == 1:
+            return {"error": "slow down"}, 429, {"Retry-After": "1"}
+        return {"id": write(6)}, 201
+
+    @app.post("/external-throttled")
+    @deco(external)
+    def external_throttled() -> Any:
+        hooks.calls["external-throttled"] += 1
+        if hooks.calls["external-throttled"] == 1:
+            return {"error": "slow down"}, 429, {"Retry-After": "1"}
+        return {"charged": hooks.calls["external-throttled"]}, 201
+
+    @app.post("/external-pay")
+    @deco(external)
+    def external_pay() -> Any:
+        hooks.calls["external-pay"] += 1
+        return {"charged": hooks.calls["external-pay"]}, 201
+
+    @app.post("/external-big")
+    @deco(external)
+    def external_big() -> Any:
+        hooks.calls["external-big"] += 1
+        return "x" * (LIMIT + 1), 201
 
     @app.post("/gated")
     @deco(atomic)
@@ -245,6 +277,40 @@ def fastapi_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[]
         if hooks.calls["flaky"] == 1:
             return JSONResponse({"error": "upstream down"}, status_code=503)
         return JSONResponse({"id": pid}, status_code=201)
+
+    @router.post("/throttled")
+    async def throttled(request: Request, conn: IdemConnection) -> Any:
+        hooks.calls["throttled"] += 1
+        if hooks.calls["throttled"] == 1:
+            return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "1"})
+        return JSONResponse({"id": await write(request, conn, 6)}, status_code=201)
+
+    @router.post("/validated", status_code=201)
+    async def validated(body: Amount, request: Request, conn: IdemConnection) -> Any:
+        hooks.calls["validated"] += 1
+        return {"id": await write(request, conn, body.amount)}
+
+    @ext_router.post("/external-throttled")
+    async def external_throttled() -> Any:
+        hooks.calls["external-throttled"] += 1
+        if hooks.calls["external-throttled"] == 1:
+            return JSONResponse({"error": "slow down"}, status_code=429, headers={"Retry-After": "1"})
+        return JSONResponse({"charged": hooks.calls["external-throttled"]}, status_code=201)
+
+    @ext_router.post("/external-pay", status_code=201)
+    async def external_pay() -> Any:
+        hooks.calls["external-pay"] += 1
+        return {"charged": hooks.calls["external-pay"]}
+
+    @ext_router.post("/external-validated", status_code=201)
+    async def external_validated(body: Amount) -> Any:
+        hooks.calls["external-validated"] += 1
+        return {"charged": body.amount}
+
+    @ext_router.post("/external-big", status_code=201)
+    async def external_big() -> Any:
+        hooks.calls["external-big"] += 1
+        return Response("x" * (LIMIT + 1), status_code=201)
 
     @router.post("/gated", status_code=201)
     async def gated(request: Request, conn: IdemConnection) -> Any:

@@ -26,15 +26,23 @@ def test_structured_field_strings_parse(value: str, key: str) -> None:
     assert parse_key_header([value]) == key
 
 
-@pytest.mark.parametrize("value", ["bare-token", '"open', '"a", "b"', r'"bad \n escape"', '"tab\there"', '"é"',
-                                   "", '"k" trailing'])
+@pytest.mark.parametrize("value", ['"open', '"a", "b"', r'"bad \n escape"', '"tab\there"', '"é"',
+                                   "", '"k" trailing', "two words", 'half"quoted', "é"])
 def test_malformed_keys_are_refused(value: str) -> None:
     with pytest.raises(KeyHeaderError):
         parse_key_header([value])
 
 
-def test_bare_token_only_when_configured_and_two_field_lines_refused() -> None:
-    assert parse_key_header(["abc-123:x/y"], allow_token=True) == "abc-123:x/y"
+@pytest.mark.parametrize("bare", ["8e03978e-40d5-43e8-bc93-6894a57f9324", "1e4a0c5e-0000-4000-8000-000000000000",
+                                  "abc-123:x/y", "key_with;semicolon,comma", "42"])
+def test_bare_keys_are_the_same_key_as_their_quoted_form(bare: str) -> None:
+    assert parse_key_header([bare]) == parse_key_header([f'"{bare}"']) == bare
+
+
+def test_strict_parsing_refuses_bare_keys_and_two_field_lines_are_refused() -> None:
+    with pytest.raises(KeyHeaderError, match="double quotes"):
+        parse_key_header(["8e03978e-40d5"], allow_token=False)
+    assert parse_key_header(['"8e03978e-40d5"'], allow_token=False) == "8e03978e-40d5"
     assert parse_key_header([]) is None
     with pytest.raises(KeyHeaderError, match="more than once"):
         parse_key_header(['"a"', '"b"'])
@@ -88,8 +96,8 @@ def test_missing_key_and_oversized_body_are_problems() -> None:
     missing = prepare(POLICY, HttpRequest("POST", "/pay", [("x-account", "1")]))
     assert isinstance(missing, HttpResponse) and missing.status == 400
     doc = json.loads(missing.body)
-    assert doc["type"] == "urn:idem-dialects:problem:missing-key" and missing.header("content-type") == \
-        "application/problem+json"
+    assert doc["type"] == "https://idem-dialects.readthedocs.io/en/latest/http.html#missing-key"
+    assert missing.header("content-type") == "application/problem+json"
     optional = IdempotencyPolicy(scope=lambda r: "s", require_key=False)
     assert prepare(optional, HttpRequest("POST", "/pay", [])) is None
     big = prepare(POLICY, HttpRequest("POST", "/", [("idempotency-key", '"k"'), ("x-account", "1")],
@@ -126,6 +134,29 @@ def test_importing_the_http_package_imports_no_framework() -> None:
             "print(sorted(m for m in ('flask', 'fastapi', 'starlette', 'werkzeug', 'uvicorn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_default_stored_statuses() -> None:
+    from idem_dialects.http.core import default_framework_status, default_store_status
+
+    assert [s for s in (200, 201, 204, 303, 400, 404, 409, 422) if default_store_status(s)] == \
+        [200, 201, 204, 303, 400, 404, 409, 422]
+    assert not any(default_store_status(s) for s in (408, 425, 429, 500, 502, 503, 504, 599))
+    assert [s for s in (201, 301, 307, 308, 400, 404, 405, 409, 422) if default_framework_status(s)] == \
+        [301, 307, 308, 404, 405, 422]
+
+
+def test_every_problem_type_has_its_section_in_the_http_docs() -> None:
+    from pathlib import Path
+
+    from idem_dialects.http.problems import PROBLEM_BASE, SLUGS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    assert PROBLEM_BASE.endswith("/http.html#")
+    for slug in SLUGS:
+        doc = json.loads(POLICY.problem(slug, 400, "d").body)
+        assert doc["type"] == PROBLEM_BASE + slug
+        assert f"({slug})=\n#" in page, f"docs/http.md has no section anchored {slug!r}"
 
 
 def test_header_and_marker_names_are_configurable() -> None:

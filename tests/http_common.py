@@ -1,0 +1,66 @@
+"""Real HTTP servers as processes for the HTTP tests: gunicorn and uvicorn with several workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready: Callable[[str], bool],
+           timeout: float = 60) -> Iterator[str]:
+    """Run `command` (which listens on the port in env["PORT"]) until `ready(log text)` holds and the port answers;
+    yield its base URL; stop it by its pid when the block ends. Its output goes to `log`."""
+    port = env["PORT"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = log.read_text(errors="replace")
+            if ready(text):
+                try:
+                    with socket.create_connection(("127.0.0.1", int(port)), timeout=1):
+                        break
+                except OSError:
+                    pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start (exit {proc.poll()}):\n{text[-3000:]}")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited while serving:\n{log.read_text(errors='replace')[-3000:]}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def gunicorn(app: str, cwd: Path, env: dict[str, str], log: Path, workers: int = 4) -> list[str]:
+    """The gunicorn command line; `env` gets its PORT."""
+    env["PORT"] = str(free_port())
+    return [str(BIN / "gunicorn"), app, "-w", str(workers), "-b", f"127.0.0.1:{env['PORT']}", "--chdir", str(cwd),
+            "--graceful-timeout", "5", "--timeout", "120"]
+
+
+def uvicorn(app: str, cwd: Path, env: dict[str, str], workers: int = 4) -> list[str]:
+    env["PORT"] = str(free_port())
+    return [str(BIN / "uvicorn"), app, "--app-dir", str(cwd), "--workers", str(workers), "--host", "127.0.0.1",
+            "--port", env["PORT"], "--log-level", "info"]
