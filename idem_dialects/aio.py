@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
+from .heartbeat import beating_async
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .retention import DEFAULT_RETENTION, Stats
@@ -177,7 +178,8 @@ class AsyncIdempotencyStore(StoreBase):
             return await conn.run_sync(execute_unlogged, step.fn)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
-            return await effect(conn)  # type: ignore[arg-type]
+            async with beating_async(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
+                return await effect(conn)  # type: ignore[arg-type]
         if isinstance(step, Transaction):
             body = self._in_transaction(step, effect)
             # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).

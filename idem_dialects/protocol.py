@@ -47,7 +47,7 @@ from .retention import DEFAULT_RETENTION, Stats, purge_targets
 from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
-from .steps import Begin, Effect, Flow, rowcount, sql, transaction
+from .steps import Begin, Effect, Flow, Heartbeat, rowcount, sql, transaction
 from .telemetry import Telemetry
 
 T = TypeVar("T")
@@ -233,6 +233,37 @@ class Core:
         params = self._fence_params(claimed)
         return (yield from rowcount(stmt, params)) == 1
 
+    def renew(self, claimed: Claimed, lease: float) -> Flow[bool]:
+        """Extend a leased claim to `lease` seconds from now (the database's clock), fenced by the claim token like
+        `complete`: False if the claim is no longer ours (taken over, completed, released or purged)."""
+        t, backend = self.tables.records, self.backend
+        stmt = backend.prepared(("renew", t, lease), lambda: self._fenced(update(t)).values(
+            locked_until=backend.now_plus(lease)))
+        return (yield from rowcount(stmt, self._fence_params(claimed))) == 1
+
+    def heartbeat(self, claimed: Claimed, lease: float, *, in_transaction: bool = False) -> Heartbeat | None:
+        """What keeps `claimed` alive while its effect runs: a renewal every third of the lease, so two beats may
+        fail before a retry could take the claim over. None where no renewal could run meanwhile: an effect inside
+        a transaction on an engine with one write lock holds (or will take) that lock, which every renewal needs;
+        and until that transaction ends no one else can take the claim over either."""
+        if in_transaction and self.features.writers == 1:
+            return None
+        return Heartbeat(lease / 3, lambda: self._beat(claimed, lease))
+
+    def _beat(self, claimed: Claimed, lease: float) -> Flow[bool]:
+        """One renewal in a transaction of its own; True to keep beating. Logged without tokens or stored values."""
+        try:
+            held = yield from transaction(self.renew(claimed, lease))
+        except Exception as exc:  # the next beat tries again; the effect goes on either way
+            log.warning("could not renew the lease on key %r in %r/%r: %s", claimed.key, claimed.scope,
+                        claimed.operation, type(exc).__name__)
+            return True
+        if not held:
+            log.warning("lost the claim on key %r in %r/%r while its effect runs (its lease ended and it was taken"
+                        " over, or it was released)", claimed.key, claimed.scope, claimed.operation)
+            self.telemetry.lease_lost(claimed.operation)
+        return held
+
     def _fenced(self, stmt: _Fenceable) -> _Fenceable:
         """`stmt` restricted to one record, still in flight, still held by the claim token w_claim_token."""
         t = self.tables.records
@@ -357,8 +388,11 @@ class Core:
         if not isinstance(outcome, Claimed):
             return finished(outcome, req)
 
+        assert req.lease is not None
+        beat = self.heartbeat(outcome, req.lease, in_transaction=True)
+
         def body() -> Flow[tuple[Any, int]]:
-            response, code = yield from self.effect(status, on_effect, req.operation)
+            response, code = yield from self.effect(status, on_effect, req.operation, beat)
             yield from self.complete(outcome, response, code)
             return response, code
 
@@ -373,17 +407,18 @@ class Core:
         return Result(response, code, replayed=False)
 
     def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None,
-               operation: str = "") -> Flow[tuple[Any, int]]:
+               operation: str = "", heartbeat: Heartbeat | None = None) -> Flow[tuple[Any, int]]:
         """Call the effect: (response, status) to store."""
-        return reply((yield from self.call_effect(on_effect, operation)), status)
+        return reply((yield from self.call_effect(on_effect, operation, heartbeat)), status)
 
-    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "") -> Flow[Any]:
-        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`.
-        Its error is marked as the effect's (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup
-        raises after it can take its place."""
+    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "",
+                    heartbeat: Heartbeat | None = None) -> Flow[Any]:
+        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`;
+        with `heartbeat`, a leased claim is renewed meanwhile. Its error is marked as the effect's (EffectFailed,
+        unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
         started = time.perf_counter()
         try:
-            response = yield Effect()
+            response = yield Effect(heartbeat)
             if on_effect is not None:
                 response = on_effect(response)
         except GeneratorExit:

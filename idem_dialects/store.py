@@ -14,6 +14,7 @@ from sqlalchemy.engine import URL, Connection
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
+from .heartbeat import beating
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
@@ -168,7 +169,8 @@ class IdempotencyStore(StoreBase):
             return execute_unlogged(conn, step.fn)  # type: ignore[arg-type]
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
-            response = effect(conn)  # type: ignore[arg-type]
+            with beating(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
+                response = effect(conn)  # type: ignore[arg-type]
             refuse_awaitable(response)
             return response
         if isinstance(step, Transaction):

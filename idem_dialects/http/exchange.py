@@ -87,7 +87,8 @@ def _external(core: Core, policy: IdempotencyPolicy, call: Call) -> Flow[HttpRes
         assert answer is not None
         return answer
     try:
-        resp: HttpResponse = yield Effect()
+        assert req.lease is not None
+        resp: HttpResponse = yield Effect(core.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
     except BaseException as exc:
         yield from core.release_after(outcome, exc)
         raise  # the handler's own error, unchanged
