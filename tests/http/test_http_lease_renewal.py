@@ -26,6 +26,7 @@ PROBLEM = "urn:idem-dialects:problem:"
 Database = Any  # tests/http/conftest.py's, given by its `database` fixture
 STACKS = ["flask-decorator", "wsgi-middleware", "asgi-middleware", "fastapi-route"]
 HANDLER_SECONDS = 1.5
+Served = tuple[Any, Counter[str], threading.Event]  # the client, the handler's calls, its start
 
 
 def policy() -> IdempotencyPolicy:
@@ -79,7 +80,7 @@ def asgi_app(db: Database, form: str, calls: Counter[str], started: threading.Ev
 
 @pytest.fixture(params=STACKS)
 def served(request: pytest.FixtureRequest, database: Database,
-           serve_app: Callable[[str, Any], AbstractContextManager[str]]) -> Iterator[tuple[Any, Counter[str], threading.Event]]:
+           serve_app: Callable[[str, Any], AbstractContextManager[str]]) -> Iterator[Served]:
     stack: str = request.param
     calls: Counter[str] = Counter()
     started = threading.Event()
@@ -93,7 +94,7 @@ def served(request: pytest.FixtureRequest, database: Database,
 
 
 def test_handler_outliving_its_lease_runs_once_and_the_retry_gets_409(
-        served: tuple[Any, Counter[str], threading.Event], database: Database) -> None:
+        served: Served, database: Database) -> None:
     client, calls, started = served
     headers = {"content-type": "application/json", "x-account": "acct-1", "idempotency-key": '"lease-1"'}
     results: list[Any] = []
