@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Delete, Engine, Update, bindparam, delete, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -442,7 +443,17 @@ class Core:
     # --- schema and retention ----------------------------------------------------------------------------------
 
     def create_tables(self) -> Flow[None]:
-        yield from transaction(sql(lambda c: self.tables.metadata.create_all(c, checkfirst=True)))
+        """Create the tables (and indexes) that do not exist yet. Safe from many processes at once (workers starting
+        together): busy errors are retried like `run`'s, and a CREATE that lost the race to another creator (an
+        "already exists" error the backend recognises) is run again, its check then finding what the other made."""
+        for round_no in range(_CLAIM_ROUNDS):
+            try:
+                yield from self.retrying(
+                    lambda: transaction(sql(lambda c: self.tables.metadata.create_all(c, checkfirst=True))))
+                return
+            except DBAPIError as exc:
+                if round_no == _CLAIM_ROUNDS - 1 or not self.backend.is_already_created(exc):
+                    raise
 
     def drop_tables(self) -> Flow[None]:
         yield from transaction(sql(lambda c: self.tables.metadata.drop_all(c, checkfirst=True)))

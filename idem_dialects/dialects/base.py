@@ -394,6 +394,11 @@ class Backend:
         """True only for a primary-key / unique violation."""
         raise NotImplementedError
 
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        """True if a CREATE failed because another session created the same table or index first (so
+        `create_tables`, re-run, finds it). The default: nothing is (an engine that serializes DDL never races)."""
+        return False
+
 
     def redact(self, exc: DBAPIError) -> None:
         """Remove from a failed store statement's driver error any text that repeats stored values (a row's

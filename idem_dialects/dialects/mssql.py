@@ -52,6 +52,8 @@ ER_CONSTRAINT_CONFLICT = 547  # FOREIGN KEY / CHECK constraint conflict
 ER_DEADLOCK = 1205  # chosen as deadlock victim; the transaction is already rolled back
 ER_LOCK_TIMEOUT = 1222  # Lock request time out period exceeded (SET LOCK_TIMEOUT)
 ER_SNAPSHOT_CONFLICT = 3960  # Snapshot isolation transaction aborted due to update conflict
+ER_OBJECT_EXISTS = 2714  # There is already an object named ... in the database (a concurrent CREATE TABLE)
+ER_INDEX_EXISTS = 1913  # The operation failed because an index or statistics with name ... already exists
 ER_INVALID_OBJECT = 208  # Invalid object name (the table does not exist)
 ER_PERMISSION_OBJECT = 229  # The <verb> permission was denied on the object
 ER_PERMISSION_DATABASE = 262  # CREATE TABLE permission denied in database
@@ -349,6 +351,9 @@ class MSSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return native_error(exc) in (ER_OBJECT_EXISTS, ER_INDEX_EXISTS)
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

@@ -82,6 +82,8 @@ from .types import Utf8Bytes
 
 # Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
 ER_DUP_ENTRY = 1062
+ER_TABLE_EXISTS = 1050  # a concurrent CREATE TABLE of one name (DDL commits at once: the loser sees it)
+ER_DUP_KEYNAME = 1061  # a concurrent CREATE INDEX of one name
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
 ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
@@ -379,6 +381,9 @@ class MySQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return error_code(exc) in (ER_TABLE_EXISTS, ER_DUP_KEYNAME)
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

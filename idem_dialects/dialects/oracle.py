@@ -63,6 +63,7 @@ ORA_RESOURCE_BUSY = 54  # ORA-00054: resource busy and acquire with NOWAIT speci
 ORA_DEADLOCK = 60  # ORA-00060: deadlock detected; only the one statement was rolled back
 ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transaction
 ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
+ORA_NAME_USED = 955  # ORA-00955: name is already used by an existing object (a concurrent CREATE TABLE/INDEX)
 ORA_NO_TABLE = 942  # ORA-00942: table or view does not exist
 ORA_NO_PRIVILEGE = 1031  # ORA-01031: insufficient privileges
 # Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
@@ -241,6 +242,9 @@ class OracleBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return ora_code(exc) == ORA_NAME_USED
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

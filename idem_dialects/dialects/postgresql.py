@@ -73,6 +73,9 @@ from .postgresql_startup import startup_sqlstate
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
 UNDEFINED_TABLE = "42P01"
+# A concurrent CREATE TABLE of one name: 42P07 if the other committed first, else a unique violation in the catalog
+# (pg_type's row for the table's composite type) once it does; 42710 for a constraint or index name.
+_ALREADY_CREATED = frozenset({"42P07", "42710", UNIQUE_VIOLATION})
 INSUFFICIENT_PRIVILEGE = "42501"
 # The DETAIL PostgreSQL adds to NOT NULL / CHECK / partition violations repeats the whole row (responses, tokens).
 _FAILING_ROW = re.compile(r"\n?DETAIL:\s+Failing row contains .*", re.S)
@@ -334,6 +337,9 @@ class PostgreSQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return sqlstate(exc) in _ALREADY_CREATED
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
