@@ -17,7 +17,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Delete, Engine, Update, bindparam, delete, update
@@ -42,7 +42,7 @@ from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
 from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import check_batch_size, check_retention, check_status, lease_seconds
+from .limits import OnInFlight, check_batch_size, check_on_in_flight, check_retention, check_status, lease_seconds
 from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
 from .retention import DEFAULT_RETENTION, Stats, purge_targets
 from .retention import stats as read_stats
@@ -59,8 +59,13 @@ OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
+# The Retry-After of a duplicate answered in flight without waiting: the first request's end is unknown (no lease).
+CONFLICT_RETRY_AFTER = 1.0
 log = logging.getLogger("idem_dialects")
 _warned: set[str] = set()  # what driver logging would expose, warned of once per process
+
+
+_BUSY: Any = object()  # a claim statement that met another transaction's lock on the key and did not wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +177,27 @@ class Core:
 
     # --- the step-by-step protocol -----------------------------------------------------------------------------
 
-    def claim(self, req: Request) -> Flow[Outcome]:
-        """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over)."""
-        return self.telemetry.claim(req.operation, self._claim(req))
+    def claim(self, req: Request, *, wait: bool = True) -> Flow[Outcome]:
+        """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
+        `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight."""
+        return self.telemetry.claim(req.operation, self._claim(req, wait))
 
-    def _claim(self, req: Request) -> Flow[Outcome]:
+    def _claim_or_read(self, conn: Connection, values: dict[str, Any], clock: dict[str, float], ident: dict[str, str],
+                       wait: bool) -> tuple[bool, Any]:
+        """The backend's claim statement; without `wait`, under its no-wait mechanism: (False, None) becomes
+        (False, BUSY) when it met another transaction's lock on the key."""
+        t, backend = self.tables.records, self.backend
+        if wait:
+            return backend.claim_or_read(conn, t, values, clock, ident)
+        try:
+            with backend.not_waiting(conn, t, ident):
+                return backend.claim_or_read(conn, t, values, clock, ident)
+        except DBAPIError as exc:
+            if backend.is_lock_busy(exc):
+                return False, _BUSY
+            raise
+
+    def _claim(self, req: Request, wait: bool = True) -> Flow[Outcome]:
         t, backend, ident = self.tables.records, self.backend, req.ident
         # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
         # abandoned, so its lease is already over and the next caller takes it over.
@@ -184,9 +205,11 @@ class Core:
         clock = {"created_at": 0.0, "locked_until": hold}
         values = dict(ident, fingerprint=req.fingerprint, claim_token=req.token)
         for _ in range(_CLAIM_ROUNDS):
-            inserted, row = yield from sql(lambda c: backend.claim_or_read(c, t, values, clock, ident))
+            inserted, row = yield from sql(lambda c: self._claim_or_read(c, values, clock, ident, wait))
             if inserted:
                 return req.claimed()
+            if row is _BUSY:  # the transaction may be unusable now (PostgreSQL): the caller ends it
+                return InFlight(CONFLICT_RETRY_AFTER, datetime.now(UTC) + timedelta(seconds=CONFLICT_RETRY_AFTER))
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
             if row.fingerprint != req.fingerprint:
@@ -342,14 +365,21 @@ class Core:
 
     def run(self, *, scope: str, operation: str, key: str, request: Any, status: int = 200,
             lease: timedelta | None = None, retry: RetryPolicy | None = None,
-            on_effect: Callable[[Any], Any] | None = None) -> Flow[Result]:
+            on_effect: Callable[[Any], Any] | None = None, on_in_flight: OnInFlight = "wait") -> Flow[Result]:
         """Claim, run the effect (an `Effect` step) and store its response once; replay it to every retry.
         `on_effect` turns the effect's value into what is stored (an adapter's hook; its errors roll back like the
-        effect's own). Validates eagerly: bad input raises here, before the flow runs."""
+        effect's own). `on_in_flight`: see the stores' `run`. Validates eagerly: bad input raises here, before the
+        flow runs."""
         req = self.request(scope, operation, key, request, lease)
         check_status(status)
-        once = self._atomic if lease is None else self._leased
-        return self.telemetry.run(req.operation, lambda: once(req, status, on_effect),
+        wait = check_on_in_flight(on_in_flight)
+        if lease is None:
+            def once() -> Flow[Result]:
+                return self._atomic(req, status, on_effect, wait)
+        else:
+            def once() -> Flow[Result]:
+                return self._leased(req, status, on_effect)
+        return self.telemetry.run(req.operation, once,
                                   lambda attempt: self.retrying(attempt, retry))
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
@@ -366,9 +396,10 @@ class Core:
             self.retries[cause] += 1
         self.telemetry.retry(cause)
 
-    def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None) -> Flow[Result]:
+    def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None,
+                wait: bool = True) -> Flow[Result]:
         def body() -> Flow[Result]:
-            outcome = yield from self.claim(req)
+            outcome = yield from self.claim(req, wait=wait)
             if not isinstance(outcome, Claimed):
                 return finished(outcome, req)
             response, code = yield from self.effect(status, on_effect, req.operation)

@@ -37,6 +37,11 @@ own transaction just committed on that connection and the driver's last server s
 A connection application code returns mid-transaction is still rolled back (a Connection rolls back its own; a raw
 DBAPI connection gets the ROLLBACK from the hook). An engine the caller built keeps its own reset.
 
+`run(..., on_in_flight="conflict")` claims with the session's ``innodb_lock_wait_timeout`` at 0 (MariaDB: no wait;
+MySQL raises it to its minimum, 1 s), so a duplicate's INSERT that would wait on the first claimer's uncommitted row
+fails with 1205, answered in flight; the session's value is put back after the claim statement, even after 1205
+(which rolls back only the statement).
+
 Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
 `run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
 invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
@@ -123,6 +128,9 @@ _CONNECT_CONFIG = {
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
+# The claim's lock wait, refused (on_in_flight="conflict"): the session's value saved in a user variable, then back.
+_NOWAIT_ON = text("SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
+_NOWAIT_OFF = text("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 _STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
 # Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
@@ -384,6 +392,17 @@ class MySQLBackend(Backend):
 
     def is_already_created(self, exc: DBAPIError) -> bool:
         return error_code(exc) in (ER_TABLE_EXISTS, ER_DUP_KEYNAME)
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        conn.execute(_NOWAIT_ON)
+        try:
+            yield
+        finally:
+            conn.execute(_NOWAIT_OFF)  # session state: the pool would hand the 0 on otherwise
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return error_code(exc) == ER_LOCK_WAIT_TIMEOUT
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

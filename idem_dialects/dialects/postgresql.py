@@ -16,6 +16,10 @@ fresh transaction. The read therefore takes no row lock: FOR SHARE would only ad
 ON CONFLICT DO NOTHING never raises for the arbiter index, so a duplicate claim leaves the caller's transaction
 usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK violation still raises.
 
+`run(..., on_in_flight="conflict")` claims under ``lock_timeout`` 1 ms, set with set_config(..., is_local => true)
+for the claim statement only (a duplicate's INSERT waits on the first claimer's transaction: that wait now fails with
+55P03, answered in flight) and put back after it; a failed claim's rollback undoes it.
+
 The protocol keeps no session state (no SET, advisory lock or temporary table), so it works through a
 transaction-mode pooler such as PgBouncer once the URL says ``?pooler=transaction``: then no driver prepares a
 statement that a later transaction, on another server session, would use (`connect_params`).
@@ -25,7 +29,8 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib.util import find_spec
 from typing import Any
@@ -37,6 +42,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     any_,
+    bindparam,
     delete,
     event,
     exists,
@@ -75,6 +81,11 @@ UNIQUE_VIOLATION = "23505"
 UNDEFINED_TABLE = "42P01"
 # A concurrent CREATE TABLE of one name: 42P07 if the other committed first, else a unique violation in the catalog
 # (pg_type's row for the table's composite type) once it does; 42710 for a constraint or index name.
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired (or NOWAIT)
+# The claim's lock wait, refused (on_in_flight="conflict"): the old value read and the new one set in one round trip
+# (a SELECT's target list is evaluated left to right); 1 ms, as 0 would mean no limit at all.
+_NOWAIT_ON = select(func.current_setting("lock_timeout"), func.set_config("lock_timeout", "1ms", true()))
+_NOWAIT_OFF = select(func.set_config("lock_timeout", bindparam("old_lock_timeout"), true()))
 _ALREADY_CREATED = frozenset({"42P07", "42710", UNIQUE_VIOLATION})
 INSUFFICIENT_PRIVILEGE = "42501"
 # The DETAIL PostgreSQL adds to NOT NULL / CHECK / partition violations repeats the whole row (responses, tokens).
@@ -340,6 +351,16 @@ class PostgreSQLBackend(Backend):
 
     def is_already_created(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) in _ALREADY_CREATED
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        row = conn.execute(_NOWAIT_ON).first()
+        assert row is not None
+        yield  # on an error the transaction is aborted: its rollback restores the setting (SET LOCAL)
+        conn.execute(_NOWAIT_OFF, {"old_lock_timeout": row[0]})
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return sqlstate(exc) == LOCK_NOT_AVAILABLE
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

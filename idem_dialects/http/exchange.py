@@ -71,7 +71,7 @@ def _atomic(core: Core, policy: IdempotencyPolicy, call: Call) -> Flow[HttpRespo
         return Reply(encode_stored(policy, resp), resp.status)
 
     try:
-        result = yield from core.run(**_identity(call), on_effect=stored)
+        result = yield from core.run(**_identity(call), on_effect=stored, on_in_flight=policy.on_in_flight)
     except NotStored as ns:
         return ns.response
     if result.replayed:
