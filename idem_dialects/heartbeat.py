@@ -12,19 +12,37 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 
 from .steps import Flow, Heartbeat
 
 log = logging.getLogger("idem_dialects")
 
 
-@contextmanager
-def beating(heartbeat: Heartbeat | None, drive: Callable[[Flow[bool]], bool]) -> Iterator[None]:
+# Most effects have no heartbeat (atomic runs): they get this, costing no generator per effect.
+_NO_BEAT = nullcontext()
+
+
+def beating(heartbeat: Heartbeat | None,
+            drive: Callable[[Flow[bool]], bool]) -> AbstractContextManager[None]:
     """Run `heartbeat`'s beats on a daemon thread (each driven by the sync store's `drive`) around the block."""
-    if heartbeat is None:
-        yield
-        return
+    return _NO_BEAT if heartbeat is None else _beating(heartbeat, drive)
+
+
+def beating_async(heartbeat: Heartbeat | None,
+                  drive: Callable[[Flow[bool]], Awaitable[bool]]) -> AbstractAsyncContextManager[None]:
+    """Run `heartbeat`'s beats in a task (each awaited through the async store's `drive`) around the block."""
+    return _NO_BEAT if heartbeat is None else _beating_async(heartbeat, drive)
+
+
+@contextmanager
+def _beating(heartbeat: Heartbeat, drive: Callable[[Flow[bool]], bool]) -> Iterator[None]:
     stop = threading.Event()
 
     def loop() -> None:
@@ -45,13 +63,7 @@ def beating(heartbeat: Heartbeat | None, drive: Callable[[Flow[bool]], bool]) ->
 
 
 @asynccontextmanager
-async def beating_async(heartbeat: Heartbeat | None,
-                        drive: Callable[[Flow[bool]], Awaitable[bool]]) -> AsyncIterator[None]:
-    """Run `heartbeat`'s beats in a task (each awaited through the async store's `drive`) around the block."""
-    if heartbeat is None:
-        yield
-        return
-
+async def _beating_async(heartbeat: Heartbeat, drive: Callable[[Flow[bool]], Awaitable[bool]]) -> AsyncIterator[None]:
     async def loop() -> None:
         try:
             while True:

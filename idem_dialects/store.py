@@ -134,7 +134,8 @@ class IdempotencyStore(StoreBase):
         (busy, serialization failure, deadlock, lock timeout, lost connection) outlast the retry budget.
         `effect` may return `Reply(response, status)` to store a status other than `status`.
         With `lease`, the claim is renewed while the effect runs (a third of the lease apart, on a connection of its
-        own), so an effect that outlives its lease is not taken over.
+        own), so an effect that outlives its lease is not taken over; where the engine has one write lock (SQLite)
+        the effect's transaction holds it, so no renewal is needed: a retry waits for the effect, then replays.
         `on_in_flight` says what an atomic run (no `lease`) does when another caller's claim of the same key is not
         committed yet (its effect still running): "wait" (the default) for that transaction to end, then replay its
         response (or claim, if it rolled back); "conflict": raise RequestInFlight at once (`retry_after` 1 s), using
