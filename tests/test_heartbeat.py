@@ -322,3 +322,59 @@ def test_renewal_is_fenced_by_the_claim_token(urls: Urls) -> None:
             store.complete(conn, claimed, "done")
         with store.transaction() as conn:  # completed: nothing left to renew
             assert store.drive(core.renew(claimed, 60.0), conn) is False
+
+
+# --- external-call mode (the HTTP flow): the handler runs outside any transaction, so every engine renews -----------
+
+
+def _http_call(key: str) -> Any:
+    from idem_dialects.http import HttpRequest
+
+    return HttpRequest("POST", "/charge", [("idempotency-key", f'"{key}"'), ("content-type", "application/json")],
+                       body=b'{"a": 1}')
+
+
+def test_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Urls) -> None:
+    from idem_dialects.http import HttpResponse, IdempotencyPolicy
+    from idem_dialects.http.runner import Idempotency
+
+    with sync_store(urls) as store:
+        renewals = Renewals(store.core)
+        runner = Idempotency(store, IdempotencyPolicy(global_scope=True, lease=LEASE))
+
+        def handler(conn: Any) -> HttpResponse:
+            assert conn is None  # outside any transaction: nothing holds a lock the renewal needs
+            time.sleep(1.0)
+            return HttpResponse(201, [("content-type", "text/plain")], b"charged")
+
+        resp = runner.handle(_http_call("e1"), handler)
+        returned = time.monotonic()
+        assert resp.status == 201 and resp.body == b"charged"
+        time.sleep(1.0)
+        assert len(renewals.started) >= 2 and all(renewals.held)
+        assert all(t <= returned for t in renewals.started)
+
+
+def test_async_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Urls) -> None:
+    from idem_dialects.http import HttpResponse, IdempotencyPolicy
+    from idem_dialects.http.runner import AsyncIdempotency
+
+    store = async_store(urls)
+
+    async def scenario() -> None:
+        renewals = Renewals(store.core)
+        runner = AsyncIdempotency(store, IdempotencyPolicy(global_scope=True, lease=LEASE))
+
+        async def handler(conn: Any) -> HttpResponse:
+            await asyncio.sleep(1.0)
+            return HttpResponse(201, [("content-type", "text/plain")], b"charged")
+
+        resp = await runner.handle(_http_call("e2"), handler)
+        returned = time.monotonic()
+        assert resp.status == 201 and resp.body == b"charged"
+        await asyncio.sleep(1.0)
+        assert len(renewals.started) >= 2 and all(renewals.held)
+        assert all(t <= returned for t in renewals.started)
+        await store.close()
+
+    asyncio.run(scenario())
