@@ -38,6 +38,9 @@ def _one_of_each(results: list[Any]) -> tuple[Result, RequestInFlight]:
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")
 def test_conflict_option_answers_a_concurrent_duplicate_in_flight(
         idem_store: IdempotencyStore, idem_effects: Effects, idem_observe: Callable[[str, object], None]) -> None:
+    """With on_in_flight="conflict", a duplicate of a request whose atomic claim is not committed yet gets
+    RequestInFlight (with a Retry-After) at once instead of waiting: two duplicates behind a barrier, the first
+    holding its transaction open inside the effect, give one result, one in-flight answer and one effect (x5)."""
     busy_seconds: list[float] = []
     for round_no in range(ROUNDS):
         key = f"conflict-{round_no}"
@@ -70,6 +73,8 @@ def test_conflict_option_answers_a_concurrent_duplicate_in_flight(
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")
 def test_async_conflict_option_answers_a_concurrent_duplicate_in_flight(
         idem_engine: EngineUnderTest, idem_observe: Callable[[str, object], None]) -> None:
+    """The async store's on_in_flight="conflict": two concurrent duplicate tasks, the first holding its transaction
+    open inside the effect, give one result, one RequestInFlight with a Retry-After and one effect (x5)."""
 
     async def main() -> None:
         async with async_store(idem_engine) as (store, effects):

@@ -24,6 +24,8 @@ ROUNDS = 3
 @pytest.mark.idem_requires("processes")
 def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
                                                    idem_observe: Callable[[str, object], None]) -> None:
+    """create_tables() called by 8 processes at once on a fresh table prefix succeeds in every one, and the tables
+    and their index exist once, ready for use (3 rounds); the sync or async store as the column says."""
     prefixes = [unique_prefix() for _ in range(ROUNDS)]
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no engine or socket inherited
     barrier, out = ctx.Barrier(PROCESSES), ctx.Queue()
