@@ -1,6 +1,6 @@
 """Capture and aggregation of one run of the suite, reusable by any runner: a pytest plugin (`Collector`) that records
 every (check, variant, engine) outcome, skip reason and observation, and the JSON report built from it (schema
-version 1, documented in README). pytest is imported only by `run_suite`, when a suite really runs."""
+version 1, documented in the docs: Conformance). pytest is imported only by `run_suite`, when a suite really runs."""
 
 from __future__ import annotations
 

@@ -66,8 +66,8 @@ ENGINES: dict[str, CatalogueEntry] = {
                        "mariadb+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         # HA and pooling stacks as deployments run them, from Debian's packages, on loopback ports (engines/patroni.py,
         # engines/pgbouncer.py, engines/haproxy.py). A URL from the environment reaches a stack of yours, but then the
-        # checks that need node controls skip. `failover_window` bounds what a failover took here (README: HA and
-        # pooling stacks).
+        # checks that need node controls skip. `failover_window` bounds what a failover took here (docs: Clusters and
+        # failover).
         CatalogueEntry("postgresql-patroni", "postgresql", "PostgreSQL 15 under Patroni (etcd, synchronous mode)",
                        [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members"
                        " and 2 Patroni nodes then run on loopback ports)",

@@ -234,7 +234,7 @@ class InvalidURLOption(ConfigurationError):
     def __init__(self, option: str, problem: str) -> None:
         self.option = option
         self.problem = problem
-        super().__init__(f"URL option {option}: {problem}; see README (URL options)")
+        super().__init__(f"URL option {option}: {problem}; see the documentation: Clusters and failover, URL options")
 
 
 class MissingDriver(ConfigurationError):

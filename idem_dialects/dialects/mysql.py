@@ -1,24 +1,5 @@
 """MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, duplicates by error 1062, locking reads for the loser.
 
-Three traps this module exists to avoid:
-
-- Collations merge keys. The usual defaults (``utf8mb4_0900_ai_ci``, ``utf8mb4_general_ci``) ignore case and
-  accents, and even ``utf8mb4_bin`` is PAD SPACE: ``'k'`` and ``'k '`` collide in its unique index. Identity
-  columns are therefore VARBINARY holding UTF-8 bytes: compared byte for byte, NO PAD, whatever the server's,
-  database's or connection's character set (255 characters x 4 bytes = 1020; 3 columns = 3060 bytes, within
-  InnoDB's 3072-byte index key limit under ROW_FORMAT=DYNAMIC).
-- Snapshots hide the winner. Under InnoDB's default REPEATABLE READ a plain SELECT reads the snapshot taken at
-  the transaction's first read, which predates the winner the INSERT just collided with; the loser reads with a
-  locking read instead, which sees the latest committed version (and keeps it stable for a takeover).
-- Quiet constructs hide errors. INSERT IGNORE and ON DUPLICATE KEY UPDATE also silence truncation, NOT NULL and
-  other unique indexes; the claim is a plain INSERT whose error 1062 is caught, and only when the primary key
-  row really exists (a 1062 from another unique index propagates). A duplicate-key error rolls back only the
-  statement in InnoDB, so no savepoint is needed and the caller's transaction stays usable. Connections used
-  for claims run in a strict sql_mode, so an over-long value fails instead of being truncated.
-
-The two engines differ where this module says so explicitly:
-
-=====================  =====================================  ==============================================
                        MySQL 8.4 (``mysql``)                  MariaDB 10.6+ (``mariadb``)
 =====================  =====================================  ==============================================
 locking read           ``FOR SHARE`` (8.0.1+)                 ``LOCK IN SHARE MODE`` (``FOR SHARE`` is a
@@ -51,6 +32,14 @@ exclusive (``exclusive_claim=False``: the effect callable may run on several nod
 unless the URL says ``writers=single`` (a load balancer sends every session to one node); claim connections set
 ``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a certification failure and 1047
 (node not ready) as its own cause.
+=======
+Why it looks like this (the engine page of the docs has the whole story): collations merge keys (even
+``utf8mb4_bin`` is PAD SPACE), so identities are VARBINARY UTF-8; REPEATABLE READ snapshots hide the winner, so the
+loser reads with a locking read; INSERT IGNORE / ON DUPLICATE KEY also silence other errors, so the claim is a plain
+INSERT whose 1062 is confirmed against the primary key. The two engines differ only where this module says so
+(locking read syntax, MariaDB's extra retryable 1020); Galera nodes are detected from the live server.
+on_in_flight="conflict" claims with the session's innodb_lock_wait_timeout at 0 (MySQL's floor is 1 s), put back
+after the claim statement: InnoDB has no NOWAIT for a duplicate INSERT's wait.
 """
 
 from __future__ import annotations

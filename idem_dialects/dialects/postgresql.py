@@ -1,28 +1,12 @@
 """PostgreSQL: the reference backend (psycopg 3 via ``postgresql+psycopg://``; psycopg2 works the same).
 
-The claim is ``INSERT ... ON CONFLICT (<primary key>) DO NOTHING RETURNING`` naming its conflict target, in a CTE
-whose outer SELECT also returns the existing row when the insert skipped it (`claim_or_read`): a replay is one
-statement. That statement can come back empty: under READ COMMITTED, ON CONFLICT waits for a concurrent inserter
-and then skips the row, but the statement's own snapshot still predates the winner, so the read branch does not
-see it. Only then is the winner read by a *separate* statement, whose new snapshot sees the committed winner.
-
-Under REPEATABLE READ and SERIALIZABLE the transaction keeps its first snapshot, so a separate read could not see
-a winner committed after it. PostgreSQL does not let that happen silently: ON CONFLICT DO NOTHING raises
-serialization_failure (40001) whenever the conflicting row version is invisible to the snapshot (inserted or
-updated after it), and the fenced UPDATEs (takeover, complete) raise 40001 when their row changed after the
-snapshot. So at those levels a claim either reads the current row or fails retryably, and `run` retries it in a
-fresh transaction. The read therefore takes no row lock: FOR SHARE would only add waits (and its own 40001s).
-
-ON CONFLICT DO NOTHING never raises for the arbiter index, so a duplicate claim leaves the caller's transaction
-usable (no savepoint needed); any other unique index, NOT NULL, CHECK or FK violation still raises.
-
-`run(..., on_in_flight="conflict")` claims under ``lock_timeout`` 1 ms, set with set_config(..., is_local => true)
-for the claim statement only (a duplicate's INSERT waits on the first claimer's transaction: that wait now fails with
-55P03, answered in flight) and put back after it; a failed claim's rollback undoes it.
-
-The protocol keeps no session state (no SET, advisory lock or temporary table), so it works through a
-transaction-mode pooler such as PgBouncer once the URL says ``?pooler=transaction``: then no driver prepares a
-statement that a later transaction, on another server session, would use (`connect_params`).
+The claim is one ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` in a CTE that also returns the existing row, so a
+replay is one statement; ON CONFLICT never raises for its arbiter index, so the caller's transaction stays usable.
+Under READ COMMITTED that statement's snapshot can predate a winner it waited for, so only then a separate read
+follows; under REPEATABLE READ and SERIALIZABLE PostgreSQL raises 40001 instead, which `run` retries. No session
+state is kept, so a transaction-mode pooler works once the URL says ``?pooler=transaction`` (docs: engines/postgresql).
+on_in_flight="conflict" claims under a transaction-local lock_timeout of 1 ms (0 would mean none), put back after
+the claim statement or undone by a failed claim's rollback: no session state, so poolers still work.
 """
 
 from __future__ import annotations

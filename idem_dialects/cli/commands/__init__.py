@@ -1,6 +1,6 @@
 """Subcommands of the idem-dialects CLI: each module has add_arguments(parser) and run(args) -> exit status.
 
-Exit statuses, the same for every subcommand (README documents them):"""
+Exit statuses, the same for every subcommand (docs: Command line):"""
 
 EXIT_OK = 0  # done; every check passed (skips allowed)
 EXIT_FAILED = 1  # a check failed, or the suite could not be collected

@@ -1,6 +1,6 @@
 """Rendering every report of idem-dialects: matrix, bench and engines, as table, markdown, json or html.
 
-The commands build report dictionaries (their JSON schemas are documented in README and BENCHMARKS.md); this
+The commands build report dictionaries (their JSON schemas are documented in the docs: Conformance and Benchmarks); this
 package only turns them into text, so `idem-dialects report` can render a saved JSON report exactly as the command
 that produced it would have.
 """
