@@ -61,11 +61,9 @@ OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 _CLAIM_ROUNDS = 5
 # The Retry-After of a duplicate answered in flight without waiting: the first request's end is unknown (no lease).
 CONFLICT_RETRY_AFTER = 1.0
+_BUSY: Any = object()  # a claim statement that met another transaction's lock on the key and did not wait
 log = logging.getLogger("idem_dialects")
 _warned: set[str] = set()  # what driver logging would expose, warned of once per process
-
-
-_BUSY: Any = object()  # a claim statement that met another transaction's lock on the key and did not wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +182,8 @@ class Core:
 
     def _claim_or_read(self, conn: Connection, values: dict[str, Any], clock: dict[str, float], ident: dict[str, str],
                        wait: bool) -> tuple[bool, Any]:
-        """The backend's claim statement; without `wait`, under its no-wait mechanism: (False, None) becomes
-        (False, BUSY) when it met another transaction's lock on the key."""
+        """The backend's claim statement (`claim_or_read`); without `wait`, under the backend's no-wait mechanism,
+        and (False, _BUSY) if it met another transaction's lock on the key instead of waiting for it."""
         t, backend = self.tables.records, self.backend
         if wait:
             return backend.claim_or_read(conn, t, values, clock, ident)
