@@ -14,6 +14,8 @@ CHECK_MODULES = (
     "idem_dialects.conformance.test_integrity",
     "idem_dialects.conformance.test_retry",
     "idem_dialects.conformance.test_isolation",
+    "idem_dialects.conformance.test_conflict",
+    "idem_dialects.conformance.test_schema_race",
     "idem_dialects.conformance.test_async",  # async columns only (--idem-api async|both)
     "idem_dialects.conformance.test_async_cancel",  # async columns only
     "idem_dialects.conformance.test_faults",

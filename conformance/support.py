@@ -117,3 +117,29 @@ def process_worker(url: str, prefix: str, keys: list[str], seed: int, out: Any) 
         responses[key] = result.response["effect"]
     out.put((responses, dict(store.retries)))
     store.engine.dispose()
+
+
+def create_tables_worker(url: str, asynchronous: bool, prefixes: list[str], barrier: Any, out: Any) -> None:
+    """One process of the start-up race: for each prefix, wait at `barrier` with the others, then `create_tables`
+    on a store of its own (the async store's if `asynchronous`); report "ok" or the error's type per prefix."""
+    outcomes: list[str] = []
+    for prefix in prefixes:
+        barrier.wait(timeout=120)
+        try:
+            if asynchronous:
+                import asyncio
+
+                from idem_dialects import AsyncIdempotencyStore
+
+                async def create(prefix: str = prefix) -> None:
+                    async with AsyncIdempotencyStore.from_url(url, table_prefix=prefix) as store:
+                        await store.create_tables()
+
+                asyncio.run(create())
+            else:
+                with IdempotencyStore.from_url(url, table_prefix=prefix) as store:
+                    store.create_tables()
+            outcomes.append("ok")
+        except Exception as exc:  # reported, so the check can say what each process saw
+            outcomes.append(f"{type(exc).__name__}: {getattr(exc, 'orig', exc)!r}"[:300])
+    out.put(outcomes)

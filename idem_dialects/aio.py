@@ -21,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
+from .heartbeat import beating_async
+from .limits import OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .retention import DEFAULT_RETENTION, Stats
@@ -132,14 +134,16 @@ class AsyncIdempotencyStore(StoreBase):
     # --- the whole protocol in one call --------------------------------------------------------------------------
 
     async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: AsyncEffect,
-                  status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None) -> Result:
+                  status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
+                  on_in_flight: OnInFlight = "wait") -> Result:
         """Claim, await `effect(conn)` and store its response once; replay it to every retry.
 
         `effect` is an `async def` taking the AsyncConnection (a sync function is refused with AsyncMisuse before
         any SQL). Raises what the sync `run` raises. A cancelled task leaves no claim behind beyond its lease: an
-        atomic claim rolls back with the transaction, a leased one is released."""
+        atomic claim rolls back with the transaction, a leased one is released. A leased claim is renewed while the
+        effect runs (a task), and `on_in_flight` is the sync `run`'s."""
         flow = self.core.run(scope=scope, operation=operation, key=key, request=request, status=status,
-                              lease=lease, retry=retry)  # validates everything before the first connection
+                              lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL
         refuse_sync_effect(effect)
         return await self.drive(flow, effect=effect)
 
@@ -177,7 +181,8 @@ class AsyncIdempotencyStore(StoreBase):
             return await conn.run_sync(execute_unlogged, step.fn)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
-            return await effect(conn)  # type: ignore[arg-type]
+            async with beating_async(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
+                return await effect(conn)  # type: ignore[arg-type]
         if isinstance(step, Transaction):
             body = self._in_transaction(step, effect)
             # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).

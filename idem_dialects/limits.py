@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Literal
 
 from .errors import InvalidPayload
 
@@ -49,6 +50,19 @@ def check_batch_size(batch_size: object) -> int:
 def check_status(status: object) -> int:
     """The HTTP status stored with a response (`run`'s `status`, a `Reply`'s, `complete`'s)."""
     return _int_within("status", status, 100, 599, "an int HTTP status 100-599")
+
+
+# What an atomic `run` does on meeting another caller's claim of its key not yet committed (see `run`).
+OnInFlight = Literal["wait", "conflict"]
+ON_IN_FLIGHT: tuple[OnInFlight, ...] = ("wait", "conflict")
+
+
+def check_on_in_flight(value: object) -> bool:
+    """`run`'s `on_in_flight` (and the HTTP policy's): True if a duplicate waits for the first request, False if it
+    is answered in flight at once."""
+    if value not in ON_IN_FLIGHT:
+        raise InvalidPayload("on_in_flight", f"must be 'wait' or 'conflict', got {value!r}")
+    return value == "wait"
 
 
 def _int_within(field: str, value: object, low: int, high: int, expected: str) -> int:

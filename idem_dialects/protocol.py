@@ -17,11 +17,12 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Delete, Engine, Update, bindparam, delete, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -41,13 +42,13 @@ from .features import Features
 from .fingerprint import Encoder, decode_response, encode_response, fingerprint, payload_fingerprint
 from .guard import guard
 from .keys import MAX_IDENTITY_BYTES, check_identifier, check_identity_size
-from .limits import check_batch_size, check_retention, check_status, lease_seconds
+from .limits import OnInFlight, check_batch_size, check_on_in_flight, check_retention, check_status, lease_seconds
 from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
 from .retention import DEFAULT_RETENTION, Stats, purge_targets
 from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
-from .steps import Begin, Effect, Flow, rowcount, sql, transaction
+from .steps import Begin, Effect, Flow, Heartbeat, rowcount, sql, transaction
 from .telemetry import Telemetry
 
 T = TypeVar("T")
@@ -58,6 +59,9 @@ OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 # A claim that keeps changing under us (purged, taken over, rolled back) this many times in a row is contention
 # `run` should back off from, not a loop to spin in.
 _CLAIM_ROUNDS = 5
+# The Retry-After of a duplicate answered in flight without waiting: the first request's end is unknown (no lease).
+CONFLICT_RETRY_AFTER = 1.0
+_BUSY: Any = object()  # a claim statement that met another transaction's lock on the key and did not wait
 log = logging.getLogger("idem_dialects")
 _warned: set[str] = set()  # what driver logging would expose, warned of once per process
 
@@ -171,11 +175,27 @@ class Core:
 
     # --- the step-by-step protocol -----------------------------------------------------------------------------
 
-    def claim(self, req: Request) -> Flow[Outcome]:
-        """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over)."""
-        return self.telemetry.claim(req.operation, self._claim(req))
+    def claim(self, req: Request, *, wait: bool = True) -> Flow[Outcome]:
+        """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
+        `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight."""
+        return self.telemetry.claim(req.operation, self._claim(req, wait))
 
-    def _claim(self, req: Request) -> Flow[Outcome]:
+    def _claim_or_read(self, conn: Connection, values: dict[str, Any], clock: dict[str, float], ident: dict[str, str],
+                       wait: bool) -> tuple[bool, Any]:
+        """The backend's claim statement (`claim_or_read`); without `wait`, under the backend's no-wait mechanism,
+        and (False, _BUSY) if it met another transaction's lock on the key instead of waiting for it."""
+        t, backend = self.tables.records, self.backend
+        if wait:
+            return backend.claim_or_read(conn, t, values, clock, ident)
+        try:
+            with backend.not_waiting(conn, t, ident):
+                return backend.claim_or_read(conn, t, values, clock, ident)
+        except DBAPIError as exc:
+            if backend.is_lock_busy(exc):
+                return False, _BUSY
+            raise
+
+    def _claim(self, req: Request, wait: bool = True) -> Flow[Outcome]:
         t, backend, ident = self.tables.records, self.backend, req.ident
         # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
         # abandoned, so its lease is already over and the next caller takes it over.
@@ -183,9 +203,11 @@ class Core:
         clock = {"created_at": 0.0, "locked_until": hold}
         values = dict(ident, fingerprint=req.fingerprint, claim_token=req.token)
         for _ in range(_CLAIM_ROUNDS):
-            inserted, row = yield from sql(lambda c: backend.claim_or_read(c, t, values, clock, ident))
+            inserted, row = yield from sql(lambda c: self._claim_or_read(c, values, clock, ident, wait))
             if inserted:
                 return req.claimed()
+            if row is _BUSY:  # the transaction may be unusable now (PostgreSQL): the caller ends it
+                return InFlight(CONFLICT_RETRY_AFTER, datetime.now(UTC) + timedelta(seconds=CONFLICT_RETRY_AFTER))
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
             if row.fingerprint != req.fingerprint:
@@ -232,6 +254,37 @@ class Core:
         stmt = self.backend.prepared(("release", t), lambda: self._fenced(delete(t)))
         params = self._fence_params(claimed)
         return (yield from rowcount(stmt, params)) == 1
+
+    def renew(self, claimed: Claimed, lease: float) -> Flow[bool]:
+        """Extend a leased claim to `lease` seconds from now (the database's clock), fenced by the claim token like
+        `complete`: False if the claim is no longer ours (taken over, completed, released or purged)."""
+        t, backend = self.tables.records, self.backend
+        stmt = backend.prepared(("renew", t, lease), lambda: self._fenced(update(t)).values(
+            locked_until=backend.now_plus(lease)))
+        return (yield from rowcount(stmt, self._fence_params(claimed))) == 1
+
+    def heartbeat(self, claimed: Claimed, lease: float, *, in_transaction: bool = False) -> Heartbeat | None:
+        """What keeps `claimed` alive while its effect runs: a renewal every third of the lease, so two beats may
+        fail before a retry could take the claim over. None where no renewal could run meanwhile: an effect inside
+        a transaction on an engine with one write lock holds (or will take) that lock, which every renewal needs;
+        and until that transaction ends no one else can take the claim over either."""
+        if in_transaction and self.features.writers == 1:
+            return None
+        return Heartbeat(lease / 3, lambda: self._beat(claimed, lease))
+
+    def _beat(self, claimed: Claimed, lease: float) -> Flow[bool]:
+        """One renewal in a transaction of its own; True to keep beating. Logged without tokens or stored values."""
+        try:
+            held = yield from transaction(self.renew(claimed, lease))
+        except Exception as exc:  # the next beat tries again; the effect goes on either way
+            log.warning("could not renew the lease on key %r in %r/%r: %s", claimed.key, claimed.scope,
+                        claimed.operation, type(exc).__name__)
+            return True
+        if not held:
+            log.warning("lost the claim on key %r in %r/%r while its effect runs (its lease ended and it was taken"
+                        " over, or it was released)", claimed.key, claimed.scope, claimed.operation)
+            self.telemetry.lease_lost(claimed.operation)
+        return held
 
     def _fenced(self, stmt: _Fenceable) -> _Fenceable:
         """`stmt` restricted to one record, still in flight, still held by the claim token w_claim_token."""
@@ -310,14 +363,21 @@ class Core:
 
     def run(self, *, scope: str, operation: str, key: str, request: Any, status: int = 200,
             lease: timedelta | None = None, retry: RetryPolicy | None = None,
-            on_effect: Callable[[Any], Any] | None = None) -> Flow[Result]:
+            on_effect: Callable[[Any], Any] | None = None, on_in_flight: OnInFlight = "wait") -> Flow[Result]:
         """Claim, run the effect (an `Effect` step) and store its response once; replay it to every retry.
         `on_effect` turns the effect's value into what is stored (an adapter's hook; its errors roll back like the
-        effect's own). Validates eagerly: bad input raises here, before the flow runs."""
+        effect's own). `on_in_flight`: see the stores' `run`. Validates eagerly: bad input raises here, before the
+        flow runs."""
         req = self.request(scope, operation, key, request, lease)
         check_status(status)
-        once = self._atomic if lease is None else self._leased
-        return self.telemetry.run(req.operation, lambda: once(req, status, on_effect),
+        wait = check_on_in_flight(on_in_flight)
+        if lease is None:
+            def once() -> Flow[Result]:
+                return self._atomic(req, status, on_effect, wait)
+        else:
+            def once() -> Flow[Result]:
+                return self._leased(req, status, on_effect)
+        return self.telemetry.run(req.operation, once,
                                   lambda attempt: self.retrying(attempt, retry))
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
@@ -334,9 +394,10 @@ class Core:
             self.retries[cause] += 1
         self.telemetry.retry(cause)
 
-    def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None) -> Flow[Result]:
+    def _atomic(self, req: Request, status: int, on_effect: Callable[[Any], Any] | None,
+                wait: bool = True) -> Flow[Result]:
         def body() -> Flow[Result]:
-            outcome = yield from self.claim(req)
+            outcome = yield from self.claim(req, wait=wait)
             if not isinstance(outcome, Claimed):
                 return finished(outcome, req)
             response, code = yield from self.effect(status, on_effect, req.operation)
@@ -357,8 +418,11 @@ class Core:
         if not isinstance(outcome, Claimed):
             return finished(outcome, req)
 
+        assert req.lease is not None
+        beat = self.heartbeat(outcome, req.lease, in_transaction=True)
+
         def body() -> Flow[tuple[Any, int]]:
-            response, code = yield from self.effect(status, on_effect, req.operation)
+            response, code = yield from self.effect(status, on_effect, req.operation, beat)
             yield from self.complete(outcome, response, code)
             return response, code
 
@@ -373,17 +437,18 @@ class Core:
         return Result(response, code, replayed=False)
 
     def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None,
-               operation: str = "") -> Flow[tuple[Any, int]]:
+               operation: str = "", heartbeat: Heartbeat | None = None) -> Flow[tuple[Any, int]]:
         """Call the effect: (response, status) to store."""
-        return reply((yield from self.call_effect(on_effect, operation)), status)
+        return reply((yield from self.call_effect(on_effect, operation, heartbeat)), status)
 
-    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "") -> Flow[Any]:
-        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`.
-        Its error is marked as the effect's (EffectFailed, unwrapped by `retrying`), so nothing the store's cleanup
-        raises after it can take its place."""
+    def call_effect(self, on_effect: Callable[[Any], Any] | None = None, operation: str = "",
+                    heartbeat: Heartbeat | None = None) -> Flow[Any]:
+        """Call the effect (or a consumer's handler) and return its value, timed for telemetry under `operation`;
+        with `heartbeat`, a leased claim is renewed meanwhile. Its error is marked as the effect's (EffectFailed,
+        unwrapped by `retrying`), so nothing the store's cleanup raises after it can take its place."""
         started = time.perf_counter()
         try:
-            response = yield Effect()
+            response = yield Effect(heartbeat)
             if on_effect is not None:
                 response = on_effect(response)
         except GeneratorExit:
@@ -407,7 +472,17 @@ class Core:
     # --- schema and retention ----------------------------------------------------------------------------------
 
     def create_tables(self) -> Flow[None]:
-        yield from transaction(sql(lambda c: self.tables.metadata.create_all(c, checkfirst=True)))
+        """Create the tables (and indexes) that do not exist yet. Safe from many processes at once (workers starting
+        together): busy errors are retried like `run`'s, and a CREATE that lost the race to another creator (an
+        "already exists" error the backend recognises) is run again, its check then finding what the other made."""
+        for round_no in range(_CLAIM_ROUNDS):
+            try:
+                yield from self.retrying(
+                    lambda: transaction(sql(lambda c: self.tables.metadata.create_all(c, checkfirst=True))))
+                return
+            except DBAPIError as exc:
+                if round_no == _CLAIM_ROUNDS - 1 or not self.backend.is_already_created(exc):
+                    raise
 
     def drop_tables(self) -> Flow[None]:
         yield from transaction(sql(lambda c: self.tables.metadata.drop_all(c, checkfirst=True)))

@@ -34,8 +34,21 @@ class Sql(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Keep a leased claim alive while the effect runs: every `interval` seconds the loop runs `beat()` (a flow that
+    renews the lease in a transaction of its own, on a connection of its own) until the effect ends or a beat returns
+    False (the claim is no longer ours). Only the timer differs per loop (`heartbeat.py`)."""
+
+    interval: float
+    beat: Callable[[], Flow[bool]]
+
+
+@dataclass(frozen=True, slots=True)
 class Effect:
-    """Call the caller's effect with the flow's connection (None outside a transaction); its value is sent back."""
+    """Call the caller's effect with the flow's connection (None outside a transaction); its value is sent back.
+    With `heartbeat`, the loop renews the claim's lease while the effect runs."""
+
+    heartbeat: Heartbeat | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from sqlalchemy.engine import URL, Connection
 
 from .errors import AsyncMisuse
 from .fingerprint import Encoder
+from .heartbeat import beating
+from .limits import OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from .protocol import NO_PAYLOAD, Core, OnMismatch
 from .protocol import Reply as Reply  # re-exported: its home before the async store shared it
@@ -124,15 +126,24 @@ class IdempotencyStore(StoreBase):
     # --- the whole protocol in one call --------------------------------------------------------------------------
 
     def run(self, *, scope: str, operation: str, key: str, request: Any, effect: SyncEffect, status: int = 200,
-            lease: timedelta | None = None, retry: RetryPolicy | None = None) -> Result:
+            lease: timedelta | None = None, retry: RetryPolicy | None = None,
+            on_in_flight: OnInFlight = "wait") -> Result:
         """Claim, run `effect(conn)` and store its response once; replay it to every retry.
 
         Raises RequestMismatch, RequestInFlight, InvalidKey, or RetriesExhausted when retryable errors
         (busy, serialization failure, deadlock, lock timeout, lost connection) outlast the retry budget.
         `effect` may return `Reply(response, status)` to store a status other than `status`.
+        With `lease`, the claim is renewed while the effect runs (a third of the lease apart, on a connection of its
+        own), so an effect that outlives its lease is not taken over; where the engine has one write lock (SQLite)
+        the effect's transaction holds it, so no renewal is needed: a retry waits for the effect, then replays.
+        `on_in_flight` says what an atomic run (no `lease`) does when another caller's claim of the same key is not
+        committed yet (its effect still running): "wait" (the default) for that transaction to end, then replay its
+        response (or claim, if it rolled back); "conflict": raise RequestInFlight at once (`retry_after` 1 s), using
+        the engine's own lock-timeout / no-wait mechanism. On SQLite the write lock is the database's, so "conflict"
+        also answers in flight while any other key is being written. A leased run always answers RequestInFlight.
         """
         flow = self.core.run(scope=scope, operation=operation, key=key, request=request, status=status,
-                              lease=lease, retry=retry)  # validates everything before the first connection
+                              lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL
         refuse_async_effect(effect)
         return self.drive(flow, effect=effect)
 
@@ -168,7 +179,8 @@ class IdempotencyStore(StoreBase):
             return execute_unlogged(conn, step.fn)  # type: ignore[arg-type]
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
-            response = effect(conn)  # type: ignore[arg-type]
+            with beating(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
+                response = effect(conn)  # type: ignore[arg-type]
             refuse_awaitable(response)
             return response
         if isinstance(step, Transaction):

@@ -350,6 +350,21 @@ class Backend:
         where = [table.c[name] == bind for name, bind in self.binds(table, key, "k_").items()]
         return select(*replay_columns(table, key), self.now().label("db_now")).where(*where)
 
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        """Around the claim of `run(..., on_in_flight="conflict")`: a statement inside that would wait for another
+        transaction's lock (its uncommitted claim of `key` in `table`) fails at once instead, or after the engine's
+        shortest lock wait, with an error `is_lock_busy` recognises; the connection's own setting is back after the
+        block (or its transaction's end undoes it). Each engine's own mechanism: a lock timeout, NOWAIT, a busy
+        timeout of zero. A backend without one refuses the option here, before its claim runs."""
+        raise IdemError(f"{self.name}: on_in_flight='conflict' is not supported on this backend (it has no way to"
+                        " refuse a lock wait); use on_in_flight='wait' or a lease")
+        yield  # pragma: no cover - a generator for @contextmanager
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        """True if a statement under `not_waiting` failed because it would have waited for another's lock."""
+        return False
+
     def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
         """Delete at most `limit` rows matching `condition`; return how many went.
 
@@ -393,6 +408,11 @@ class Backend:
     def is_duplicate(self, exc: DBAPIError) -> bool:
         """True only for a primary-key / unique violation."""
         raise NotImplementedError
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        """True if a CREATE failed because another session created the same table or index first (so
+        `create_tables`, re-run, finds it). The default: nothing is (an engine that serializes DDL never races)."""
+        return False
 
 
     def redact(self, exc: DBAPIError) -> None:

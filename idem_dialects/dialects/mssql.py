@@ -15,12 +15,16 @@ Four things SQL Server does differently from the portable defaults, and what thi
   (``ALLOW_SNAPSHOT_ISOLATION ON``): the live server decides (`refine_features`).
 - **Error codes are in the message.** pyodbc gives ``(sqlstate, message)`` only; the native number is the
   ``(NNNN)`` pyodbc itself appends after the driver's text, parsed anchored to that structure (`native_error`).
+
+`run(..., on_in_flight="conflict")` claims under ``SET LOCK_TIMEOUT 0``: a duplicate's INSERT that would wait on the
+first claimer's uncommitted key fails with 1222, answered in flight; the session's @@LOCK_TIMEOUT is put back after.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -52,9 +56,15 @@ ER_CONSTRAINT_CONFLICT = 547  # FOREIGN KEY / CHECK constraint conflict
 ER_DEADLOCK = 1205  # chosen as deadlock victim; the transaction is already rolled back
 ER_LOCK_TIMEOUT = 1222  # Lock request time out period exceeded (SET LOCK_TIMEOUT)
 ER_SNAPSHOT_CONFLICT = 3960  # Snapshot isolation transaction aborted due to update conflict
+ER_OBJECT_EXISTS = 2714  # There is already an object named ... in the database (a concurrent CREATE TABLE)
+ER_INDEX_EXISTS = 1913  # The operation failed because an index or statistics with name ... already exists
 ER_INVALID_OBJECT = 208  # Invalid object name (the table does not exist)
 ER_PERMISSION_OBJECT = 229  # The <verb> permission was denied on the object
 ER_PERMISSION_DATABASE = 262  # CREATE TABLE permission denied in database
+# The claim's lock wait, refused (on_in_flight="conflict"); SET LOCK_TIMEOUT takes a literal, so the session's value
+# is read first and written back as an int.
+_LOCK_TIMEOUT_NOW = text("SELECT @@LOCK_TIMEOUT")
+_NOWAIT_ON = text("SET LOCK_TIMEOUT 0")
 DUPLICATE_ERRORS = frozenset({ER_DUP_CONSTRAINT, ER_DUP_INDEX})
 _RETRYABLE = {ER_DEADLOCK: RetryCause.DEADLOCK, ER_LOCK_TIMEOUT: RetryCause.LOCK_TIMEOUT,
               ER_SNAPSHOT_CONFLICT: RetryCause.SERIALIZATION}
@@ -349,6 +359,21 @@ class MSSQLBackend(Backend):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         # Not by exception class or SQLSTATE: FreeTDS reports 2601 as 42000 (a ProgrammingError), not 23000.
         return native_error(exc) in DUPLICATE_ERRORS
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return native_error(exc) in (ER_OBJECT_EXISTS, ER_INDEX_EXISTS)
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        previous = int(conn.execute(_LOCK_TIMEOUT_NOW).scalar_one())
+        conn.execute(_NOWAIT_ON)
+        try:
+            yield
+        finally:
+            conn.execute(text(f"SET LOCK_TIMEOUT {previous}"))  # session state; an int read just now
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return native_error(exc) == ER_LOCK_TIMEOUT
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

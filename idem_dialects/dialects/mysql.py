@@ -1,10 +1,45 @@
 """MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, duplicates by error 1062, locking reads for the loser.
 
+                       MySQL 8.4 (``mysql``)                  MariaDB 10.6+ (``mariadb``)
+=====================  =====================================  ==============================================
+locking read           ``FOR SHARE`` (8.0.1+)                 ``LOCK IN SHARE MODE`` (``FOR SHARE`` is a
+                                                              syntax error)
+NO PAD binary          ``utf8mb4_0900_bin``                   ``utf8mb4_nopad_bin``
+collation              (not used: keys are VARBINARY, so no collation applies on either engine)
+RETURNING              none                                   INSERT/DELETE ... RETURNING (not needed: the
+                                                              claim's success is the INSERT's own success)
+extra retryable error  -                                      1020 (``innodb_snapshot_isolation=ON``, the
+                                                              default from MariaDB 11.6)
+=====================  =====================================  ==============================================
+
+Returning a connection to the pool sends no ROLLBACK when no transaction is open: engines built by `from_url` get
+``pool_reset_on_return=None`` and a pool ``reset`` hook (`_reset_unless_clean`) that rolls back unless the store's
+own transaction just committed on that connection and the driver's last server status shows no transaction open.
+A connection application code returns mid-transaction is still rolled back (a Connection rolls back its own; a raw
+DBAPI connection gets the ROLLBACK from the hook). An engine the caller built keeps its own reset.
+
+`run(..., on_in_flight="conflict")` claims with the session's ``innodb_lock_wait_timeout`` at 0 (MariaDB: no wait;
+MySQL raises it to its minimum, 1 s), so a duplicate's INSERT that would wait on the first claimer's uncommitted row
+fails with 1205, answered in flight; the session's value is put back after the claim statement, even after 1205
+(which rolls back only the statement).
+
+Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
+`run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
+invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
+
+On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
+exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect)
+unless the URL says ``writers=single`` (a load balancer sends every session to one node); claim connections set
+``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a certification failure and 1047
+(node not ready) as its own cause.
+=======
 Why it looks like this (the engine page of the docs has the whole story): collations merge keys (even
 ``utf8mb4_bin`` is PAD SPACE), so identities are VARBINARY UTF-8; REPEATABLE READ snapshots hide the winner, so the
 loser reads with a locking read; INSERT IGNORE / ON DUPLICATE KEY also silence other errors, so the claim is a plain
 INSERT whose 1062 is confirmed against the primary key. The two engines differ only where this module says so
 (locking read syntax, MariaDB's extra retryable 1020); Galera nodes are detected from the live server.
+on_in_flight="conflict" claims with the session's innodb_lock_wait_timeout at 0 (MySQL's floor is 1 s), put back
+after the claim statement: InnoDB has no NOWAIT for a duplicate INSERT's wait.
 """
 
 from __future__ import annotations
@@ -41,6 +76,8 @@ from .types import Utf8Bytes
 
 # Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
 ER_DUP_ENTRY = 1062
+ER_TABLE_EXISTS = 1050  # a concurrent CREATE TABLE of one name (DDL commits at once: the loser sees it)
+ER_DUP_KEYNAME = 1061  # a concurrent CREATE INDEX of one name
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
 ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
@@ -80,6 +117,9 @@ _CONNECT_CONFIG = {
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
+# The claim's lock wait, refused (on_in_flight="conflict"): the session's value saved in a user variable, then back.
+_NOWAIT_ON = text("SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
+_NOWAIT_OFF = text("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 _STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
 # Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
@@ -338,6 +378,20 @@ class MySQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return error_code(exc) == ER_DUP_ENTRY
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return error_code(exc) in (ER_TABLE_EXISTS, ER_DUP_KEYNAME)
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        conn.execute(_NOWAIT_ON)
+        try:
+            yield
+        finally:
+            conn.execute(_NOWAIT_OFF)  # session state: the pool would hand the 0 on otherwise
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return error_code(exc) == ER_LOCK_WAIT_TIMEOUT
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

@@ -13,11 +13,17 @@ how text compares, and SERIALIZABLE reads from the transaction's start.
 - Errors are classified by the driver's numeric error code (``exc.orig.args[0].code``), never by message text;
   ``full_code`` is not used either, since the driver parses it out of the message.
 - Times are TIMESTAMP columns filled from SYS_EXTRACT_UTC(SYSTIMESTAMP), the database's clock in UTC.
+- An INSERT waiting on another session's uncommitted key has no lock timeout (NOWAIT and WAIT n are for row locks
+  and DDL only). `run(..., on_in_flight="conflict")` therefore takes a user lock named after the table and key first,
+  DBMS_LOCK.REQUEST in exclusive mode with a timeout of 0, released at commit or rollback: a second claimer of the key
+  that also asks not to wait gets ORA-00054 at once, answered in flight. It needs EXECUTE on SYS.DBMS_LOCK, and
+  excludes only claimers that use the option (a waiting claimer takes no user lock).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -36,6 +42,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     type_coerce,
 )
 from sqlalchemy import column as sql_column
@@ -63,6 +70,16 @@ ORA_RESOURCE_BUSY = 54  # ORA-00054: resource busy and acquire with NOWAIT speci
 ORA_DEADLOCK = 60  # ORA-00060: deadlock detected; only the one statement was rolled back
 ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transaction
 ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
+# The user lock of on_in_flight="conflict": ORA_HASH of the table and key (NUL-separated) as the lock id, in
+# DBMS_LOCK's range for user locks; result 1 (timeout) raised as ORA-00054, 0 (granted) and 4 (already ours) pass.
+_NOWAIT_LOCK = text(
+    "DECLARE busy EXCEPTION; PRAGMA EXCEPTION_INIT(busy, -54); lock_id INTEGER; result INTEGER;"
+    " BEGIN SELECT ORA_HASH(:idem_lock_name, 1073741823) INTO lock_id FROM dual;"
+    " result := DBMS_LOCK.REQUEST(id => lock_id, lockmode => DBMS_LOCK.X_MODE, timeout => 0,"
+    " release_on_commit => TRUE);"
+    " IF result = 1 THEN RAISE busy; ELSIF result NOT IN (0, 4) THEN"
+    " RAISE_APPLICATION_ERROR(-20054, 'DBMS_LOCK.REQUEST returned ' || result); END IF; END;")
+ORA_NAME_USED = 955  # ORA-00955: name is already used by an existing object (a concurrent CREATE TABLE/INDEX)
 ORA_NO_TABLE = 942  # ORA-00942: table or view does not exist
 ORA_NO_PRIVILEGE = 1031  # ORA-01031: insufficient privileges
 # Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
@@ -241,6 +258,17 @@ class OracleBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return ora_code(exc) == ORA_UNIQUE_VIOLATED
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return ora_code(exc) == ORA_NAME_USED
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        conn.execute(_NOWAIT_LOCK, {"idem_lock_name": "\x00".join([table.name, *key.values()])})
+        yield  # the user lock is released when the transaction ends
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return ora_code(exc) == ORA_RESOURCE_BUSY
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

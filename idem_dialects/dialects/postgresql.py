@@ -5,13 +5,16 @@ replay is one statement; ON CONFLICT never raises for its arbiter index, so the 
 Under READ COMMITTED that statement's snapshot can predate a winner it waited for, so only then a separate read
 follows; under REPEATABLE READ and SERIALIZABLE PostgreSQL raises 40001 instead, which `run` retries. No session
 state is kept, so a transaction-mode pooler works once the URL says ``?pooler=transaction`` (docs: engines/postgresql).
+on_in_flight="conflict" claims under a transaction-local lock_timeout of 1 ms (0 would mean none), put back after
+the claim statement or undone by a failed claim's rollback: no session state, so poolers still work.
 """
 
 from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib.util import find_spec
 from typing import Any
@@ -23,6 +26,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     any_,
+    bindparam,
     delete,
     event,
     exists,
@@ -59,6 +63,14 @@ from .postgresql_startup import startup_sqlstate
 # SQLSTATEs (Appendix A of the PostgreSQL manual); classification never looks at message text.
 UNIQUE_VIOLATION = "23505"
 UNDEFINED_TABLE = "42P01"
+# A concurrent CREATE TABLE of one name: 42P07 if the other committed first, else a unique violation in the catalog
+# (pg_type's row for the table's composite type) once it does; 42710 for a constraint or index name.
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired (or NOWAIT)
+# The claim's lock wait, refused (on_in_flight="conflict"): the old value read and the new one set in one round trip
+# (a SELECT's target list is evaluated left to right); 1 ms, as 0 would mean no limit at all.
+_NOWAIT_ON = select(func.current_setting("lock_timeout"), func.set_config("lock_timeout", "1ms", true()))
+_NOWAIT_OFF = select(func.set_config("lock_timeout", bindparam("old_lock_timeout"), true()))
+_ALREADY_CREATED = frozenset({"42P07", "42710", UNIQUE_VIOLATION})
 INSUFFICIENT_PRIVILEGE = "42501"
 # The DETAIL PostgreSQL adds to NOT NULL / CHECK / partition violations repeats the whole row (responses, tokens).
 _FAILING_ROW = re.compile(r"\n?DETAIL:\s+Failing row contains .*", re.S)
@@ -320,6 +332,19 @@ class PostgreSQLBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
+
+    def is_already_created(self, exc: DBAPIError) -> bool:
+        return sqlstate(exc) in _ALREADY_CREATED
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        row = conn.execute(_NOWAIT_ON).first()
+        assert row is not None
+        yield  # on an error the transaction is aborted: its rollback restores the setting (SET LOCAL)
+        conn.execute(_NOWAIT_OFF, {"old_lock_timeout": row[0]})
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return sqlstate(exc) == LOCK_NOT_AVAILABLE
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

@@ -4,6 +4,10 @@ A deferred transaction (the sqlite3 default) that reads and then writes can fail
 without waiting, when another connection wrote in between; BEGIN IMMEDIATE makes claimers queue on the lock
 instead (within the busy timeout), and `run` retries what still comes back busy.
 
+`run(..., on_in_flight="conflict")` claims with a busy timeout of 0: a claim that would queue on the write lock
+(another transaction is writing: the first request of its key, or any other writer, since the lock is the database's)
+gets SQLITE_BUSY at once, answered in flight; the connection's busy timeout is put back after the claim.
+
 `run`'s claim is the exception (`claim_transaction`): it begins deferred and reads the record first, so a replay
 takes no write lock (it runs beside a writer in WAL mode, and a read-only database still replays). When the claim
 must write (no record yet, or a claim whose lease is over), nothing but that read ran, so the transaction restarts
@@ -207,6 +211,18 @@ class SQLiteBackend(Backend):
 
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlite_errorcode", None) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE)
+
+    @contextmanager
+    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
+        previous = int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
+        conn.exec_driver_sql("PRAGMA busy_timeout = 0")
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {previous}")  # an int read just now: nothing to escape
+
+    def is_lock_busy(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
 
     def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:

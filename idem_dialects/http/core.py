@@ -49,6 +49,7 @@ from typing import Any
 import rfc8785
 
 from ..errors import ConfigurationError, IdemError
+from ..limits import ON_IN_FLIGHT, OnInFlight
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
 from .keyheader import KeyHeaderError, parse_key_header
 from .problems import PROBLEM_BASE, HttpResponse, error_problem, problem
@@ -106,7 +107,12 @@ class IdempotencyPolicy:
     """How requests take part. `scope` (who owns the key, from authentication) is required unless `global_scope`.
 
     `lease` set: external-call mode (claim committed first under that lease, handler outside any transaction, then
-    complete). None: atomic mode (claim, handler and record in one transaction; the handler gets its connection)."""
+    complete; the lease is renewed while the handler runs). None: atomic mode (claim, handler and record in one
+    transaction; the handler gets its connection).
+
+    `on_in_flight`, atomic mode: what a request does while another with its key is still being handled (its claim
+    not committed): "wait" (default) for it, then replay its response; "conflict": answer 409 `request-in-flight` with
+    Retry-After at once (the store's `run(on_in_flight=...)`). External-call mode always answers 409."""
 
     scope: Callable[[HttpRequest], object] | None = None
     global_scope: bool = False
@@ -127,6 +133,7 @@ class IdempotencyPolicy:
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 1 << 20
     lease: timedelta | None = None
+    on_in_flight: OnInFlight = "wait"
     _methods: frozenset[str] = field(init=False, repr=False)
     _replay: frozenset[str] = field(init=False, repr=False)
 
@@ -140,6 +147,9 @@ class IdempotencyPolicy:
             raise ConfigurationError("IdempotencyPolicy: give scope= or global_scope=True, not both")
         if self.lease is not None and (not isinstance(self.lease, timedelta) or self.lease <= timedelta(0)):
             raise ConfigurationError(f"IdempotencyPolicy: lease must be a positive timedelta, got {self.lease!r}")
+        if self.on_in_flight not in ON_IN_FLIGHT:
+            raise ConfigurationError(f"IdempotencyPolicy: on_in_flight must be 'wait' or 'conflict', got"
+                                     f" {self.on_in_flight!r}")
         object.__setattr__(self, "_methods", frozenset(m.upper() for m in self.methods))
         object.__setattr__(self, "_replay", frozenset(h.lower() for h in self.replay_headers))
 

@@ -93,7 +93,7 @@ def _atomic(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Call)
         return Reply(encode_stored(policy, resp), resp.status)
 
     try:
-        result = yield from core.run(**_identity(call), on_effect=stored)
+        result = yield from core.run(**_identity(call), on_effect=stored, on_in_flight=policy.on_in_flight)
     except NotStored as ns:
         return ns.response
     if result.replayed:
@@ -109,7 +109,8 @@ def _external(core: Core, policy: IdempotencyPolicy, http: HttpRequest, call: Ca
         assert answer is not None
         return answer
     try:
-        resp: HttpResponse = yield Effect()
+        assert req.lease is not None
+        resp: HttpResponse = yield Effect(core.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
     except ResponseTooLarge:
         # The handler returned (it has acted); only its answer is too large to keep: keep this one instead.
         resp = too_large_after_acting(policy)

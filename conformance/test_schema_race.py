@@ -1,0 +1,78 @@
+"""Check: `create_tables()` from many processes at once (workers of a service starting together on a fresh database):
+8 processes released by one barrier on a fresh table prefix, 3 rounds; every call succeeds and the tables exist once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from idem_dialects import IdempotencyStore
+from idem_dialects.conformance import support
+
+from .plugin import EngineUnderTest, unique_prefix
+
+PROCESSES = 8
+ROUNDS = 3
+
+
+@pytest.mark.idem_requires("processes")
+def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
+                                                   idem_observe: Callable[[str, object], None]) -> None:
+    """create_tables() called by 8 processes at once on a fresh table prefix succeeds in every one, and the tables
+    and their index exist once, ready for use (3 rounds); the sync or async store as the column says."""
+    prefixes = [unique_prefix() for _ in range(ROUNDS)]
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no engine or socket inherited
+    barrier, out = ctx.Barrier(PROCESSES), ctx.Queue()
+    url = idem_engine.url.render_as_string(hide_password=False)
+    # The worker is named by its installed module path, which a spawned interpreter can always import.
+    procs = [ctx.Process(target=support.create_tables_worker,
+                         args=(url, idem_engine.driver is not None, prefixes, barrier, out))
+             for _ in range(PROCESSES)]
+    for proc in procs:
+        proc.start()
+    seen: Counter[str] = Counter()
+    reports = 0
+    deadline = time.monotonic() + 300
+    try:
+        while reports < PROCESSES:
+            try:
+                seen.update(out.get(timeout=1))
+                reports += 1
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a worker process died (exit codes {dead})"
+                assert time.monotonic() < deadline, "worker processes did not finish in 300 s"
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+        assert seen == {"ok": PROCESSES * ROUNDS}, f"create_tables calls that failed: {dict(seen)}"
+        idem_observe(f"{PROCESSES} processes x {ROUNDS} fresh prefixes: create_tables", "all succeeded")
+        engine = create_engine(idem_engine.server.url)
+        try:
+            for prefix in prefixes:
+                tables = [t for t in inspect(engine).get_table_names() if t.lower().startswith(prefix)]
+                assert sorted(t.lower() for t in tables) == [f"{prefix}messages", f"{prefix}records"]
+                records = next(t for t in tables if t.lower() == f"{prefix}records")
+                indexes = [i["name"].lower() for i in inspect(engine).get_indexes(records) if i["name"]]
+                assert indexes.count(f"{prefix}records_done_ix") == 1
+                with IdempotencyStore(engine, table_prefix=prefix) as store:  # and they work
+                    assert store.run(scope="s", operation="op", key="k", request={},
+                                     effect=lambda conn: "done").response == "done"
+        finally:
+            engine.dispose()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        engine = create_engine(idem_engine.server.url)
+        try:
+            for prefix in prefixes:
+                IdempotencyStore(engine, table_prefix=prefix).drop_tables()
+        finally:
+            engine.dispose()
