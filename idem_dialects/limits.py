@@ -1,4 +1,4 @@
-"""Bounds on the durations, sizes and statuses a caller passes, checked before any SQL (docs: Inputs, limits and errors).
+"""Bounds on the durations, sizes and statuses a caller passes, checked before any SQL (docs: Inputs).
 
 Without them a huge lease or retention window overflows the driver or the database's date range (raw
 OverflowError / DataError, or a silent no-op on SQLite), and a huge batch size overflows a LIMIT parameter.

@@ -86,7 +86,7 @@ def target(url: str | URL) -> Target:
     except NoSuchModuleError:
         name, _, driver = parsed.drivername.partition("+")
         raise ConfigurationError(f"SQLAlchemy has no driver {driver!r} for {name}:// URLs; leave it out"
-                                 f" ({name}://) for the default, or see the supported drivers in the docs (Engines)") from None
+                                 f" ({name}://) for the default, or see the docs (Engines)") from None
     asynchronous = dialect.get_async_dialect_cls(parsed)
     return Target(parsed, backend, dialect.driver, bool(getattr(dialect, "is_async", False)),
                   bool(getattr(asynchronous, "is_async", False)))

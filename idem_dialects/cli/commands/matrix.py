@@ -3,7 +3,7 @@
 Engines are provisioned once, up front (so a required engine that cannot be had stops the run at once, exit 2);
 the suite then runs in-process under pytest with the conformance package's collector (idem_dialects.conformance
 .results), printing progress to stderr. The report goes to stdout as a table, GitHub markdown or JSON (schema
-version 1, documented in the docs: Conformance), rendered by idem_dialects.reporting; `--html` also writes the HTML page.
+version 1, in the docs: Conformance), rendered by idem_dialects.reporting; `--html` also writes the HTML page.
 """
 
 from __future__ import annotations
