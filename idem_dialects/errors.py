@@ -240,9 +240,13 @@ class InvalidURLOption(ConfigurationError):
 class MissingDriver(ConfigurationError):
     """The URL names a driver that is not installed (or cannot load); the message says what to install."""
 
-    def __init__(self, drivername: str, hint: str, cause: BaseException) -> None:
+    def __init__(self, drivername: str, hint: str, cause: BaseException, library: str | None = None) -> None:
         self.drivername = drivername
-        super().__init__(f"the driver for {drivername} URLs cannot be loaded ({cause}): {hint}")
+        self.library = library  # the system library the installed driver cannot load, if that is the cause
+        self.problem = (f"the driver for {drivername} URLs is installed but cannot load the system library {library}"
+                        if library else f"the driver for {drivername} URLs cannot be loaded ({_first_line(cause)})")
+        self.fix = hint
+        super().__init__(f"{self.problem}: {hint}")
 
 
 class AsyncMisuse(ConfigurationError, TypeError):
