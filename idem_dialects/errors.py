@@ -223,8 +223,9 @@ class InsufficientPrivilege(ConfigurationError):
 class InvalidURL(ConfigurationError):
     """The text given as a database URL is not one (never repeated in the message: it may hold a password)."""
 
-    def __init__(self) -> None:
-        super().__init__("not a database URL; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
+    def __init__(self, problem: str = "not a database URL") -> None:
+        self.problem = problem
+        super().__init__(f"{problem}; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
                          " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
 
 

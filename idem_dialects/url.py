@@ -28,8 +28,10 @@ def parse(url: str | URL) -> URL:
     """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL."""
     try:
         return make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+    except ArgumentError:
         raise InvalidURL() from None
+    except ValueError:  # SQLAlchemy's int() of the port
+        raise InvalidURL("the port in the URL is not a number") from None
 
 
 @dataclass(frozen=True)
