@@ -308,3 +308,30 @@ def test_wrong_password_under_scram_is_configuration_and_not_retried(scram_serve
         " (SQLSTATE 28P01)",
         "  fix: check the user and password in the URL (and the server's pg_hba.conf)"], done.stderr
     assert "Wr0ng-Pw-7731" not in done.stdout + done.stderr
+
+
+# --- system-library hints -------------------------------------------------------------------------------------------
+
+
+def test_a_hint_for_an_installed_driver_missing_a_library_names_only_the_library_and_the_pip_only_driver() -> None:
+    """The hint asks the dynamic loader itself (a library name no system has really fails to load): an installed
+    driver needs only the library (its Debian package, what it is on any OS), plus a driver of the same kind that
+    pip alone installs where the backend has one; a driver that is not installed needs its package as well."""
+    from idem_dialects.dialects.drivers import Driver, SystemLibrary
+    from idem_dialects.dialects.mssql import MSSQLBackend
+
+    absent = SystemLibrary("libidem-absent.so.9", "libidem-absent9", "the absent library, libidem on other OSes")
+    assert absent.missing()
+    installed = Driver("pyodbc", "pyodbc", "idem-dialects[mssql]", libraries=(absent,))
+    assert installed.installed() or pytest.skip("pyodbc is not installed here")
+    assert installed.install_hint() == ("install the system library libidem-absent.so.9 (the absent library, libidem"
+                                        " on other OSes; Debian/Ubuntu: apt-get install libidem-absent9)")
+    not_installed = Driver("nodrv", "idem_no_such_module", "idem-no-such-package", libraries=(absent,))
+    assert not_installed.install_hint().startswith("pip install 'idem-no-such-package', and the system library")
+
+    class Patched(MSSQLBackend):
+        drivers = (installed, *(d for d in MSSQLBackend.drivers if d.name != "pyodbc"))
+
+    assert Patched.install_hint("pyodbc") == (installed.install_hint() + "; or, with pip only: pip install 'pymssql'"
+                                              " and use mssql+pymssql:// URLs")
+    assert Patched.install_hint("pymssql") == "pip install 'pymssql'"
