@@ -274,19 +274,25 @@ def scram_server() -> Iterator[str]:
         stack.callback(server.stop)
         server.start("password_encryption=scram-sha-256")
         hba = root / "data" / "pg_hba.conf"
+        # One role per password method the server may ask for: SCRAM-SHA-256, MD5 (an MD5-stored password) and
+        # cleartext ("password").
         hba.write_text("local all all trust\nhost all postgres 127.0.0.1/32 trust\n"
+                       "host all idem_md5 127.0.0.1/32 md5\nhost all idem_clear 127.0.0.1/32 password\n"
                        "host all all 127.0.0.1/32 scram-sha-256\n", encoding="utf-8")
         chown_tree(root, user)
         query(server.port, "CREATE ROLE idem_pw LOGIN PASSWORD 'Right-Pw-5150'")
+        query(server.port, "CREATE ROLE idem_clear LOGIN PASSWORD 'Right-Pw-5150'")
+        query(server.port, "SET password_encryption = 'md5'; CREATE ROLE idem_md5 LOGIN PASSWORD 'Right-Pw-5150'")
         query(server.port, "SELECT pg_reload_conf()")
-        yield f"postgresql+{{driver}}://idem_pw@127.0.0.1:{server.port}/postgres"
+        yield f"postgresql+{{driver}}://{{role}}@127.0.0.1:{server.port}/postgres"
 
 
+@pytest.mark.parametrize("role", ["idem_pw", "idem_md5", "idem_clear"], ids=["scram", "md5", "cleartext"])
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "pg8000"])
-def test_wrong_password_under_scram_is_configuration_and_not_retried(scram_server: str, driver: str,
-                                                                     tmp_path: Path) -> None:
+def test_wrong_password_under_password_auth_is_configuration_and_not_retried(scram_server: str, driver: str,
+                                                                             role: str, tmp_path: Path) -> None:
     pytest.importorskip(driver)
-    base = make_url(scram_server.format(driver=driver))
+    base = make_url(scram_server.format(driver=driver, role=role))
     wrong = base.set(password="Wr0ng-Pw-7731")
     # The right password connects: the server really asks for it.
     with IdempotencyStore.from_url(base.set(password="Right-Pw-5150")) as store, store.backend.connect(store.engine):
@@ -295,7 +301,7 @@ def test_wrong_password_under_scram_is_configuration_and_not_retried(scram_serve
     with IdempotencyStore.from_url(wrong, retry=RetryPolicy(total=30)) as store:
         with pytest.raises(ConnectionConfigError) as err:
             store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "never")
-    assert "authentication failed for user 'idem_pw' (SQLSTATE 28P01)" in str(err.value)
+    assert f"authentication failed for user '{role}' (SQLSTATE 28P01)" in str(err.value)
     assert "Wr0ng-Pw-7731" not in str(err.value)
     # An unknown database behind password authentication is told apart from a wrong password.
     with IdempotencyStore.from_url(base.set(password="Right-Pw-5150", database="idem_no_such_db")) as store:
@@ -304,7 +310,7 @@ def test_wrong_password_under_scram_is_configuration_and_not_retried(scram_serve
     done = run([sys.executable, "-m", "idem_dialects.cli"],
                ["init", wrong.render_as_string(hide_password=False)], tmp_path)
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        "idem-dialects init: cannot connect to the postgresql database: authentication failed for user 'idem_pw'"
+        f"idem-dialects init: cannot connect to the postgresql database: authentication failed for user '{role}'"
         " (SQLSTATE 28P01)",
         "  fix: check the user and password in the URL (and the server's pg_hba.conf)"], done.stderr
     assert "Wr0ng-Pw-7731" not in done.stdout + done.stderr
