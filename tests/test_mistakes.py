@@ -341,3 +341,32 @@ def test_a_hint_for_an_installed_driver_missing_a_library_names_only_the_library
     assert Patched.install_hint("pyodbc") == (installed.install_hint() + "; or, with pip only: pip install 'pymssql'"
                                               " and use mssql+pymssql:// URLs")
     assert Patched.install_hint("pymssql") == "pip install 'pymssql'"
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_wrong_password_under_scram_on_the_async_store(scram_server: str, driver: str) -> None:
+    """The async store asks the same backend: psycopg's async connection (libpq, no SQLSTATE: the probe answers the
+    SCRAM exchange) and asyncpg (its own SQLSTATE) both raise ConnectionConfigError, not retried."""
+    pytest.importorskip(driver)
+    pytest.importorskip("greenlet")
+    import asyncio
+
+    from idem_dialects import AsyncIdempotencyStore
+
+    url = make_url(scram_server.format(driver=driver, role="idem_pw")).set(password="Wr0ng-Pw-7731")
+
+    async def effect(conn: Any) -> str:
+        return "never"
+
+    async def attempt() -> BaseException:
+        try:
+            async with AsyncIdempotencyStore.from_url(url, retry=RetryPolicy(total=30)) as store:
+                await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+        except Exception as exc:
+            return exc
+        raise AssertionError("run did not fail")
+
+    err = asyncio.run(attempt())
+    assert isinstance(err, ConnectionConfigError), repr(err)
+    assert "authentication failed for user 'idem_pw' (SQLSTATE 28P01)" in str(err)
+    assert "Wr0ng-Pw-7731" not in str(err)
