@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import ArgumentError
 
-from idem_dialects import ConnectionConfigError, IdempotencyStore, RetryPolicy
+from idem_dialects import ConnectionConfigError, IdempotencyStore, RetryPolicy, dialects
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 PG, MARIADB = "postgresql+psycopg://postgres@127.0.0.1:5432/test", "mariadb+pymysql://root@127.0.0.1:3306/test"
@@ -154,10 +154,12 @@ def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
         script.write_text(NO_PYTEST, encoding="utf-8")
         return [sys.executable, str(script)], nullcontext()
     if mistake.startswith("missing system library"):
-        driver = make_url(url).get_driver_name()
-        pytest.importorskip({"mssqlpython": "mssql_python"}.get(driver, driver))
-        soname = "libodbc.so.2" if driver == "pyodbc" else "libltdl.so.7"
-        return [*hiding(soname), *cli], nullcontext()
+        target = make_url(url)
+        known = dialects.load(target.get_backend_name()).driver(target.get_driver_name())
+        assert known is not None and known.libraries, url
+        if not known.installed():
+            pytest.skip(f"{known.module} is not installed here")
+        return [*hiding(known.libraries[0].soname), *cli], nullcontext()
     if mistake == "missing driver package" and find_spec("MySQLdb") is not None:
         pytest.skip("mysqlclient is installed here: the driver loads")
     if mistake == "role without CREATE (PostgreSQL)":
