@@ -372,3 +372,18 @@ def test_wrong_password_under_scram_on_the_async_store(scram_server: str, driver
     assert isinstance(err, ConnectionConfigError), repr(err)
     assert "authentication failed for user 'idem_pw' (SQLSTATE 28P01)" in str(err)
     assert "Wr0ng-Pw-7731" not in str(err)
+
+
+def test_the_suite_stops_at_its_first_privilege_failure(tmp_path: Path) -> None:
+    """An engine whose URL comes from the environment is probed, not created on, before the suite: the first check
+    the role cannot run stops the run, and `matrix` prints that one line with exit 78 (not a failure per check)."""
+    row = next(r for r in ROWS if r.mistake == "role without CREATE (PostgreSQL)")
+    prefix, context = setup(row, tmp_path)
+    url = next(arg for arg in row.command if "://" in arg)
+    with context:
+        env = dict(os.environ, IDEM_URL_POSTGRESQL=url)
+        env.pop("PYTEST_ADDOPTS", None)
+        done = subprocess.run([*prefix, "matrix", "--engine", "postgresql", "--quiet"], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path, env=env)
+    assert done.returncode == row.status, done.stderr[-3000:]
+    assert done.stderr.splitlines() == ["idem-dialects matrix: " + row.lines[0].split(": ", 1)[1]], done.stderr[-3000:]

@@ -138,6 +138,8 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
         for status in statuses.values():
             if status.server is not None:
                 status.server.stop()
+    if collector.privilege is not None:  # the role's privileges, not the backend: one line, as `init` says it
+        raise collector.privilege
     failures = [(c.id, e, v, o) for c in collector.checks.values() for e, vs in c.results.items()
                 for v, o in vs.items() if o.outcome == FAILED]
     for i, (ident, engine, variant, outcome) in enumerate(failures):  # bounded: the first in full, then one line
