@@ -94,9 +94,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="idem-dialects",
         description="Idempotency keys in SQL: one protocol, a backend per engine, one conformance suite.",
         epilog=f"exit status: 0 success; 1 a conformance check failed; {EXIT_UNAVAILABLE} a database did not answer"
-               f" or a required engine is unavailable; {EXIT_USAGE} a wrong command line or argument value;"
-               f" {EXIT_CONFIG} a configuration error (URL, driver, tables, privileges). The message says how to fix"
-               " it.",
+               " or refused the connection (wrong password, unknown user, database or host), or a required engine is"
+               f" unavailable; {EXIT_USAGE} a wrong command line or argument value; {EXIT_CONFIG} a configuration"
+               " error (driver or system library, the [conformance] extra, tables, privileges, autocommit). The"
+               " message says how to fix it; the docs page Configuration mistakes lists each one.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
