@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import create_engine
 from sqlalchemy.engine import URL, Dialect, Engine
 
 from idem_dialects.dialects.options import driver_url
+from idem_dialects.url import parse
 
 from .catalogue import ENGINES
 from .entry import EntryUnavailable, Server, Unavailable, env_var
@@ -48,13 +49,14 @@ class EngineStatus:
 
 
 def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
-    """``NAME=URL`` command-line values (of `option`) as a mapping; ValueError names a malformed one."""
+    """``NAME=URL`` command-line values (of `option`) as a mapping; ValueError names a malformed pair, InvalidURL
+    (never repeating the text: it may hold a password) a URL that is not one."""
     urls: dict[str, URL] = {}
     for item in items:
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
             raise ValueError(f"{option} wants NAME=URL, got {item!r}")
-        urls[name] = make_url(url)
+        urls[name] = parse(url)
     return urls
 
 

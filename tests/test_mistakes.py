@@ -222,7 +222,7 @@ def _commands(url: str) -> dict[str, list[str]]:
 SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
     "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "missing SQLite directory",
     "missing driver package", "missing system library (pyodbc without unixODBC)",
-    "missing system library (mssql-python without libltdl)")]
+    "missing system library (mssql-python without libltdl)", "non-numeric port", "driver-level autocommit")]
 
 
 @pytest.mark.parametrize("row", SAME_EVERYWHERE, ids=[r.mistake for r in SAME_EVERYWHERE])

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from ... import dialects
 from ...dialects.base import Backend
-from ...errors import IdemError, InvalidURL
+from ...errors import IdemError
 from ...url import parse
 from .report import combine
 
@@ -135,10 +135,7 @@ def backend_of(target: str | URL) -> type[Backend]:
     from ...engines import get
 
     if isinstance(target, URL) or "://" in target:
-        try:
-            name = parse(target).get_backend_name()
-        except InvalidURL as exc:
-            raise UsageError(f"{target}: {exc}") from None
+        name = parse(target).get_backend_name()  # InvalidURL, which never repeats the text (it may hold a password)
     else:
         try:
             name = get(target).backend
