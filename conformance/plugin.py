@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
 from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
+from idem_dialects.errors import InvalidURL
 from idem_dialects.features import Features
 
 from .naming import PROVISIONED, check_id, observation_property
@@ -95,6 +96,8 @@ class Sessions:
             self.urls: dict[str, URL] = parse_named_urls(config.getoption("idem_url") or [], "--idem-url")
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+        except InvalidURL as exc:  # never repeats the URL: it may hold a password
+            raise pytest.UsageError(f"--idem-url: {exc}") from None
         adhoc = [n for n in self.urls if n not in ENGINES]
         try:
             chosen = expand(config.getoption("idem_engine") or ["all"], adhoc)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects import __version__
 from idem_dialects.engines import EngineStatus, Unavailable
+from idem_dialects.errors import InsufficientPrivilege
 
 from . import CHECK_MODULES
 from .naming import PROVISIONED, check_id, check_statement, observation_name
@@ -56,6 +57,9 @@ class Collector:
         self.total = 0
         self.done = 0
         self.errors: list[str] = []
+        # A check that failed because the role may not create or use tables: every other check would fail the same
+        # way, so the run stops there and the runner reports this one error (InsufficientPrivilege, exit 78).
+        self.privilege: InsufficientPrivilege | None = None
         setattr(self, PROVISIONED, {name: s.server or Unavailable(s.reason or "unavailable")
                                     for name, s in (engines or statuses).items()})
 
@@ -71,6 +75,12 @@ class Collector:
                 self.checks[ident] = Check(ident, check_statement(item), module)
             self.where[item.nodeid] = (ident, variant, engine)
         self.total = sum(1 for _, _, e in self.where.values() if self.statuses[e].available)
+
+    def pytest_exception_interact(self, node: Any, call: Any, report: Any) -> None:
+        error = getattr(call.excinfo, "value", None)
+        if isinstance(error, InsufficientPrivilege) and self.privilege is None:
+            self.privilege = error
+            node.session.shouldstop = f"stopped at the first privilege failure: {error}"
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:

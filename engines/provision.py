@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import create_engine, make_url
-from sqlalchemy.engine import URL, Dialect
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL, Dialect, Engine
 
 from idem_dialects.dialects.options import driver_url
+from idem_dialects.url import parse
 
 from .catalogue import ENGINES
 from .entry import EntryUnavailable, Server, Unavailable, env_var
@@ -48,13 +49,14 @@ class EngineStatus:
 
 
 def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
-    """``NAME=URL`` command-line values (of `option`) as a mapping; ValueError names a malformed one."""
+    """``NAME=URL`` command-line values (of `option`) as a mapping; ValueError names a malformed pair, InvalidURL
+    (never repeating the text: it may hold a password) a URL that is not one."""
     urls: dict[str, URL] = {}
     for item in items:
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
             raise ValueError(f"{option} wants NAME=URL, got {item!r}")
-        urls[name] = make_url(url)
+        urls[name] = parse(url)
     return urls
 
 
@@ -88,13 +90,29 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False,
 
 
 def probe(url: URL) -> str:
-    """Connect once with plain SQLAlchemy (no backend involved) and return the server's version."""
+    """Connect once with plain SQLAlchemy and return the server's version. A failure is told as the store tells it
+    (the backend's `connect_error`: a wrong password, an unknown database or host say so), else raised as it is."""
     engine = create_engine(driver_url(url))  # without the options only a store's backend consumes
     try:
         with engine.connect() as conn:
             return version_text(conn.dialect)
+    except Exception as exc:
+        problem = _classified(engine, exc)
+        if problem is None:
+            raise
+        raise problem from exc
     finally:
         engine.dispose()
+
+
+def _classified(engine: Engine, exc: BaseException) -> Exception | None:
+    from idem_dialects import dialects
+
+    try:
+        backend = dialects.load(engine.url.get_backend_name())(engine)
+    except Exception:  # no backend for it here: the driver's own error says what failed
+        return None
+    return backend.connect_error(exc)
 
 
 def version_text(dialect: Dialect) -> str:

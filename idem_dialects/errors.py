@@ -223,8 +223,9 @@ class InsufficientPrivilege(ConfigurationError):
 class InvalidURL(ConfigurationError):
     """The text given as a database URL is not one (never repeated in the message: it may hold a password)."""
 
-    def __init__(self) -> None:
-        super().__init__("not a database URL; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
+    def __init__(self, problem: str = "not a database URL") -> None:
+        self.problem = problem
+        super().__init__(f"{problem}; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
                          " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
 
 
@@ -240,9 +241,13 @@ class InvalidURLOption(ConfigurationError):
 class MissingDriver(ConfigurationError):
     """The URL names a driver that is not installed (or cannot load); the message says what to install."""
 
-    def __init__(self, drivername: str, hint: str, cause: BaseException) -> None:
+    def __init__(self, drivername: str, hint: str, cause: BaseException, library: str | None = None) -> None:
         self.drivername = drivername
-        super().__init__(f"the driver for {drivername} URLs cannot be loaded ({cause}): {hint}")
+        self.library = library  # the system library the installed driver cannot load, if that is the cause
+        self.problem = (f"the driver for {drivername} URLs is installed but cannot load the system library {library}"
+                        if library else f"the driver for {drivername} URLs cannot be loaded ({_first_line(cause)})")
+        self.fix = hint
+        super().__init__(f"{self.problem}: {hint}")
 
 
 class AsyncMisuse(ConfigurationError, TypeError):

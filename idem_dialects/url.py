@@ -28,8 +28,10 @@ def parse(url: str | URL) -> URL:
     """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL."""
     try:
         return make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+    except ArgumentError:
         raise InvalidURL() from None
+    except ValueError:  # SQLAlchemy's int() of the port
+        raise InvalidURL("the port in the URL is not a number") from None
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,18 @@ class Target:
     def install_hint(self) -> str:
         return dialects.install_hint(self.backend.name, self.driver)
 
+    def missing_driver(self, exc: ImportError) -> MissingDriver:
+        """The driver's import failed: its package is absent, or (installed) a system library it links is."""
+        known = self.backend.driver(self.driver)
+        missing = known.missing_libraries() if known is not None and known.installed() else []
+        return MissingDriver(self.drivername, self.install_hint(), exc, missing[0].soname if missing else None)
+
     def create_engine(self, **options: Any) -> Engine:
         """A sync engine with the store's options; MissingDriver (saying what to install) if the driver cannot load."""
         try:
             return create_engine(self.url, **self.engine_options(options))
         except ImportError as exc:
-            raise MissingDriver(self.drivername, self.install_hint(), exc) from exc
+            raise self.missing_driver(exc) from exc
 
     def create_async_engine(self, **options: Any) -> AsyncEngine:
         """An AsyncEngine with the store's options (imports SQLAlchemy's asyncio layer, which needs greenlet)."""
@@ -72,7 +80,7 @@ class Target:
         try:
             return create_async_engine(self.url, **self.engine_options(options))
         except ImportError as exc:
-            raise MissingDriver(self.drivername, self.install_hint(), exc) from exc
+            raise self.missing_driver(exc) from exc
 
 
 def target(url: str | URL) -> Target:

@@ -94,9 +94,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="idem-dialects",
         description="Idempotency keys in SQL: one protocol, a backend per engine, one conformance suite.",
         epilog=f"exit status: 0 success; 1 a conformance check failed; {EXIT_UNAVAILABLE} a database did not answer"
-               f" or a required engine is unavailable; {EXIT_USAGE} a wrong command line or argument value;"
-               f" {EXIT_CONFIG} a configuration error (URL, driver, tables, privileges). The message says how to fix"
-               " it.",
+               " or refused the connection (wrong password, unknown user, database or host), or a required engine is"
+               f" unavailable; {EXIT_USAGE} a wrong command line or argument value; {EXIT_CONFIG} a configuration"
+               " error (driver or system library, the [conformance] extra, tables, privileges, autocommit). The"
+               " message says how to fix it; the docs page Configuration mistakes lists each one.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -130,14 +131,19 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
         ConnectionConfigError,
         IdemError,
         InvalidURL,
+        MissingDriver,
         RetriesExhausted,
     )
 
     unreachable = "check that the server runs and listens at the URL's host and port"
     if isinstance(exc, RetriesExhausted) and isinstance(exc.last_error, CannotConnect):
         exc = exc.last_error  # a database that never answered within the retry budget
-    if isinstance(exc, ConnectionConfigError):  # wrong password, unknown database: the message has the fix
-        return str(exc).strip().splitlines()[0], None, EXIT_UNAVAILABLE
+    # The one classification of connection problems (each backend's `connect_error`, the driver's own loading)
+    # reaches every command through here: what failed on the first line, the fix on the second.
+    if isinstance(exc, ConnectionConfigError):  # wrong password, unknown user, database or host, missing directory
+        return f"cannot connect to the {exc.backend} database: {exc.problem}", exc.fix, EXIT_UNAVAILABLE
+    if isinstance(exc, MissingDriver):  # the driver's package, or a system library it loads
+        return exc.problem, exc.fix, EXIT_CONFIG
     if isinstance(exc, CannotConnect):
         return str(exc).strip().splitlines()[0], unreachable, EXIT_UNAVAILABLE
     if isinstance(exc, InvalidURL):  # a wrong command line

@@ -114,10 +114,18 @@ class Backend:
 
     @classmethod
     def install_hint(cls, driver: str) -> str:
-        """What to install for `driver`: its package (or this backend's extra), and any missing system library."""
+        """What to install for `driver`: its package (or this backend's extra), and any missing system library; then,
+        where a library is missing, a driver of the same kind that pip alone installs (no system library)."""
         known = cls.driver(driver)
         if known is not None:
-            return known.install_hint()
+            hint = known.install_hint()
+            if known.missing_libraries():
+                alternative = next((d for d in cls.drivers if not d.libraries and d.package is not None
+                                    and ((known.sync and d.sync) or (known.asynchronous and d.asynchronous))), None)
+                if alternative is not None:
+                    hint += (f"; or, with pip only: pip install '{alternative.package}' and use"
+                             f" {cls.name}+{alternative.name}:// URLs")
+            return hint
         if cls.extra is not None:
             return f"pip install 'idem-dialects[{cls.extra}]'"
         return f"install the Python driver for {cls.name}+{driver}"

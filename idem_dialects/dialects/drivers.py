@@ -15,7 +15,8 @@ class SystemLibrary:
     """A shared library a driver loads at import or connect time, and the Debian package that brings it."""
 
     soname: str  # e.g. libodbc.so.2
-    debian: str  # e.g. libodbc2
+    debian: str  # the Debian/Ubuntu package that brings it, e.g. unixodbc
+    words: str  # what it is, for any OS: the project and the package name elsewhere
 
     def missing(self) -> bool:
         """True if the dynamic loader cannot find the library (asked the loader itself, as the driver will)."""
@@ -26,7 +27,7 @@ class SystemLibrary:
         return False
 
     def hint(self) -> str:
-        return f"the system library {self.soname} (Debian: apt-get install {self.debian})"
+        return f"the system library {self.soname} ({self.words}; Debian/Ubuntu: apt-get install {self.debian})"
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ class Driver:
         return [lib for lib in self.libraries if lib.missing()]
 
     def install_hint(self) -> str:
-        """What to install so that this driver loads: the pip package, and any system library that is missing."""
+        """What to install so that this driver loads: the pip package unless it is installed, and any system library
+        that is missing (a driver installed but missing a library needs only the library)."""
+        missing = " and ".join(lib.hint() for lib in self.missing_libraries())
+        if missing and self.installed():
+            return f"install {missing}"
         hint = (f"pip install '{self.package}'" if self.package is not None else
                 f"use a Python that includes the {self.module} module")
-        missing = self.missing_libraries()
-        if missing:
-            hint += ", and " + " and ".join(lib.hint() for lib in missing)
-        return hint
+        return f"{hint}, and {missing}" if missing else hint
 
     def problem(self) -> str | None:
         """Why this driver cannot be used here (with what to install), or None if it can be imported."""
@@ -80,6 +82,7 @@ class Driver:
 
 
 # unixODBC's driver manager: pyodbc (and aioodbc over it) link against it.
-UNIXODBC = SystemLibrary("libodbc.so.2", "libodbc2")
+UNIXODBC = SystemLibrary("libodbc.so.2", "unixodbc", "unixODBC's driver manager, in the unixODBC package on any OS")
 # GNU libltdl: Microsoft's ODBC Driver 18 (bundled by mssql-python) and unixODBC's installer library load it.
-LIBLTDL = SystemLibrary("libltdl.so.7", "libltdl7")
+LIBLTDL = SystemLibrary("libltdl.so.7", "libltdl7",
+                        "GNU libtool's runtime library: libltdl, or libtool-ltdl, on other OSes")

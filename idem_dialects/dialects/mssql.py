@@ -41,7 +41,15 @@ from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeEngine
 
-from ..errors import CannotConnect, ConnectionConfigError, IdemError, InvalidKey, RetryCause, WinnerNotVisible
+from ..errors import (
+    CannotConnect,
+    ConnectionConfigError,
+    IdemError,
+    InvalidKey,
+    MissingDriver,
+    RetryCause,
+    WinnerNotVisible,
+)
 from ..features import Features
 from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from .base import AnyRow, Backend
@@ -393,9 +401,8 @@ class MSSQLBackend(Backend):
         # No SQLSTATE: mssql-python's bundled ODBC driver loads its system libraries only as a connection opens.
         driver = self.driver(self.engine.dialect.driver)
         missing = driver.missing_libraries() if driver is not None else []
-        if driver is not None and missing:
-            return ConnectionConfigError(self.name, f"the {driver.name} driver cannot load its ODBC driver"
-                                         f" ({missing[0].soname} is missing)", driver.install_hint())
+        if driver is not None and missing:  # the same answer as for pyodbc, whose import fails without unixODBC
+            return MissingDriver(f"{self.name}+{driver.name}", self.install_hint(driver.name), exc, missing[0].soname)
         return super().connect_error(exc)
 
     def migration_table(self, table: Table) -> None:

@@ -1,12 +1,18 @@
 """Why a PostgreSQL server refused a connection, as its SQLSTATE: libpq (psycopg, psycopg2) reports a refused
-startup (unknown database or role, too many clients, starting up) as text only, so the dialect asks the server once
-more with a bare startup message and reads the code of its ErrorResponse. Only on the failure path, never with a
-password: the probe stops where the server asks for one (then its answer stays unknown, and the failure transient)."""
+startup (unknown database or role, wrong password, too many clients, starting up) as text only, so the dialect asks
+the server once more with a bare startup message and reads the code of its ErrorResponse. Only on the failure path;
+where the server asks for a password, the probe answers with the URL's (the one the driver just sent: cleartext, MD5
+or SCRAM-SHA-256, without channel binding), so a wrong password reads as 28P01 and an unknown database behind password
+authentication as 3D000. Without a password, or for another method (GSSAPI, SSPI), the answer stays unknown."""
 
 from __future__ import annotations
 
+import base64
 import getpass
+import hashlib
+import hmac
 import os
+import secrets
 import socket
 import ssl
 import struct
@@ -57,10 +63,58 @@ def _read(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!i", len(body) + 4) + body
+
+
+class _Scram:
+    """The client side of SCRAM-SHA-256 (RFC 5802/7677) as PostgreSQL speaks it: no channel binding, empty user name
+    (the server takes the startup's)."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+        self.nonce = base64.b64encode(secrets.token_bytes(18)).decode()
+        self.first_bare = f"n=,r={self.nonce}"
+
+    def initial(self) -> bytes:
+        data = f"n,,{self.first_bare}".encode()
+        return _message(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(data)) + data)
+
+    def final(self, server_first: bytes) -> bytes | None:
+        fields = dict(part.split("=", 1) for part in server_first.decode().split(",") if "=" in part)
+        if not fields.get("r", "").startswith(self.nonce) or "s" not in fields or "i" not in fields:
+            return None
+        salted = hashlib.pbkdf2_hmac("sha256", self.password.encode(), base64.b64decode(fields["s"]),
+                                     int(fields["i"]))
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        without_proof = f"c=biws,r={fields['r']}"  # biws: base64 of the gs2 header "n,,"
+        auth = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), auth, "sha256")
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True))).decode()
+        return _message(b"p", f"{without_proof},p={proof}".encode())
+
+
+def _answer(request: int, data: bytes, user: str, password: str | None, scram: list[_Scram]) -> bytes | None:
+    """The reply to an authentication request (R message `request` with `data`), or None to stop asking."""
+    if password is None:
+        return None
+    if request == 3:  # cleartext
+        return _message(b"p", password.encode() + b"\0")
+    if request == 5:  # MD5 with a 4-byte salt
+        inner = hashlib.md5(password.encode() + user.encode()).hexdigest().encode()
+        return _message(b"p", b"md5" + hashlib.md5(inner + data[:4]).hexdigest().encode() + b"\0")
+    if request == 10 and b"SCRAM-SHA-256\0" in data + b"\0":  # SASL: the mechanisms the server offers
+        scram.append(_Scram(password))
+        return scram[0].initial()
+    if request == 11 and scram:  # SASL continue: the server-first message
+        return scram[0].final(data)
+    return None
+
+
 def startup_sqlstate(url: URL) -> str | OSError | None:
-    """The SQLSTATE the server of `url` refuses a startup for `url`'s user and database with; the socket error if
-    it cannot be reached (a name that does not resolve, refused); None if it accepts the startup (it asks for a
-    password, or lets us in) or cannot be asked (several hosts)."""
+    """The SQLSTATE the server of `url` refuses a startup for `url`'s user, password and database with; the socket
+    error if it cannot be reached (a name that does not resolve, refused); None if it accepts the startup or cannot be
+    asked (several hosts; a password it wants and the URL lacks; an authentication method spoken here)."""
     target = _address(url)
     if target is None:
         return None
@@ -80,14 +134,24 @@ def startup_sqlstate(url: URL) -> str | OSError | None:
         params = b"".join(f"{k}\0{v}\0".encode() for k, v in (("user", user), ("database", url.database or user)))
         body = struct.pack("!i", _PROTOCOL_3) + params + b"\0"
         sock.sendall(struct.pack("!i", len(body) + 4) + body)
-        for _ in range(64):  # AuthenticationOk (trust), then ParameterStatus and BackendKeyData, then E or Z
+        password = url.password if url.password is not None else os.environ.get("PGPASSWORD")
+        scram: list[_Scram] = []
+        for _ in range(64):  # authentication, AuthenticationOk, ParameterStatus and BackendKeyData, then E or Z
             kind, length = struct.unpack("!ci", _read(sock, 5))
             body = _read(sock, length - 4)
             if kind == b"E":
                 fields = body.split(b"\0")
                 return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
-            if kind == b"Z" or (kind == b"R" and body[:4] != b"\0\0\0\0"):  # in, or asked for a password
+            if kind == b"Z":  # in: the startup itself is accepted
                 return None
+            if kind == b"R":
+                request = struct.unpack("!i", body[:4])[0]
+                if request in (0, 12):  # AuthenticationOk; SASL final (the server's signature, then Ok or E)
+                    continue
+                reply = _answer(request, body[4:], user, password, scram)
+                if reply is None:
+                    return None
+                sock.sendall(reply)
         return None
     except (OSError, struct.error, ssl.SSLError):
         return None

@@ -303,7 +303,7 @@ class AsyncBenchmark:
         with reaching(url):
             sync_store = IdempotencyStore.from_url(surl, table_prefix=new_prefix(), **pool_options(surl, n + 2, n))
         try:
-            with reaching(url), sync_store.engine.connect() as conn:
+            with reaching(url), sync_store.backend.connect(sync_store.engine) as conn:
                 info = engine_info(sync_store.engine.url, sync_store.engine.dialect, sync_store.backend.name,
                                    conn.dialect.server_version_info)
             info.update(sync_driver=info["driver"], driver=aurl.get_driver_name(),

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from ... import dialects
 from ...dialects.base import Backend
-from ...errors import InvalidURL
+from ...errors import IdemError
 from ...url import parse
 from .report import combine
 
@@ -71,9 +71,12 @@ def first_line(exc: BaseException) -> str:
 @contextmanager
 def reaching(url: URL) -> Iterator[None]:
     """Any error inside (an unknown dialect, a missing driver, a refused connection) means the database cannot be
-    measured here: CannotMeasure with the error's first line, never a traceback."""
+    measured here: the library's own classification of it (what every command prints for the same mistake), else
+    CannotMeasure with the error's first line, never a traceback."""
     try:
         yield
+    except IdemError:
+        raise
     except Exception as exc:
         raise CannotMeasure(f"cannot connect to {url.render_as_string()}: {first_line(exc)}") from None
 
@@ -100,7 +103,7 @@ def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore
     with reaching(url):
         store = IdempotencyStore.from_url(url, table_prefix=new_prefix(), **pool_options(url, connections, 2))
     try:
-        with reaching(url), store.engine.connect() as conn:
+        with reaching(url), store.backend.connect(store.engine) as conn:
             info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
                                conn.dialect.server_version_info)
         try:
@@ -132,10 +135,7 @@ def backend_of(target: str | URL) -> type[Backend]:
     from ...engines import get
 
     if isinstance(target, URL) or "://" in target:
-        try:
-            name = parse(target).get_backend_name()
-        except InvalidURL as exc:
-            raise UsageError(f"{target}: {exc}") from None
+        name = parse(target).get_backend_name()  # InvalidURL, which never repeats the text (it may hold a password)
     else:
         try:
             name = get(target).backend
@@ -180,10 +180,12 @@ def run(names: Sequence[str], bench: Benchmark, *, lenient: bool, log: Log) -> d
             raise Unavailable("no engine available here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
         reports = []
         for name, server in servers.items():
+            # A URL's password is never printed: the name a URL target is reported under hides it.
+            shown = make_url(name).render_as_string() if server is None else name
             try:
-                report = bench.measure(server.url if server else make_url(name), prefixed(log, f"{name}: "))
+                report = bench.measure(server.url if server else make_url(name), prefixed(log, f"{shown}: "))
             except (CannotMeasure, BenchFailed) as exc:
-                raise type(exc)(f"{name}: {exc}") from None
+                raise type(exc)(f"{shown}: {exc}") from None
             if server is not None:
                 report["engine"]["name"] = name
             reports.append(report)

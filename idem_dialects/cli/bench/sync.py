@@ -295,7 +295,7 @@ class SyncBenchmark:
             store = IdempotencyStore.from_url(url, table_prefix=new_prefix(),
                                               **pool_options(url, max(5, self.cfg.workers + 1), 2))
         try:
-            with reaching(url), store.engine.connect() as conn:
+            with reaching(url), store.backend.connect(store.engine) as conn:
                 info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
                                    conn.dialect.server_version_info)
             log(f"{info['backend']} {info['server_version']} via {info['driver']}, tables {store.table_prefix}*")

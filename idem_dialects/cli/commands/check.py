@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...engines import version_text
-from ...store import IdempotencyStore
-from .matrix import add_output_arguments, run_matrix
+from .matrix import add_output_arguments, reach, require_suite, run_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Connect once first, as the store does: a bad URL, a missing driver, a wrong password or an unreachable server
-    # is two lines from the CLI's handler, before any progress output. This connection is also the suite's probe of
-    # the URL (the engine's one answer), so the only engines built after it are those the checks build.
-    with IdempotencyStore.from_url(args.url) as store, store.backend.connect(store.engine) as conn:
-        url, version = store.engine.url, version_text(conn.dialect)
+    require_suite("check")
+    # Connect once first, as the store does: a bad URL, a missing driver, a wrong password, an unreachable server or
+    # a role that may not create tables is at most two lines from the CLI's handler, before any progress output.
+    # This connection is also the suite's probe of the URL (the engine's one answer), so the only engines built
+    # after it are those the checks build.
+    url, version = reach(args.url)
     return run_matrix([args.name], urls={args.name: url}, required=[args.name], fmt=args.format,
                       select=args.select, output=args.output, quiet=args.quiet, html=args.html,
                       show_skipped=args.show_skipped, versions={args.name: version})

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from ...conformance.results import FAILED, Collector, build_report, run_suite
-from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision
+from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision, version_text
+from ...errors import ConfigurationError
+from ...store import IdempotencyStore
 from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -53,7 +56,33 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def require_suite(command: str) -> None:
+    """`check` and `matrix` run the conformance suite on pytest, which only the [conformance] extra installs: say so
+    in one line (exit 78), before any work."""
+    try:
+        import pytest  # noqa: F401  # the suite's runner
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("pytest", "_pytest"):
+            raise
+        raise ConfigurationError("the conformance suite runs on pytest, which is not"
+                                 " installed: pip install 'idem-dialects[conformance]'") from None
+
+
+def reach(url: str | URL) -> tuple[URL, str]:
+    """Connect to a database the user named, as the store does, so a mistake is the one answer every command gives
+    (the backend's classification: two lines from the CLI's handler); then try what every check needs first,
+    creating tables (and drop them), so a role without that privilege stops here (InsufficientPrivilege, exit 78)
+    rather than failing every check. The URL engines are built from, and what answered."""
+    with IdempotencyStore.from_url(url, table_prefix=f"idem_reach_{uuid.uuid4().hex[:8]}_") as store:
+        with store.backend.connect(store.engine) as conn:
+            resolved, version = store.engine.url, version_text(conn.dialect)
+        store.create_tables()
+        store.drop_tables()
+    return resolved, version
+
+
 def run(args: argparse.Namespace) -> int:
+    require_suite("matrix")
     try:
         urls = parse_named_urls(args.url, "--url")
         adhoc = [n for n in urls if n not in ENGINES]
@@ -65,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(names + required))
     # An engine the user gave a URL for (--url or IDEM_URL_<NAME>) is one they meant to run: unreachable fails.
     required += [n for n in names if n not in required and (n in urls or os.environ.get(env_var(n)))]
+    versions: dict[str, str] = {}
+    for name in [n for n in names if n in urls]:  # a URL given here: a mistake in it is told as `check` tells it
+        urls[name], versions[name] = reach(urls[name])
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
                       output=args.output, quiet=args.quiet, api=args.api, html=args.html,
-                      show_skipped=args.show_skipped)
+                      show_skipped=args.show_skipped, versions=versions)
 
 
 # --- running --------------------------------------------------------------------------------------------------
@@ -106,6 +138,8 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
         for status in statuses.values():
             if status.server is not None:
                 status.server.stop()
+    if collector.privilege is not None:  # the role's privileges, not the backend: one line, as `init` says it
+        raise collector.privilege
     failures = [(c.id, e, v, o) for c in collector.checks.values() for e, vs in c.results.items()
                 for v, o in vs.items() if o.outcome == FAILED]
     for i, (ident, engine, variant, outcome) in enumerate(failures):  # bounded: the first in full, then one line
