@@ -8,6 +8,7 @@ Every expected error ends in at most two lines on stderr (what failed; how to fi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -172,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = chosen_command(argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     prog = f"idem-dialects {args.command}"
+    if not logging.getLogger().handlers:
+        # The command reports each failure itself, in two lines; the library's retry log lines would repeat it
+        # through Python's last-resort stderr handler.
+        logging.getLogger("idem_dialects").addHandler(logging.NullHandler())
     output = getattr(args, "output", None)
     if output and (why := unwritable(output)):
         print(f"{prog}: cannot write the report to {output}: {why}", file=sys.stderr)
