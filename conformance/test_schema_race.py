@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import inspect
 
 from idem_dialects import IdempotencyStore
 from idem_dialects.conformance import support
@@ -53,7 +53,8 @@ def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
             assert proc.exitcode == 0
         assert seen == {"ok": PROCESSES * ROUNDS}, f"create_tables calls that failed: {dict(seen)}"
         idem_observe(f"{PROCESSES} processes x {ROUNDS} fresh prefixes: create_tables", "all succeeded")
-        engine = create_engine(idem_engine.server.url)
+        # A store's engine: it consumes the URL's own options (pooler, writers, ...) that a driver would refuse.
+        engine = IdempotencyStore.from_url(idem_engine.server.url).engine
         try:
             for prefix in prefixes:
                 tables = [t for t in inspect(engine).get_table_names() if t.lower().startswith(prefix)]
@@ -70,7 +71,7 @@ def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
-        engine = create_engine(idem_engine.server.url)
+        engine = IdempotencyStore.from_url(idem_engine.server.url).engine
         try:
             for prefix in prefixes:
                 IdempotencyStore(engine, table_prefix=prefix).drop_tables()
