@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import queue
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,6 +105,31 @@ def effects_table(store: IdempotencyStore) -> Iterator[Effects]:
         yield fx
     finally:
         fx.drop()
+
+
+def run_processes(procs: list[Any], out: Any, timeout: float = 300) -> list[Any]:
+    """Start `procs` and return the one report each puts on `out`, once all have exited cleanly; fail the check if a
+    process dies or they take longer than `timeout` seconds. A process still alive when this fails is killed."""
+    for proc in procs:
+        proc.start()
+    reports: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(reports) < len(procs):
+            try:
+                reports.append(out.get(timeout=1))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a worker process died (exit codes {dead})"
+                assert time.monotonic() < deadline, f"worker processes did not finish in {timeout:g} s"
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+    return reports
 
 
 def process_worker(url: str, prefix: str, keys: list[str], seed: int, out: Any) -> None:

@@ -4,7 +4,6 @@ levels, and a duplicate claim inside a caller's own transaction."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -142,20 +141,7 @@ def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effect
     # module collected by path may carry a name only the collecting process knows).
     procs = [ctx.Process(target=support.process_worker, args=(url, idem_store.table_prefix, list(keys), seed, out))
              for seed in range(4)]
-    for proc in procs:
-        proc.start()
-    reports: list[tuple[dict[str, str], dict[str, int]]] = []
-    deadline = time.monotonic() + 300
-    while len(reports) < len(procs):
-        try:
-            reports.append(out.get(timeout=1))
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"a worker process died (exit codes {dead})"
-            assert time.monotonic() < deadline, "worker processes did not finish in 300 s"
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    reports: list[tuple[dict[str, str], dict[str, int]]] = support.run_processes(procs, out)
     assert idem_effects.per_key() == {k: 1 for k in keys}
     for key in keys:
         assert len({responses[key] for responses, _ in reports}) == 1, f"processes disagree on {key}"

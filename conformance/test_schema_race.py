@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import queue
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -34,44 +32,22 @@ def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
     procs = [ctx.Process(target=support.create_tables_worker,
                          args=(url, idem_engine.driver is not None, prefixes, barrier, out))
              for _ in range(PROCESSES)]
-    for proc in procs:
-        proc.start()
-    seen: Counter[str] = Counter()
-    reports = 0
-    deadline = time.monotonic() + 300
+    # A store's engine: it consumes the URL's own options (pooler, writers, ...) that a driver would refuse.
+    engine = IdempotencyStore.from_url(idem_engine.server.url).engine
     try:
-        while reports < PROCESSES:
-            try:
-                seen.update(out.get(timeout=1))
-                reports += 1
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                assert not dead, f"a worker process died (exit codes {dead})"
-                assert time.monotonic() < deadline, "worker processes did not finish in 300 s"
-        for proc in procs:
-            proc.join(timeout=60)
-            assert proc.exitcode == 0
+        seen = Counter(outcome for report in support.run_processes(procs, out) for outcome in report)
         assert seen == {"ok": PROCESSES * ROUNDS}, f"create_tables calls that failed: {dict(seen)}"
         idem_observe(f"{PROCESSES} processes x {ROUNDS} fresh prefixes: create_tables", "all succeeded")
-        # A store's engine: it consumes the URL's own options (pooler, writers, ...) that a driver would refuse.
-        engine = IdempotencyStore.from_url(idem_engine.server.url).engine
-        try:
-            for prefix in prefixes:
-                tables = [t for t in inspect(engine).get_table_names() if t.lower().startswith(prefix)]
-                assert sorted(t.lower() for t in tables) == [f"{prefix}messages", f"{prefix}records"]
-                records = next(t for t in tables if t.lower() == f"{prefix}records")
-                indexes = [i["name"].lower() for i in inspect(engine).get_indexes(records) if i["name"]]
-                assert indexes.count(f"{prefix}records_done_ix") == 1
-                with IdempotencyStore(engine, table_prefix=prefix) as store:  # and they work
-                    assert store.run(scope="s", operation="op", key="k", request={},
-                                     effect=lambda conn: "done").response == "done"
-        finally:
-            engine.dispose()
+        for prefix in prefixes:
+            tables = [t for t in inspect(engine).get_table_names() if t.lower().startswith(prefix)]
+            assert sorted(t.lower() for t in tables) == [f"{prefix}messages", f"{prefix}records"]
+            records = next(t for t in tables if t.lower() == f"{prefix}records")
+            indexes = [i["name"].lower() for i in inspect(engine).get_indexes(records) if i["name"]]
+            assert indexes.count(f"{prefix}records_done_ix") == 1
+            with IdempotencyStore(engine, table_prefix=prefix) as store:  # and they work
+                assert store.run(scope="s", operation="op", key="k", request={},
+                                 effect=lambda conn: "done").response == "done"
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-        engine = IdempotencyStore.from_url(idem_engine.server.url).engine
         try:
             for prefix in prefixes:
                 IdempotencyStore(engine, table_prefix=prefix).drop_tables()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_common import free_port, stop
 from sqlalchemy import func, select
 
 httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
@@ -58,12 +59,6 @@ def new_key() -> str:
     return f"key-{secrets.token_hex(6)}"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     """gunicorn serving `app` from `cwd` on a free loopback port, with the environment `env` (all of it), its output
@@ -89,9 +84,4 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
             exc.add_note(f"gunicorn's log ({log}):\n{log.read_text(errors='replace')[-3000:]}")
             raise
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+        stop(server)

@@ -45,12 +45,17 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited while serving:\n{log.read_text(errors='replace')[-3000:]}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a server this test started, by its pid: gracefully, then killed if it does not exit in 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
 
 
 def gunicorn(app: str, cwd: Path, env: dict[str, str], log: Path, workers: int = 4) -> list[str]:
