@@ -1,38 +1,5 @@
 """MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, duplicates by error 1062, locking reads for the loser.
 
-                       MySQL 8.4 (``mysql``)                  MariaDB 10.6+ (``mariadb``)
-=====================  =====================================  ==============================================
-locking read           ``FOR SHARE`` (8.0.1+)                 ``LOCK IN SHARE MODE`` (``FOR SHARE`` is a
-                                                              syntax error)
-NO PAD binary          ``utf8mb4_0900_bin``                   ``utf8mb4_nopad_bin``
-collation              (not used: keys are VARBINARY, so no collation applies on either engine)
-RETURNING              none                                   INSERT/DELETE ... RETURNING (not needed: the
-                                                              claim's success is the INSERT's own success)
-extra retryable error  -                                      1020 (``innodb_snapshot_isolation=ON``, the
-                                                              default from MariaDB 11.6)
-=====================  =====================================  ==============================================
-
-Returning a connection to the pool sends no ROLLBACK when no transaction is open: engines built by `from_url` get
-``pool_reset_on_return=None`` and a pool ``reset`` hook (`_reset_unless_clean`) that rolls back unless the store's
-own transaction just committed on that connection and the driver's last server status shows no transaction open.
-A connection application code returns mid-transaction is still rolled back (a Connection rolls back its own; a raw
-DBAPI connection gets the ROLLBACK from the hook). An engine the caller built keeps its own reset.
-
-`run(..., on_in_flight="conflict")` claims with the session's ``innodb_lock_wait_timeout`` at 0 (MariaDB: no wait;
-MySQL raises it to its minimum, 1 s), so a duplicate's INSERT that would wait on the first claimer's uncommitted row
-fails with 1205, answered in flight; the session's value is put back after the claim statement, even after 1205
-(which rolls back only the statement).
-
-Retryable: deadlock (1213; InnoDB deadlocks when the first of several inserters of one key rolls back, which
-`run` absorbs), lock wait timeout (1205), lost connection (2006, 2013, or any error on which SQLAlchemy
-invalidated the connection). Nothing else: not 1062, not truncation, not NOT NULL or foreign-key errors.
-
-On a Galera node (``wsrep_on = ON``, read from the live server) claims certify at commit, so an atomic claim is not
-exclusive (``exclusive_claim=False``: the effect callable may run on several nodes, the database keeps one effect)
-unless the URL says ``writers=single`` (a load balancer sends every session to one node); claim connections set
-``wsrep_sync_wait`` to cover reads, UPDATE/DELETE and INSERT; 1213 is retried as a certification failure and 1047
-(node not ready) as its own cause.
-=======
 Why it looks like this (the engine page of the docs has the whole story): collations merge keys (even
 ``utf8mb4_bin`` is PAD SPACE), so identities are VARBINARY UTF-8; REPEATABLE READ snapshots hide the winner, so the
 loser reads with a locking read; INSERT IGNORE / ON DUPLICATE KEY also silence other errors, so the claim is a plain
