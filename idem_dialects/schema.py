@@ -53,7 +53,7 @@ def build_tables(prefix: str, backend: Backend, metadata: MetaData | None = None
         Column("completed_at", backend.timestamp_type(), nullable=True),
         Column("status", Integer, nullable=True),
         Column("response", backend.blob_type(), nullable=True),
-        PrimaryKeyConstraint(*KEY_COLUMNS, name=f"{prefix}records_pk"),
+        PrimaryKeyConstraint(*KEY_COLUMNS, name=backend.primary_key_name(f"{prefix}records_pk")),
         Index(f"{prefix}records_done_ix", "completed_at"),  # purge scans by age
         **backend.table_kwargs(),
     )
@@ -64,7 +64,7 @@ def build_tables(prefix: str, backend: Backend, metadata: MetaData | None = None
         Column("message_id", key(), nullable=False),
         Column("fingerprint", backend.token_type(), nullable=True),
         Column("processed_at", backend.timestamp_type(), nullable=False),
-        PrimaryKeyConstraint(*MESSAGE_KEY_COLUMNS, name=f"{prefix}messages_pk"),
+        PrimaryKeyConstraint(*MESSAGE_KEY_COLUMNS, name=backend.primary_key_name(f"{prefix}messages_pk")),
         **backend.table_kwargs(),
     )
     return Tables(metadata, records, messages)

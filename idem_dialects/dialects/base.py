@@ -191,6 +191,10 @@ class Backend:
     def table_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def primary_key_name(self, name: str) -> str | None:
+        """The name the tables' primary key constraints get (`name`), or None where the engine has no such name."""
+        return name
+
     # --- connections ----------------------------------------------------------------------------------------
 
     @contextmanager

@@ -232,6 +232,11 @@ class MySQLBackend(Backend):
         # SQLAlchemy reads table options under its dialect's name: mysql_* for mysql://, mariadb_* for mariadb://.
         return {f"{prefix}_{k}": v for prefix in ("mysql", "mariadb") for k, v in options.items()}
 
+    def primary_key_name(self, name: str) -> str | None:
+        # InnoDB's primary key is always named PRIMARY: a name in CREATE TABLE draws warning 1280 ("Name ... ignored
+        # for PRIMARY key"), which asyncmy logs on every create_tables.
+        return None
+
     # --- transactions and the clock --------------------------------------------------------------------------
 
     @contextmanager
