@@ -89,10 +89,18 @@ def test_tables_are_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     engine.dispose()
 
 
-@pytest.mark.parametrize("argv", [["--duplicates", "1.0"], ["--workers", "0"], ["--workers", "4", "--requests", "2"]])
+@pytest.mark.parametrize("argv", [["--duplicates", "1.0"], ["--workers", "0"], ["--workers", "4", "--requests", "2"],
+                                  ["--workers", "1,0"]])
 def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, _, err = run_bench(capsys, sqlite_url(tmp_path), *argv)
     assert code == 64 and "idem-dialects bench:" in err  # usage
+
+
+@pytest.mark.parametrize(("levels", "why"), [("1,x", "numbers separated by commas"), ("2,2", "a level is repeated")])
+def test_bad_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str], levels: str, why: str) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", sqlite_url(tmp_path), "--workers", levels])
+    assert stopped.value.code == 64 and why in capsys.readouterr().err
 
 
 def test_contention_plan_overlaps_keys() -> None:
@@ -144,6 +152,16 @@ def test_several_engines_json_is_a_set_of_single_reports(tmp_path: Path, capsys:
     assert first["cpu_ms_per_request"] > 0
     assert first["statements"]["round_trips"] == first["statements"]["count"] + first["statements"]["commits"]
     assert 'id="chart-throughput"' in html.read_text()
+
+
+def test_several_levels_are_measured_in_turn_into_one_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_bench(capsys, sqlite_url(tmp_path), "--workers", "2,1", "--requests", "4", "--repetitions",
+                               "1", "--warmup", "0", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["schema"] == "idem-dialects-bench-set/1"
+    assert [run["config"]["workers"] for run in report["runs"]] == [2, 1]
+    assert all(run["exactly_once"]["verified"] for run in report["runs"])
 
 
 def test_bare_effect_uses_the_stores_bounded_retry(tmp_path: Path) -> None:

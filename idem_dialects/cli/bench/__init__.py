@@ -3,7 +3,8 @@ side by side, through each API — the sync store, the async store, the HTTP mid
 beside the same consumer without the inbox, per broker (`consumer`).
 
 One runner (`runner.run`) provides the databases, runs one API's `Benchmark` on each in turn and returns one report;
-`benchmark(api, ...)` builds the Benchmark of an API (its module imported only then). A new API is one module with
+`benchmark(api, ...)` builds the Benchmark of an API (its module imported only then), `benchmarks` one per
+concurrency level asked for (``--workers 1,8,32``). A new API is one module with
 a class that has `refuse` and `measure`, and one branch below.
 
 The sync store's modes (each a slice of `requests` requests, interleaved per repetition so drift hits them all alike):
@@ -54,6 +55,19 @@ MEASURES = ("workload", "telemetry", "purge")
 _MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"), "purge": ("rows", "batch_size", "workers")}
 
 
+LEVELS = ("workers", "concurrency")  # the options that may list several levels (1,8,32), each measured in turn
+
+
+def benchmarks(api: str, **options: Any) -> list[Benchmark]:
+    """One benchmark of `api` per level of its concurrency option (`--workers` or `--concurrency` given as several
+    numbers, each a tuple here), in the order given; one benchmark without one."""
+    listed = [name for name in LEVELS if isinstance(options.get(name), tuple)]
+    if not listed:
+        return [benchmark(api, **options)]
+    name = listed[0]
+    return [benchmark(api, **(options | {name: level})) for level in options[name]]
+
+
 def benchmark(api: str, **options: Any) -> Benchmark:
     """The benchmark of `api` with its options (ValueError for a bad value). Only the chosen API's module is
     imported: the async one needs greenlet and an async driver, the HTTP one uvicorn and Starlette, the consumer one
@@ -84,6 +98,10 @@ def measurement(name: str, api: str, **options: Any) -> Benchmark:
     if wrong:
         raise ValueError(f"--measure {name} takes no " + ", ".join(f"--{o.replace('_', '-')}" for o in wrong))
     given = {o: value for o, value in options.items() if value is not None}
+    if isinstance(given.get("workers"), tuple):
+        if len(given["workers"]) != 1:
+            raise ValueError(f"--measure {name} takes one --workers level")
+        given["workers"] = given["workers"][0]
     if name == "telemetry":
         from .telemetry import TelemetryBenchmark
 
@@ -96,6 +114,7 @@ def measurement(name: str, api: str, **options: Any) -> Benchmark:
 __all__ = [
     "APIS",
     "IDEM_MODES",
+    "LEVELS",
     "MEASURES",
     "MODES",
     "PLPGSQL_MODES",
@@ -115,6 +134,7 @@ __all__ = [
     "UsageError",
     "Workload",
     "benchmark",
+    "benchmarks",
     "combine",
     "engine_info",
     "implicit_begin",

@@ -147,15 +147,15 @@ def backend_of(target: str | URL) -> type[Backend]:
         raise CannotMeasure(f"{target}: {first_line(exc)}") from None
 
 
-def run(names: Sequence[str], bench: Benchmark, *, lenient: bool, log: Log) -> dict[str, Any]:
-    """Provide every target, measure each in turn with `bench`, stop them; one report (a set for several engines or
-    when some were skipped). Raises UsageError, Unavailable, CannotMeasure (the target's name leading its message)
-    and BenchFailed (likewise)."""
+def run(names: Sequence[str], benches: Sequence[Benchmark], *, lenient: bool, log: Log) -> dict[str, Any]:
+    """Provide every target, measure each in turn with each of `benches` (one per concurrency level), stop them; one
+    report (a set for several engines or levels, or when some engine was skipped). Raises UsageError, Unavailable,
+    CannotMeasure (the target's name leading its message) and BenchFailed (likewise)."""
     from ...engines import provision
 
     refused: dict[str, list[str]] = {}
     for name in names:
-        why = bench.refuse(backend_of(name))
+        why = benches[0].refuse(backend_of(name))
         if why:
             refused.setdefault(why, []).append(name)
     if refused:
@@ -182,13 +182,14 @@ def run(names: Sequence[str], bench: Benchmark, *, lenient: bool, log: Log) -> d
         for name, server in servers.items():
             # A URL's password is never printed: the name a URL target is reported under hides it.
             shown = make_url(name).render_as_string() if server is None else name
-            try:
-                report = bench.measure(server.url if server else make_url(name), prefixed(log, f"{shown}: "))
-            except (CannotMeasure, BenchFailed) as exc:
-                raise type(exc)(f"{shown}: {exc}") from None
-            if server is not None:
-                report["engine"]["name"] = name
-            reports.append(report)
+            for bench in benches:
+                try:
+                    report = bench.measure(server.url if server else make_url(name), prefixed(log, f"{shown}: "))
+                except (CannotMeasure, BenchFailed) as exc:
+                    raise type(exc)(f"{shown}: {exc}") from None
+                if server is not None:
+                    report["engine"]["name"] = name
+                reports.append(report)
     finally:
         for server in servers.values():
             if server is not None:

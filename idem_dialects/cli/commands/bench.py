@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench import APIS, MEASURES
+from ..bench import APIS, LEVELS, MEASURES
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
@@ -22,7 +22,8 @@ FORMATS = ("table", "markdown", "json")
 # Each option of a run, the APIs that use it (given for another API, it is a usage error), its metavar and help.
 # Defaults belong to each API's benchmark (stated once there; the help repeats them).
 OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
-    "workers": (("sync",), int, "N", "concurrent workers, one thread and one connection each (default 1)"),
+    "workers": (("sync",), int, "N[,N...]", "concurrent workers, one thread and one connection each (default 1);"
+                                           " several (1,8,32) measure each in turn"),
     "requests": (("sync", "async", "http"), int, "M", "requests per mode (sync: per repetition; default 1000;"
                                                       " http: 400)"),
     "duplicates": (("sync",), float, "RATIO", "share of the contention slice that repeats a key another worker sends"
@@ -32,8 +33,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "warmup": (("sync",), int, "W", "unmeasured requests per mode before the first repetition (default 100)"),
     "memory_check": (("sync",), int, "N", "finally run N requests (first-time and replay in turn) under tracemalloc"
                                           " and report memory growth per 10k requests (e.g. 100000; default off)"),
-    "concurrency": (("async", "http"), int, "N", "concurrent tasks (async; default 20) or connections for the"
-                                                 " throughput workload (http; default 8)"),
+    "concurrency": (("async", "http"), int, "N[,N...]", "concurrent tasks (async; default 20) or connections for"
+                                                        " the throughput workload (http; default 8); several"
+                                                        " (1,8,32) measure each in turn"),
     "sleep": (("async",), float, "S", "what the sleep figure's effect awaits, in seconds (default 0.2)"),
     "driver": (("async", "http"), str, "NAME", "the async driver (default: the first installed the backend"
                                                 " declares)"),
@@ -41,6 +43,18 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "broker": (("consumer",), str, "NAME", "rabbitmq, nats or redis (repeatable; default: every broker reachable"
                                            " here)"),
 }
+
+
+def levels(value: str) -> tuple[int, ...]:
+    """'8' or '1,8,32': the concurrency levels to measure, in the order given."""
+    try:
+        found = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or numbers separated by commas (1,8,32), got {value!r}"
+                                         ) from None
+    if len(set(found)) != len(found):
+        raise argparse.ArgumentTypeError(f"a level is repeated in {value!r}")
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " without the inbox (the brokers' extras)")
     for name, (apis, kind, metavar, text) in OPTIONS.items():
         scope = "" if apis == APIS else f"--api {'/'.join(apis)}: "
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar, help=scope + text,
+        parser.add_argument(f"--{name.replace('_', '-')}", type=levels if name in LEVELS else kind, metavar=metavar,
+                            help=scope + text,
                             action="append" if name == "broker" else "store")
     parser.add_argument("--measure", choices=MEASURES, default="workload",
                         help="workload: the debit workload through --api (default); telemetry: replays with telemetry"
@@ -73,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/1,"
+                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/2,"
                              " -consumer/1, or"
                              " -set/1 for several engines; see BENCHMARKS.md) for tools")
     parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
@@ -104,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         names, lenient = bench.targets(args.url, args.engine)
         if args.measure == "workload":
-            measure = bench.benchmark(args.api, **options(args))
+            measure = bench.benchmarks(args.api, **options(args))
         elif len(names) != 1:
             raise bench.UsageError(f"--measure {args.measure} measures one engine at a time")
         else:
             chosen = {o: getattr(args, o) for o in (*OPTIONS, "profile", "rows", "batch_size")}
-            measure = bench.measurement(args.measure, args.api, **chosen)
+            measure = [bench.measurement(args.measure, args.api, **chosen)]
         report = bench.run(names, measure, lenient=lenient, log=log)
     except (ValueError, bench.UsageError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The async store's, the HTTP middleware's and the consumer's bench reports (idem-dialects-bench-async/1, -http/1,
+"""The async store's, the HTTP middleware's and the consumer's bench reports (idem-dialects-bench-async/1, -http/2,
 -consumer/1) as a terminal table or markdown."""
 
 from __future__ import annotations
@@ -40,14 +40,22 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
     e, c = run["engine"], run["config"]
     name = e.get("name") or e["backend"]
     calls = f"{c['concurrent_calls']} x {c['handler_ms']} ms"
-    rows = [[name, p["workload"], p["path"], str(p["requests"]), f"{p['seconds']:.3f}", f"{p['throughput_per_s']:.0f}",
+
+    def ratio(p: Mapping[str, Any], key: str) -> str:
+        return f"{p[key]:.2f}" if key in p else ("1.00" if p["path"] == "bare" and not p["x_handler"] else "")
+
+    rows = [[name, p["workload"], p["path"], str(p["requests"]), f"{p['throughput_per_s']:.0f}",
+             ratio(p, "ratio_to_bare"), f"{p['latency_ms']['p50']:.2f}", f"{p['latency_ms']['p99']:.2f}",
+             f"{p['server_cpu_us_per_request']:.0f}", ratio(p, "cpu_ratio_to_bare"),
              "" if p["x_handler"] is None else f"{p['x_handler']:.2f}x handler"] for p in run["paths"]]
     x = run["exactly_once"]
     lines = [heading(f"idem-dialects bench --api http -- {name} {e['server_version']}", markdown), "",
              f"database: {e['url']} via {e['driver']}",
              *wrap(f"{c['concurrency']} connections for the throughput workload, {c['requests']} requests per path"
-                   f" (one in four a client retry); {calls} for the latency workload", "    ", first=""), "",
-             *table(["engine", "workload", "path", "requests", "seconds", "requests/s", calls], rows, markdown), "",
+                   f" (the replays resend the first-time keys); {calls} for the latency workload", "    ", first=""),
+             "", *table(["engine", "workload", "path", "requests", "req/s", "x bare", "p50 ms", "p99 ms",
+                         "server CPU us", "CPU x bare", calls], rows, markdown), "",
+             "server CPU = the process's CPU less the client's thread, per request (uvicorn's loop, driver threads)",
              *_targets(run),
              f"exactly-once: balance and record count checked in the database ({x['effects']} effects,"
              f" {x['records']} records)", f"elapsed {run['elapsed_s']} s"]
@@ -72,4 +80,4 @@ def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-OTHERS = {"async/1": render_async, "http/1": render_http, "consumer/1": render_consumer}
+OTHERS = {"async/1": render_async, "http/2": render_http, "consumer/1": render_consumer}
