@@ -44,3 +44,26 @@ def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.Captu
     bench.add_arguments(parser)
     assert bench.run(parser.parse_args(["sqlite:///x.db", "--api", "async", "--quiet"])) == 2
     assert "no async driver for sqlite" in capsys.readouterr().err
+
+
+def test_bench_status_reads_the_reports_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/bench_status.py finds its targets in the reports the bench writes (a schema change would blank them)."""
+    import importlib.util
+
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "status"
+    out.mkdir()
+    args = parser.parse_args([url, "--api", "async", "--concurrency", "1,2", "--requests", "4", "--sleep", "0.01",
+                              "--format", "json", "--quiet", "--output", str(out / "async-others.json")])
+    assert bench.run(args) == 0
+    spec = importlib.util.spec_from_file_location("bench_status", Path(__file__).parents[1] / "tools/bench_status.py")
+    assert spec is not None and spec.loader is not None
+    status = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(status)
+    rows = list(status.rows(out))
+    assert [(target, where) for target, where, *_ in rows] == [
+        ("client CPU per first-time <= 800 us", "sqlite via aiosqlite, async, 1 task(s)"),
+        ("client CPU per first-time <= 800 us", "sqlite via aiosqlite, async, 2 task(s)")]
+    assert all(value > 0 for _, _, value, _, _ in rows)
