@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table",
                         help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/2,"
                              " -consumer/1, or"
-                             " -set/1 for several engines; see BENCHMARKS.md) for tools")
+                             " -set/1 for several engines or levels; see BENCHMARKS.md) for tools")
     parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
     parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -119,13 +119,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         names, lenient = bench.targets(args.url, args.engine)
         if args.measure == "workload":
-            measure = bench.benchmarks(args.api, **options(args))
+            benches = bench.benchmarks(args.api, **options(args))
         elif len(names) != 1:
             raise bench.UsageError(f"--measure {args.measure} measures one engine at a time")
         else:
             chosen = {o: getattr(args, o) for o in (*OPTIONS, "profile", "rows", "batch_size")}
-            measure = [bench.measurement(args.measure, args.api, **chosen)]
-        report = bench.run(names, measure, lenient=lenient, log=log)
+            benches = [bench.measurement(args.measure, args.api, **chosen)]
+        report = bench.run(names, benches, lenient=lenient, log=log)
     except (ValueError, bench.UsageError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
