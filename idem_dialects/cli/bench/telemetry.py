@@ -1,12 +1,14 @@
 """What metrics and traces cost per replay (`idem-dialects bench URL --measure telemetry`).
 
-The same replays through `IdempotencyStore.run`, timed under three telemetries swapped on the store's Core between
-slices, interleaved per repetition so drift hits them alike (the report takes medians):
+The same replays through `IdempotencyStore.run`, timed under each telemetry below swapped on the store's Core
+between slices, interleaved per repetition so drift hits them alike (the report takes medians):
 
 - ``off``: no telemetry, as without opentelemetry-api;
 - ``api``: the API's no-op providers, as with opentelemetry-api installed and no SDK;
 - ``sdk``: the SDK recording every metric and span (a batch span processor whose exporter drops the spans, and an
   in-memory metric reader, so what is timed is recording, not a collector's network);
+- ``traces only`` and ``metrics only``: the same SDK for one signal, the API's no-op provider for the other: how
+  ``sdk``'s cost splits between the run span and the measurements;
 - ``sampled``: the same SDK keeping one trace in ten (``ParentBased(TraceIdRatioBased(0.1))``), as deployments that
   sample do; metrics are still recorded for every replay;
 - ``one span``: no telemetry from the library, but each replay inside one SDK span the caller makes (as a request's
@@ -30,8 +32,8 @@ from ...store import IdempotencyStore
 from ...telemetry import Telemetry
 from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, scratch_store
 
-SCHEMA = "idem-dialects-bench-telemetry/1"
-CONDITIONS = ("off", "api", "sdk", "sampled", "one span")
+SCHEMA = "idem-dialects-bench-telemetry/2"
+CONDITIONS = ("off", "api", "sdk", "traces only", "metrics only", "sampled", "one span")
 KEYS = 100
 
 
@@ -50,7 +52,8 @@ class TelemetryBenchmark:
 
 
 def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable[[], int]]:
-    """The three telemetries for `store`, and a function counting the spans the SDK exported so far."""
+    """The library telemetries for `store` (every condition but "one span"), and a function counting the spans the
+    SDK exported so far."""
     try:
         from opentelemetry.metrics import NoOpMeterProvider
         from opentelemetry.sdk.metrics import MeterProvider
@@ -85,6 +88,10 @@ def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable
         "off": Telemetry(system, namespace, enabled=False),
         "api": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(), tracer_provider=NoOpTracerProvider()),
         "sdk": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=tracer_provider),
+        "traces only": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(),
+                                 tracer_provider=tracer_provider),
+        "metrics only": Telemetry(system, namespace, meter_provider=meter_provider,
+                                  tracer_provider=NoOpTracerProvider()),
         "sampled": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=sampled_provider),
     }, count
 
@@ -150,10 +157,10 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"telemetry overhead per replay: {engine.get('backend', '?')} {engine.get('server_version', '')}"
              f" ({report['requests']} replays x {report['repetitions']} repetitions, medians; SDK exemplar filter"
              f" {report['exemplar_filter']})",
-             f"{'telemetry':<10} {'wall us':>9} {'client CPU us':>14} {'overhead':>18}"]
+             f"{'telemetry':<12} {'wall us':>9} {'client CPU us':>14} {'overhead':>18}"]
     for kind in CONDITIONS:
         row = report["replay"][kind]
         extra = report["overhead"].get(kind)
         over = "" if extra is None else f"{extra['wall_us']:+.1f} us ({extra['wall_pct']:+.1f} %)"
-        lines.append(f"{kind:<10} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>18}")
+        lines.append(f"{kind:<12} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>18}")
     return "\n".join(lines) + "\n"
