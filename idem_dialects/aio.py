@@ -29,6 +29,7 @@ from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
 from .storebase import StoreBase, owning_engine, refuse_sync_effect
+from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
 
 T = TypeVar("T")
@@ -39,22 +40,26 @@ class AsyncIdempotencyStore(StoreBase):
     """Idempotency records for one database, for asyncio code: the sync store's API, awaited. Share one per engine.
 
     `async with store:` (or `await store.close()`) disposes of an engine the store created (`from_url`) and leaves
-    an engine the caller passed in alone."""
+    an engine the caller passed in alone. Telemetry providers as for IdempotencyStore."""
 
     def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None,
+                 meter_provider: MeterProvider | None = None) -> None:
         if not isinstance(engine, AsyncEngine):
             raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
                               f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
                               " create_async_engine on an async driver")
         self.engine = engine
-        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder, retention))
+        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
+                         meter_provider=meter_provider))
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if self.features.concurrent_connections else asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
                  **engine_options: Any) -> AsyncIdempotencyStore:
         """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
         found = target(url)
@@ -63,7 +68,8 @@ class AsyncIdempotencyStore(StoreBase):
                               f" or an async driver here ({async_drivers_hint(found.backend)})")
         engine = found.create_async_engine(**engine_options)
         return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
-                                         retention=retention),
+                                         retention=retention, tracer_provider=tracer_provider,
+                                         meter_provider=meter_provider),
                              engine.sync_engine.dispose)
 
     async def close(self) -> None:

@@ -49,7 +49,7 @@ from .retention import stats as read_stats
 from .retry import EffectFailed, RetryPolicy, effect_failure, retrying
 from .schema import KEY_COLUMNS, Tables, build_tables, check_prefix
 from .steps import Begin, Effect, Flow, Heartbeat, rowcount, sql, transaction
-from .telemetry import Telemetry
+from .telemetry import MeterProvider, Telemetry, TracerProvider
 
 T = TypeVar("T")
 _Fenceable = TypeVar("_Fenceable", Update, Delete)
@@ -124,7 +124,8 @@ class Core:
     """What the sync and async stores share: the backend, the tables, validation, and every flow."""
 
     def __init__(self, engine: Engine, table_prefix: str, retry: RetryPolicy | None, encoder: Encoder | None,
-                 retention: timedelta = DEFAULT_RETENTION) -> None:
+                 retention: timedelta = DEFAULT_RETENTION, *, tracer_provider: TracerProvider | None = None,
+                 meter_provider: MeterProvider | None = None) -> None:
         self.engine = engine
         self.encoder = encoder  # turns values that are not plain JSON (Decimal, datetime, ...) into JSON
         self.table_prefix = check_prefix(table_prefix)
@@ -139,7 +140,8 @@ class Core:
         self.retries: Counter[str] = Counter()  # retries absorbed, by cause, since the store was made
         self._retries_lock = threading.Lock()
         self.retention = check_retention(retention)  # what `purge` deletes when not told, and `stats` counts
-        self.telemetry = Telemetry(self.backend.db_system_name, self.backend.db_namespace())
+        self.telemetry = Telemetry(self.backend.db_system_name, self.backend.db_namespace(),
+                                   tracer_provider=tracer_provider, meter_provider=meter_provider)
 
     @property
     def features(self) -> Features:

@@ -23,6 +23,7 @@ from .retention import DEFAULT_RETENTION, Stats
 from .retry import RetryPolicy
 from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
 from .storebase import StoreBase, owning_engine, refuse_async_effect, refuse_awaitable
+from .telemetry import MeterProvider, TracerProvider
 from .url import target
 
 T = TypeVar("T")
@@ -33,19 +34,24 @@ class IdempotencyStore(StoreBase):
     """Idempotency records for one database. Thread-safe; share one per engine.
 
     A context manager: `close()` (or leaving the `with` block) disposes of an engine the store created itself
-    (`from_url`) and leaves an engine the caller passed in alone."""
+    (`from_url`) and leaves an engine the caller passed in alone. Metrics and spans go to OpenTelemetry's global
+    providers unless `meter_provider` / `tracer_provider` name others (the API's no-op one turns a signal off)."""
 
     def __init__(self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None,
+                 meter_provider: MeterProvider | None = None) -> None:
         if getattr(engine.dialect, "is_async", False):  # an AsyncEngine's sync facade, or an asyncio-only driver
             raise AsyncMisuse(f"IdempotencyStore needs a sync SQLAlchemy Engine, got {type(engine).__name__} on an"
                               " asyncio driver; use idem_dialects.AsyncIdempotencyStore for an AsyncEngine")
         self.engine = engine
-        self._adopt(Core(engine, table_prefix, retry, encoder, retention))
+        self._adopt(Core(engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
+                         meter_provider=meter_provider))
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
                  **engine_options: Any) -> IdempotencyStore:
         """Build the engine (options go to `create_engine`) and the backend its dialect name selects."""
         found = target(url)
@@ -54,7 +60,8 @@ class IdempotencyStore(StoreBase):
                               f" idem_dialects.AsyncIdempotencyStore.from_url for it, or a sync driver here")
         engine = found.create_engine(**engine_options)
         return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
-                                         retention=retention),
+                                         retention=retention, tracer_provider=tracer_provider,
+                                         meter_provider=meter_provider),
                              engine.dispose)
 
     def close(self) -> None:

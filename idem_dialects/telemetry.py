@@ -15,14 +15,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from .errors import LeaseLost, RequestInFlight, RequestMismatch
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
 from .version import __version__
 
 if TYPE_CHECKING:
+    import opentelemetry.metrics
+    import opentelemetry.trace
+
     from .steps import Flow
+
+# The providers a store may be given (OpenTelemetry's own types when the API is installed; typing only, so the
+# library imports without it).
+TracerProvider: TypeAlias = "opentelemetry.trace.TracerProvider"
+MeterProvider: TypeAlias = "opentelemetry.metrics.MeterProvider"
 
 T = TypeVar("T")
 Attributes = dict[str, Any]
@@ -136,8 +144,8 @@ class Telemetry:
     """What one store records. `enabled` is False without opentelemetry-api: then every method returns at once and
     the flow wrappers hand back the flow itself. Providers default to the global ones the application installs."""
 
-    def __init__(self, system: str, namespace: str | None, *, meter_provider: Any = None,
-                 tracer_provider: Any = None, enabled: bool | None = None) -> None:
+    def __init__(self, system: str, namespace: str | None, *, meter_provider: MeterProvider | None = None,
+                 tracer_provider: TracerProvider | None = None, enabled: bool | None = None) -> None:
         self.base: Attributes = {SYSTEM: system} | ({NAMESPACE: namespace} if namespace else {})
         self._sets: dict[tuple[str, ...], Attributes] = {}
         self.enabled = _api_installed() if enabled is None else enabled

@@ -59,6 +59,15 @@ def sdk() -> Sdk:
     return Sdk(provider, exporter, reader)
 
 
+def private_sdk() -> tuple[Sdk, MeterProvider]:
+    """An SDK of a test's own, installed nowhere: for a store given its providers. Also returns the meter provider."""
+    exporter = InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    return Sdk(provider, exporter, reader), MeterProvider(metric_readers=[reader])
+
+
 def every_attribute(sdk: Sdk) -> list[tuple[str, str]]:
     """(where, text) for every span name, attribute, event and status text, and every metric point's attributes."""
     found: list[tuple[str, str]] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from async_common import async_store_class
-from otel_common import Sdk, every_attribute, sdk
+from otel_common import Sdk, every_attribute, private_sdk, sdk
 from sqlalchemy.engine import make_url
 
 from idem_dialects import (
@@ -194,6 +194,51 @@ def test_takeover_lease_lost_retries_messages_and_purge_are_counted(otel: Sdk, t
     purged = Counter({attrs["db.collection.name"]: p.value for name, attrs, p in otel.points()
                       if name == "idempotency.purge.rows" and attrs.get("db.namespace") == str(tmp_path / "x.db")})
     assert purged == {"x_records": 2, "x_messages": 2}
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_store_records_to_the_providers_it_is_given(otel: Sdk, tmp_path: Path, api: str) -> None:
+    """Providers passed to a store (OpenTelemetry's convention for instrumentation) get its metrics and spans and the
+    global ones nothing; the API's no-op tracer provider turns the store's spans off and leaves its metrics."""
+    from opentelemetry.trace import NoOpTracerProvider
+
+    own, meter_provider = private_sdk()
+    traced, untraced = f"op-{uuid.uuid4().hex[:6]}", f"op-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "own.db"
+    runs = [(traced, "k1"), (traced, "k2"), (traced, "k1"), (untraced, "k1"), (untraced, "k1")]
+    given = [{"tracer_provider": own.tracer_provider, "meter_provider": meter_provider},
+             {"tracer_provider": NoOpTracerProvider(), "meter_provider": meter_provider}]
+    if api == "sync":
+        for providers, op in zip(given, (traced, untraced), strict=True):
+            with IdempotencyStore.from_url(f"sqlite:///{path}", table_prefix="own_", **providers) as store:
+                store.create_tables()
+                for run_op, key in runs:
+                    if run_op == op:
+                        store.run(scope="s", operation=op, key=key, request={}, effect=lambda conn: 1)
+    else:
+        async def main() -> None:
+            for providers, op in zip(given, (traced, untraced), strict=True):
+                async with async_store_class().from_url(f"sqlite+aiosqlite:///{path}", table_prefix="own_",
+                                                        **providers) as store:
+                    await store.create_tables()
+
+                    async def effect(conn: Any) -> int:
+                        return 1
+
+                    for run_op, key in runs:
+                        if run_op == op:
+                            await store.run(scope="s", operation=op, key=key, request={}, effect=effect)
+
+        asyncio.run(main())
+
+    assert own.tally("idempotency.outcomes", traced) == {"claimed": 2, "replayed": 1}
+    assert own.tally("idempotency.outcomes", untraced) == {"claimed": 1, "replayed": 1}
+    assert own.tally("idempotency.run.duration", untraced) == {"claimed": 1, "replayed": 1}
+    spans = Counter((s.attributes["idempotency.operation"], s.attributes["idempotency.outcome"]) for s in own.spans())
+    assert spans == {(traced, "claimed"): 2, (traced, "replayed"): 1}
+    assert not otel.tally("idempotency.outcomes", traced) and not otel.tally("idempotency.outcomes", untraced)
+    assert not [s for s in otel.spans() if s.attributes and s.attributes.get("idempotency.operation") in (traced,
+                                                                                                          untraced)]
 
 
 class _Transient(TransientError):

@@ -34,6 +34,7 @@ from ..retention import DEFAULT_RETENTION
 from ..retry import RetryPolicy
 from ..steps import Begin
 from ..store import IdempotencyStore
+from ..telemetry import MeterProvider, TracerProvider
 
 
 class BorrowedConnection(PoolProxiedConnection):
@@ -122,8 +123,10 @@ class DjangoCore(Core):
     """The protocol for one Django database alias."""
 
     def __init__(self, using: str, engine: Engine, table_prefix: str, retry: RetryPolicy | None,
-                 encoder: Encoder | None, retention: timedelta) -> None:
-        super().__init__(engine, table_prefix, retry, encoder, retention)
+                 encoder: Encoder | None, retention: timedelta, *, tracer_provider: TracerProvider | None = None,
+                 meter_provider: MeterProvider | None = None) -> None:
+        super().__init__(engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
+                         meter_provider=meter_provider)
         self.using = using
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
@@ -151,7 +154,8 @@ class DjangoStore(IdempotencyStore):
     gives each thread its own connection); share one per alias (`idem_dialects.django.get_store`)."""
 
     def __init__(self, using: str = "default", *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION) -> None:
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None) -> None:
         self.using = using
         wrapper = connections[using]
         url = engine_url(wrapper)
@@ -159,11 +163,13 @@ class DjangoStore(IdempotencyStore):
         self._borrowed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, BorrowedConnection] = weakref.WeakKeyDictionary()
         self._initialized = False
         self._lock = threading.Lock()
-        self._adopt(DjangoCore(using, self.engine, table_prefix, retry, encoder, check_retention(retention)))
+        self._adopt(DjangoCore(using, self.engine, table_prefix, retry, encoder, check_retention(retention),
+                               tracer_provider=tracer_provider, meter_provider=meter_provider))
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
                  **engine_options: Any) -> NoReturn:
         raise ConfigurationError("DjangoStore uses a Django database alias, not a URL: DjangoStore(using='default')")
 
