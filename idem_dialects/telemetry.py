@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -119,25 +120,28 @@ class _Instruments:
         self.run = histogram("idempotency.run.duration", "Time of a whole run, retries and waits between them included")
 
 
-_instruments: dict[int, tuple[Any, _Instruments]] = {}
+_global_instruments: list[_Instruments] = []  # made at most once, on the global provider
+_given_instruments: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
 _made = threading.Lock()
 
 
-def _instruments_for(provider: Any) -> _Instruments:
+def _instruments_for(provider: MeterProvider | None) -> _Instruments:
     """The instruments of `provider`; None stands for the global provider, made once for the process whether the
     application installs the SDK before or after the first store: made on the API's proxy, they reach the SDK once
     it is installed. (Made again on the SDK's provider, the observable counters would register twice and the SDK
-    would keep only the first one's callback.)"""
+    would keep only the first one's callback.) A provider given to a store keeps its instruments only as long as it
+    lives itself."""
     from opentelemetry import metrics
 
-    key = 0 if provider is None else id(provider)
     with _made:
-        kept = _instruments.get(key)
-        if kept is None or kept[0] is not provider:
-            meter = metrics.get_meter(SCOPE, __version__) if provider is None else provider.get_meter(SCOPE,
-                                                                                                     __version__)
-            kept = _instruments[key] = (provider, _Instruments(meter))
-    return kept[1]
+        if provider is None:
+            if not _global_instruments:
+                _global_instruments.append(_Instruments(metrics.get_meter(SCOPE, __version__)))
+            return _global_instruments[0]
+        kept = _given_instruments.get(provider)
+        if kept is None:
+            kept = _given_instruments[provider] = _Instruments(provider.get_meter(SCOPE, __version__))
+        return kept
 
 
 class Telemetry:
