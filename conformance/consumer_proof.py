@@ -175,13 +175,13 @@ class Proof:
         for n, chunk in enumerate(chunks):
             carrier = slots[n % len(slots)]
             alone = n < len(plan) and plan[n] != "anywhere"
-            running = [carrier] if alone else slots
+            running, restarted = ([carrier], slots) if alone else (slots, [carrier])
             fresh = len({mid for mid, _ in chunk} - published)
             if n < len(plan):
                 share = max(1, len(chunk) // (2 * len(slots)))
                 kill = (Outside(len(published) + self.rng.randint(1, max(1, fresh * 3 // 4)))
                         if plan[n] == "anywhere" else Kill(plan[n], self.rng.randint(1, share)))
-                for slot in slots if alone else [carrier]:
+                for slot in restarted:
                     self._stop(slot)
                 self._start(carrier, kill)
             self._wait(partial(_all_ready, running), deadline, "the workers to start consuming")
@@ -191,7 +191,7 @@ class Proof:
                 point = self._await_kill(store, carrier, len(published), deadline)
                 result.kills.append(point)
                 self.log(f"worker {carrier.number} killed ({point}); {self._applied(store)} applied so far")
-                for slot in slots if alone else [carrier]:
+                for slot in restarted:
                     self._start(slot, None)
         self._wait(lambda: self._applied(store) >= result.distinct, deadline, "every message applied")
 

@@ -50,17 +50,14 @@ class Sdk:
 
 @functools.cache
 def sdk() -> Sdk:
-    exporter = InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    return Sdk(provider, exporter, reader)
+    made, meter_provider = private_sdk()
+    trace.set_tracer_provider(made.tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+    return made
 
 
 def private_sdk() -> tuple[Sdk, MeterProvider]:
-    """An SDK of a test's own, installed nowhere: for a store given its providers. Also returns the meter provider."""
+    """An SDK of a test's own, installed nowhere (`sdk()` installs one): also returns its meter provider."""
     exporter = InMemorySpanExporter()
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
