@@ -164,8 +164,12 @@ def test_cluster_node_killed_mid_load(idem_make_store: Callable[..., Idempotency
     acked_at: list[float] = []
     kill_when = threads * per_thread // 4
 
+    stopped = threading.Event()  # the stack did not fail over: callers stop, not spend a budget on every key
+
     def worker(mine: list[str]) -> None:
         for key in mine:
+            if stopped.is_set():
+                return
             try:
                 result = store.run(scope="s", operation="op", key=key, request=REQ, effect=effects.effect(key))
             except Exception as exc:  # a raw error (or RetriesExhausted) reaching a caller: the check fails
@@ -187,6 +191,9 @@ def test_cluster_node_killed_mid_load(idem_make_store: Callable[..., Idempotency
         what = controls.kill()
         controls.await_failover()
         failed_over = time.monotonic() - killed_at[0]
+    except BaseException:
+        stopped.set()
+        raise
     finally:
         for w in workers:
             w.join()

@@ -169,17 +169,20 @@ listen {self.name}
 
     def kill(self) -> str:
         """SIGKILL one node with its SST helpers (single writer: the one taking writes): a crash, not a shutdown."""
+        self.galera.wait_primary(60)
         victim = self._victim()
         victim.kill()
         self._killed, self._killed_at = victim, time.monotonic()
         return f"node {victim.index} (port {victim.port}) killed with SIGKILL"
 
     def await_failover(self) -> None:
-        """Until HAProxy has marked the killed node down (its sessions shut; single writer: a backup takes over)."""
+        """Until HAProxy has marked the killed node down (its sessions shut; single writer: a backup takes over) and
+        the survivors form a primary component (without one no node takes writes, however long callers retry)."""
         name = f"node{self._killed.index}"
         wait_until(lambda: self.servers()[name]["status"].startswith("DOWN"), 30,
                    "HAProxy did not mark the killed node down", self._alive)
         self.failed_over_in = time.monotonic() - self._killed_at
+        self.galera.wait_primary(90)
 
     def rejoin(self) -> str:
         started = time.monotonic()
