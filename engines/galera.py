@@ -28,10 +28,10 @@ PROVIDERS = (Path("/usr/lib/galera/libgalera_smm.so"), Path("/usr/lib/libgalera_
              Path("/usr/lib64/galera-4/libgalera_smm.so"))
 HINT = "apt-get install galera-4 rsync mariadb-server (a 3-node cluster then runs on loopback ports)"
 NODES = 3
-# A killed node is suspected after 3 s (Galera's default is 5), so failover stays quick; agreeing on the view
-# without it gets Galera's default room (inactive 15 s, install 7.5 s) doubled. With the install window as short as
-# the suspicion, survivors on a saturated 2-core host ran out of install timeouts during the view change and fell to
-# a non-primary component that never recovered (seen once under the full CI load).
+# A killed node is suspected after 3 s (Galera's default is 5), so failover stays quick; the view change that
+# follows gets twice Galera's default room (inactive 15 s, install 7.5 s). With inactive at 6 s, the survivors on a
+# saturated 2-core host once ran out of install time during the view change and fell to a non-primary component
+# that never recovered (under the full CI load).
 EVS_TIMEOUTS = ("evs.suspect_timeout=PT3S;evs.inactive_timeout=PT30S;evs.install_timeout=PT15S;"
                 "pc.wait_prim_timeout=PT30S")
 
