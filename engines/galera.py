@@ -73,6 +73,10 @@ def _status(port: int) -> dict[str, str]:
         conn.close()  # type: ignore[attr-defined]
 
 
+def _synced(status: dict[str, str]) -> bool:
+    return status.get("wsrep_ready") == "ON" and status.get("wsrep_local_state_comment") == "Synced"
+
+
 @dataclass
 class Node(LocalNode):
     index: int
@@ -149,11 +153,8 @@ class GaleraCluster:
             conn.close()  # type: ignore[attr-defined]
 
     def wait_synced(self, node: Node, timeout: float) -> None:
-        def ready() -> bool:
-            status = _status(node.port)
-            return status.get("wsrep_ready") == "ON" and status.get("wsrep_local_state_comment") == "Synced"
-
-        _wait_until(ready, timeout, f"Galera node {node.index} did not become Synced", node.alive)
+        _wait_until(lambda: _synced(_status(node.port)), timeout, f"Galera node {node.index} did not become Synced",
+                    node.alive)
 
     def wait_primary(self, timeout: float) -> None:
         """Until every live node is Synced in one primary component holding all of them: before a kill (it must hit a
@@ -163,9 +164,8 @@ class GaleraCluster:
         def whole() -> bool:
             for node in live:
                 status = _status(node.port)
-                if (status.get("wsrep_cluster_status") != "Primary" or status.get("wsrep_ready") != "ON"
-                        or status.get("wsrep_local_state_comment") != "Synced"
-                        or status.get("wsrep_cluster_size") != str(len(live))):
+                if not (_synced(status) and status.get("wsrep_cluster_status") == "Primary"
+                        and status.get("wsrep_cluster_size") == str(len(live))):
                     return False
             return True
 
