@@ -1,4 +1,5 @@
 """The sync API over AsyncIdempotencyStore, so every sync check also proves the async store (``--idem-api async``).
+It stays because the checks are written once, in sync code, and this is what lets that one text run on both stores.
 
 `BridgedStore` uses an event loop running in a thread of its own (one for the process); each call submits the
 async store's coroutine to it and waits. A check's sync effect runs on the async driver through
@@ -18,8 +19,10 @@ from typing import Any, TypeVar
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.util import await_only
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result
+from idem_dialects.relay import AsyncRelay
 
 T = TypeVar("T")
 
@@ -72,25 +75,6 @@ class BridgedConnection:
         return lambda *args, **kwargs: self.within(lambda conn: getattr(conn, name)(*args, **kwargs))
 
 
-class _BridgedBackend:
-    """The store's backend, whose hooks called with a BridgedConnection run inside that connection's greenlet."""
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._backend, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if args and isinstance(args[0], BridgedConnection):
-                return args[0].within(lambda conn: attr(conn, *args[1:], **kwargs))
-            return attr(*args, **kwargs)
-
-        return call
-
-
 class BridgedStore:
     """IdempotencyStore's sync API, every call served by an AsyncIdempotencyStore."""
 
@@ -106,7 +90,7 @@ class BridgedStore:
         self.sync = IdempotencyStore(self.engine, table_prefix=table_prefix)
         self.table_prefix = self.aio.table_prefix
         self.tables = self.aio.tables
-        self.backend = _BridgedBackend(self.aio.backend)
+        self.backend = self.aio.backend
 
     @property
     def features(self) -> Any:
@@ -165,6 +149,12 @@ class BridgedStore:
             return self.sync.accept_message(conn, **kwargs)
         return self._loop.call(self.aio.accept_message(conn.aconn, **kwargs))
 
+    def drive(self, flow: Any, conn: BridgedConnection | Connection | None = None) -> Any:
+        """A flow (a backend's statements, say) run by the async store's loop on a bridged transaction."""
+        if isinstance(conn, Connection):
+            return self.sync.drive(flow, conn)
+        return self._loop.call(self.aio.drive(flow, None if conn is None else conn.aconn))
+
     def run(self, *, effect: Callable[[Connection], Any], **kwargs: Any) -> Result:
         if not callable(effect):  # let the async store refuse it, before any SQL, as it would refuse a user's
             return self._loop.call(self.aio.run(effect=effect, **kwargs))
@@ -176,6 +166,41 @@ class BridgedStore:
 
     def purge(self, *args: Any, **kwargs: Any) -> int:
         return self._loop.call(self.aio.purge(*args, **kwargs))
+
+    @property
+    def outbox(self) -> Any:
+        return self.aio.outbox
+
+    def add_command(self, conn: BridgedConnection | Connection, *args: Any, **kwargs: Any) -> str:
+        if isinstance(conn, BridgedConnection):
+            return self._loop.call(self.aio.add_command(conn.aconn, *args, **kwargs))
+        # The sync Connection a bridged effect gets (run_sync's greenlet, on the loop's thread): the async store's
+        # own flow on the AsyncConnection around it, awaited from that greenlet as SQLAlchemy awaits its drivers.
+        return await_only(self.aio.add_command(AsyncConnection(self.aio.engine, conn), *args, **kwargs))
+
+    def consume(self, *, handler: Callable[[Connection], Any], **kwargs: Any) -> Any:
+        async def bridged(aconn: AsyncConnection) -> Any:
+            return await aconn.run_sync(handler)
+
+        return self._loop.call(self.aio.consume(handler=bridged, **kwargs))
+
+    def relay(self, routes: Any, **options: Any) -> BridgedRelay:
+        """An AsyncRelay on the async store, its rounds run on the bridge's loop."""
+        return BridgedRelay(AsyncRelay(self.aio, routes, **options), self._loop)
+
+
+class BridgedRelay:
+    """`Relay`'s sync API over an AsyncRelay."""
+
+    def __init__(self, relay: AsyncRelay, loop: _Loop) -> None:
+        self.relay, self._loop = relay, loop
+        self.metrics = relay.metrics
+
+    def run_once(self) -> int:
+        return self._loop.call(self.relay.run_once())
+
+    def close(self) -> None:
+        pass
 
 
 async def _make(url: URL, table_prefix: str, engine_options: dict[str, Any]) -> AsyncIdempotencyStore:

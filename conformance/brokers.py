@@ -84,6 +84,7 @@ class Worker:
     journal: str
     ready: str  # a file the worker creates once it is consuming
     kill: Kill | None = None
+    id_header: str = "Proof-Id"  # NATS: the header the id travels in (the outbox proof's relays use Nats-Msg-Id)
 
 
 def handler_effect(table: Table, worker: Worker) -> Callable[[Any, str], None]:
@@ -276,9 +277,9 @@ def _nats_worker(worker: Worker, stop: threading.Event) -> None:
         js = nc.jetstream()
 
         async def handle(conn: Any, msg: Any) -> None:
-            await conn.run_sync(apply, msg.headers["Proof-Id"])
+            await conn.run_sync(apply, msg.headers[worker.id_header])
 
-        consumer = IdempotentConsumer(store, handle, subscriber="proof", message_id=header("Proof-Id"),
+        consumer = IdempotentConsumer(store, handle, subscriber="proof", message_id=header(worker.id_header),
                                       retry_delay=0.2, jetstream=js, dead_letter_subject=f"{worker.name}.dead")
         consumer.counts = Journal(worker.journal)
         sub = await js.pull_subscribe_bind("proof", stream=worker.name)

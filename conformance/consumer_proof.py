@@ -112,6 +112,8 @@ class Proof:
     """One run; `run()` returns its ProofResult. The broker's queue/stream and the tables are its own (a random
     name), removed at the end."""
 
+    id_header = "Proof-Id"  # where a NATS message carries its id (Worker.id_header)
+
     def __init__(self, broker: str, broker_url: str, engine: str, db_url: URL, *, total: int = 10_000,
                  duplicate_share: float = 0.2, kills: int = 5, workers: int = 2, seed: int | None = None,
                  timeout: float = 900.0, log: Callable[[str], None] = lambda line: None) -> None:
@@ -241,7 +243,7 @@ class Proof:
         slot.ready.unlink(missing_ok=True)
         worker = Worker(self.broker, self.broker_url, self.name, self.db_url.render_as_string(hide_password=False),
                         self.prefix, slot.number, str(self.directory / f"journal-{slot.number}"), str(slot.ready),
-                        kill if isinstance(kill, Kill) else None)
+                        kill if isinstance(kill, Kill) else None, self.id_header)
         spec = asdict(worker)
         with open(self.directory / f"worker-{slot.number}.log", "ab") as out:
             slot.proc = subprocess.Popen([sys.executable, "-m", "idem_dialects.conformance.consumer_worker",

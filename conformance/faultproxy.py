@@ -16,6 +16,7 @@ session). TLS is not spoken: point the client at the proxy without it (``sslmode
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import struct
@@ -144,6 +145,7 @@ class FaultProxy(LoopbackProxy):
         self.protocol = PROTOCOLS[protocol]
         self.upstream = self.provision.server_address(url)
         self._fault: Fault | None = None
+        self._down = False
         self.statements: list[str] = []
         super().__init__("faultproxy-accept")
 
@@ -156,9 +158,21 @@ class FaultProxy(LoopbackProxy):
             self._fault = fault
         return fault
 
+    def set_down(self, down: bool) -> None:
+        """An outage of the server, as its clients see a crash or a failover: while down, every live link is cut and
+        every new connection dropped at once; then the server is reachable again."""
+        with self._lock:
+            self._down = down
+            links = list(self._open) if down else []
+        for sock in links:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     # --- plumbing -------------------------------------------------------------------------------------------
 
     def _connect(self) -> socket.socket:
+        if self._down:
+            raise ConnectionRefusedError("the fault proxy's server is down")
         if isinstance(self.upstream, str):
             server = socket.socket(socket.AF_UNIX)
             server.connect(self.upstream)

@@ -46,6 +46,22 @@ def stores(url: URL, prefix: str, sync_url: URL | None = None) -> Iterator[Calla
             store.close()
 
 
+class StatementLog:
+    """A store's `statement_hook` that keeps the SQL of every statement the store runs (before it runs), and passes
+    each call on to `then` if set: how the checks see the store's own statements, which SQLAlchemy's cursor events
+    do not (the store runs them on the driver)."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+        self.then: Callable[[str, bool], None] | None = None
+
+    def __call__(self, sql: str, done: bool) -> None:
+        if not done:
+            self.sql.append(sql)
+        if self.then is not None:
+            self.then(sql, done)
+
+
 def returning(value: Any) -> Callable[[Connection], Any]:
     """An effect that writes nothing and returns `value` (bound now, unlike a lambda in a loop)."""
     return lambda conn: value

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy, dialects
+from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy
 from idem_dialects.engines import provisioning
 
 from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement, wire_protocol
@@ -110,7 +110,7 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: Idempoten
 
 _LEASE = timedelta(seconds=2)
 # The protocol's steps, as the statements that carry them; (step, pattern, nth) for each mode.
-# The claim may be an INSERT inside a CTE that also returns the winner (PostgreSQL's claim_or_read).
+# The claim may be an INSERT inside a CTE that also returns the winner (PostgreSQL's claim).
 _CLAIM = r"(?:WITH \w+ AS\s*\(\s*)?INSERT INTO {records}"
 _STEPS = {
     "atomic": [("claim", _CLAIM, 1), ("effect", "INSERT INTO {fx}", 1),
@@ -125,9 +125,9 @@ _FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
 def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
     """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
     if wire_protocol(idem_engine.url) is None:
-        reason = ("it is embedded: there is no connection to cut" if dialects.load(idem_engine.backend).embedded else
+        reason = ("it is embedded: there is no connection to cut" if provisioning(idem_engine.backend).embedded else
                   f"the fault proxy reads the {' and '.join(PROTOCOLS)} wire protocols, not {idem_engine.backend}'s")
-        pytest.skip(f"no wire faults on {idem_engine.name}: {reason}")
+        pytest.skip(f"no wire faults: {reason}")
     with FaultProxy(idem_engine.url) as started:
         yield started
 

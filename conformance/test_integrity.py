@@ -68,19 +68,21 @@ def test_insert_if_absent_reports_other_integrity_errors(idem_store: Idempotency
     violation propagates as IntegrityError instead of passing for a duplicate."""
     backend = idem_store.backend
     row = dict(id="a" * 32, k="k", amount=1, ref="r1")
+    with idem_store.transaction() as conn:  # the backend's statement flow, run by the store's loop
+        assert idem_store.drive(backend.insert_if_absent(idem_effects.table, row), conn) is True
     with idem_store.transaction() as conn:
-        assert backend.insert_if_absent(conn, idem_effects.table, row) is True
-    with idem_store.transaction() as conn:
-        assert backend.insert_if_absent(conn, idem_effects.table, dict(row, amount=2)) is False
+        assert idem_store.drive(backend.insert_if_absent(idem_effects.table, dict(row, amount=2)), conn) is False
+    with pytest.raises(IntegrityError), idem_store.transaction() as conn:  # same ref, other unique index
+        idem_store.drive(backend.insert_if_absent(idem_effects.table, dict(row, id="b" * 32)), conn)
     with pytest.raises(IntegrityError), idem_store.transaction() as conn:
-        backend.insert_if_absent(conn, idem_effects.table, dict(row, id="b" * 32))  # same ref, other unique index
-    with pytest.raises(IntegrityError), idem_store.transaction() as conn:
-        backend.insert_if_absent(conn, idem_effects.table, dict(row, id="c" * 32, ref="r2", amount=None))
+        idem_store.drive(backend.insert_if_absent(idem_effects.table, dict(row, id="c" * 32, ref="r2", amount=None)),
+                         conn)
     records = idem_store.tables.records
     with pytest.raises(IntegrityError), idem_store.transaction() as conn:
         idem_store.claim(conn, scope="s", operation="op", key="k", request=REQ)
         values = dict(scope="s", operation="op", idem_key="other", fingerprint=None, claim_token="t" * 32)
         clock = {"created_at": 0.0, "locked_until": 0.0}
-        backend.insert_if_absent(conn, records, values, clock)  # NOT NULL fingerprint on the records table itself
+        # NOT NULL fingerprint on the records table itself
+        idem_store.drive(backend.insert_if_absent(records, values, clock), conn)
     assert idem_effects.count("k") == 1
     _no_record(idem_store)

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, event
 
-from idem_dialects import IdempotencyStore, UnsupportedIsolation
+from idem_dialects import IdempotencyStore, UnsupportedIsolation, dialects
 
 from .plugin import EngineUnderTest
-from .support import effects_table
+from .support import StatementLog, effects_table
 
 REQ = {"amount": 100}
 # Every level SQLAlchemy spells for some engine, plus AUTOCOMMIT (which no backend may declare).
@@ -48,7 +48,8 @@ def _count_connects(engine: Engine) -> list[object]:
 
 
 @pytest.mark.idem_api("sync")  # the async store proves the same in test_async.py
-def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest, idem_store: IdempotencyStore,
+def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest,
+                                                 idem_make_store: Callable[..., IdempotencyStore],
                                                  idem_observe: Callable[[str, object], None]) -> None:
     """A store refuses an engine configured with AUTOCOMMIT or any isolation level its backend does not declare,
     and a claim on a connection switched to one, with UnsupportedIsolation naming the supported levels - before
@@ -69,13 +70,14 @@ def test_undeclared_isolation_refused_before_sql(idem_engine: EngineUnderTest, i
         assert connects == [], "the store connected before refusing"
         with pytest.raises(UnsupportedIsolation):
             IdempotencyStore.from_url(idem_engine.url, isolation_level=level)
-    statements: list[str] = []
-    event.listen(idem_store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements = StatementLog()
+    idem_store = idem_make_store(statement_hook=statements)
+    statements.sql.clear()
     with idem_store.engine.connect() as conn:
         auto = conn.execution_options(isolation_level="AUTOCOMMIT")
         with pytest.raises(UnsupportedIsolation):
             idem_store.claim(auto, scope="s", operation="op", key="k", request=REQ)
-    assert statements == [], "the claim ran SQL before refusing AUTOCOMMIT"
+    assert statements.sql == [], "the claim ran SQL before refusing AUTOCOMMIT"
     idem_observe("isolation levels refused", ", ".join(refused))
 
 
@@ -95,18 +97,17 @@ def test_driver_autocommit_refused_before_sql(idem_engine: EngineUnderTest,
     plain = idem_make_store()  # creates the tables
     driver = idem_engine.url.get_driver_name()
     ways: dict[str, dict[str, Any]] = {"connect event": {}}
-    known = plain.backend.driver(driver)
+    known = dialects.driver(type(plain.backend), driver)
     if known is not None and known.autocommit_args is not None:
         ways["connect_args"] = {"connect_args": dict(known.autocommit_args)}
     with effects_table(plain) as fx:
         for i, (way, options) in enumerate(ways.items()):
-            store = idem_make_store(**options)
+            statements = StatementLog()
+            store = idem_make_store(**options, statement_hook=statements)
             engine = _own_engine(store)
             if way == "connect event":  # SQLAlchemy's own per-driver way of switching autocommit on
                 event.listen(engine, "connect", lambda dbapi, record, e=engine: e.dialect.set_isolation_level(
                     dbapi, "AUTOCOMMIT"))
-            statements: list[str] = []
-            event.listen(engine, "before_cursor_execute", lambda *a, seen=statements: seen.append(a[2]))
             key = f"k{i}"
 
             def failing(conn: Any, key: str = key) -> Any:
@@ -120,7 +121,7 @@ def test_driver_autocommit_refused_before_sql(idem_engine: EngineUnderTest,
                 assert err.value.setting in str(err.value) and "remove that setting" in str(err.value)
             with pytest.raises(UnsupportedIsolation), store.transaction():
                 pass
-            assert statements == [], f"{way}: the store ran SQL before refusing autocommit"
+            assert statements.sql == [], f"{way}: the store ran SQL before refusing autocommit"
             assert fx.count(key) == 0, f"{way}: an effect ran on an autocommit connection"
             first = plain.run(scope="s", operation="op", key=key, request=REQ, effect=fx.effect(key))
             again = plain.run(scope="s", operation="op", key=key, request=REQ, effect=fx.effect(key))

@@ -9,9 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import event, inspect, select
+from sqlalchemy import inspect, select
 
 from idem_dialects import IdempotencyStore, InvalidKey
+
+from .support import StatementLog
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
@@ -77,17 +79,18 @@ def test_keys_with_four_byte_characters_are_distinct(idem_store: IdempotencyStor
     assert_distinct(idem_store, FOUR_BYTE)
 
 
-def test_key_length_limit_is_255_characters(idem_store: IdempotencyStore) -> None:
+def test_key_length_limit_is_255_characters(idem_make_store: Callable[..., IdempotencyStore]) -> None:
     """Keys of exactly 255 characters (1-, 2- and 4-byte) are stored and distinct; 256 characters are rejected
     with InvalidKey before any SQL runs."""
-    assert_distinct(idem_store, LONG)
-    statements: list[str] = []
-    event.listen(idem_store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements = StatementLog()
+    store = idem_make_store(statement_hook=statements)
+    assert_distinct(store, LONG)
+    statements.sql.clear()
     for value in ["x" * 256, "😀" * 256]:
         with pytest.raises(InvalidKey) as err:
-            idem_store.run(scope="s", operation="op", key=value, request=REQ, effect=lambda conn: 1)
+            store.run(scope="s", operation="op", key=value, request=REQ, effect=lambda conn: 1)
         assert err.value.field == "key" and "255" in err.value.rule
-    assert statements == []
+    assert statements.sql == []
 
 
 def test_scope_and_operation_compare_byte_exact(idem_store: IdempotencyStore) -> None:
@@ -131,27 +134,21 @@ def test_key_column_declares_byte_exact_type(idem_store: IdempotencyStore, idem_
     idem_observe("key column (reflected)", f"{kind!r}" + (f" collate {collation}" if collation else ""))
 
 
-def test_identity_size_limit_is_the_same_on_every_engine(idem_store: IdempotencyStore) -> None:
+def test_identity_size_limit_is_the_same_on_every_engine(idem_make_store: Callable[..., IdempotencyStore]) -> None:
     """The widest identity (scope, operation and key of 255 four-byte characters each) raises InvalidKey naming the
     1700-byte limit before any SQL, on every engine alike; an identity of exactly 1700 bytes completes and replays."""
     from idem_dialects.keys import MAX_IDENTITY_BYTES
 
     wide = "😀" * 255  # 1020 bytes of UTF-8
-    statements: list[str] = []
-
-    def record(*args: Any) -> None:
-        statements.append(args[2])
-
-    event.listen(idem_store.engine, "before_cursor_execute", record)
-    try:
-        with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)):
-            idem_store.run(scope=wide, operation=wide, key=wide, request=REQ, effect=lambda conn: "never")
-        with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)), idem_store.transaction() as conn:
-            statements.clear()
-            idem_store.accept_message(conn, subscriber=wide, message_id=wide)
-        assert statements == [], "SQL ran for an identity beyond the limit"
-    finally:
-        event.remove(idem_store.engine, "before_cursor_execute", record)
+    statements = StatementLog()
+    idem_store = idem_make_store(statement_hook=statements)
+    statements.sql.clear()
+    with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)):
+        idem_store.run(scope=wide, operation=wide, key=wide, request=REQ, effect=lambda conn: "never")
+    with pytest.raises(InvalidKey, match=str(MAX_IDENTITY_BYTES)), idem_store.transaction() as conn:
+        statements.sql.clear()  # the transaction's own BEGIN, where the engine sends one
+        idem_store.accept_message(conn, subscriber=wide, message_id=wide)
+    assert statements.sql == [], "SQL ran for an identity beyond the limit"
     fill = "😀" * 169 + "abc"  # 679 bytes: 1020 + 1 + 679 = MAX_IDENTITY_BYTES
     assert len((wide + "o" + fill).encode()) == MAX_IDENTITY_BYTES
     first = idem_store.run(scope=wide, operation="o", key=fill, request=REQ, effect=lambda conn: "done")

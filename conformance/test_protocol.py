@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +23,7 @@ from idem_dialects import (
     RequestMismatch,
 )
 
-from .support import Effects, returning
+from .support import Effects, StatementLog, returning
 
 REQ = {"amount": 100, "currency": "EUR"}
 
@@ -140,18 +141,18 @@ BAD_IDENTIFIERS: list[tuple[Any, str]] = [
 @pytest.mark.parametrize("field", ["scope", "operation", "key"])
 @pytest.mark.parametrize(("value", "rule"), BAD_IDENTIFIERS,
                          ids=["empty", "256", "nul", "surrogate", "int", "bytes", "none"])
-def test_invalid_identity_rejected_before_sql(idem_store: IdempotencyStore, field: str, value: Any, rule: str) -> None:
+def test_invalid_identity_rejected_before_sql(idem_make_store: Callable[..., IdempotencyStore], field: str,
+                                             value: Any, rule: str) -> None:
     """Bad scope/operation/key raises InvalidKey naming the field and rule, before any SQL runs."""
     args: dict[str, Any] = dict(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: 1)
     args[field] = value
-    statements: list[str] = []
-    from sqlalchemy import event
-
-    event.listen(idem_store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements = StatementLog()
+    store = idem_make_store(statement_hook=statements)
+    statements.sql.clear()  # creating the tables ran SQL
     with pytest.raises(InvalidKey) as err:
-        idem_store.run(**args)
+        store.run(**args)
     assert err.value.field == field and rule in err.value.rule
-    assert statements == []
+    assert statements.sql == []
 
 
 @pytest.mark.parametrize("request_value", [{1, 2}, float("nan"), {"k": b"bytes"}, {1: "int key"}, 2**60],

@@ -154,7 +154,7 @@ def driver_leaks(backend: type[Backend], driver: str) -> Iterator[None]:
     ResourceWarnings are the driver's, so they are ignored here, and the leaked sockets collected now. The pool's
     log of each failed close is muted too: a captured record's traceback would keep the socket alive into a later
     check. Any other driver's leak still fails the check, as everywhere in the suite."""
-    known = backend.driver(driver)
+    known = dialects.driver(backend, driver)
     if known is None or not known.leaks_lost_sockets:
         yield
         return
@@ -197,8 +197,8 @@ def restartable(engine: EngineUnderTest, config: pytest.Config) -> tuple[Server,
     """A server this suite may restart: the engine's own if the suite started it, else a private server of its
     backend (one per backend for the session: the sync and async columns restart the same one); skips, saying why,
     when there is neither."""
-    if dialects.load(engine.backend).embedded:
-        pytest.skip(f"{engine.name}: the database is embedded in the client ({engine.backend}): no server to restart")
+    if provisioning(engine.backend).embedded:
+        pytest.skip("the database is embedded in the client: no server to restart")
     if engine.server.restart is not None:
         return engine.server, "the engine's own server"
     private = config.stash.setdefault(_PRIVATE, {})
@@ -219,7 +219,7 @@ def test_server_restart_under_load(idem_engine: EngineUnderTest, idem_observe: O
     """A server restarted (down 3 s) under 8 workers, for every driver: no error reaches a caller, no acknowledged
     effect is lost, none is doubled, and the restart was really absorbed (retries happened)."""
     backend = dialects.load(idem_engine.backend)
-    drivers = [idem_engine.driver] if idem_engine.driver is not None else list(backend.usable_drivers())
+    drivers = [idem_engine.driver] if idem_engine.driver is not None else list(dialects.usable_drivers(backend))
     if not drivers:
         pytest.skip(f"no sync driver of {idem_engine.backend} can be imported here")
     server, where = restartable(idem_engine, request.config)

@@ -40,7 +40,7 @@ def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
         idem_observe(f"{PROCESSES} processes x {ROUNDS} fresh prefixes: create_tables", "all succeeded")
         for prefix in prefixes:
             tables = [t for t in inspect(engine).get_table_names() if t.lower().startswith(prefix)]
-            assert sorted(t.lower() for t in tables) == [f"{prefix}messages", f"{prefix}records"]
+            assert sorted(t.lower() for t in tables) == [f"{prefix}messages", f"{prefix}outbox", f"{prefix}records"]
             records = next(t for t in tables if t.lower() == f"{prefix}records")
             indexes = [i["name"].lower() for i in inspect(engine).get_indexes(records) if i["name"]]
             assert indexes.count(f"{prefix}records_done_ix") == 1

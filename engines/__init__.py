@@ -9,8 +9,8 @@ unavailable when it is, and what would enable it.
 
 Floors, each importing only those below it: `entry` (CatalogueEntry, Server, Unavailable, Provision) and `controls`;
 the providers (`servers`, `containers`, `local`, the stacks `patroni`, `pgbouncer` and `haproxy` with `pgserver` and
-`galera` below them, and each backend's provisioning module beside its dialect,
-``idem_dialects/dialects/<engine>_provision.py``); then `catalogue` and `provision` (probing an entry).
+`galera` below them, and each backend's provisioning module, ``provisions/<engine>.py``); then `catalogue` and
+`provision` (probing an entry).
 `brokers` (beside them, on `local`): the message brokers the consumer adapters are proved on.
 Reading the catalogue starts nothing; `CatalogueEntry.provide` (or `provision`, which also connects) does.
 """

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from idem_dialects.dialects.postgresql_provision import embedded
-from idem_dialects.dialects.sqlite_provision import temp_file
-
 from .containers import container
 from .entry import CatalogueEntry, Provider, Server, described
+from .provisions.postgresql import embedded
+from .provisions.sqlite import temp_file
 from .servers import local_service
 
 
 # HA and pooling stacks: each module is imported only when its engine is asked for.
 @described("3 etcd members and 2 PostgreSQL 15 nodes under Patroni, started on loopback ports from the machine's"
-           " patroni, etcd-server and PostgreSQL 15 packages")
+           " patroni, etcd-server and PostgreSQL 15 packages", on_request=True)
 def postgresql_patroni(entry: CatalogueEntry) -> Server:
     from .patroni import postgresql_patroni as start
 
@@ -23,7 +22,7 @@ def postgresql_patroni(entry: CatalogueEntry) -> Server:
 
 
 @described("PgBouncer (pool_mode=transaction) and a PostgreSQL 15 server, started on loopback ports from the"
-           " machine's pgbouncer and PostgreSQL 15 packages")
+           " machine's pgbouncer and PostgreSQL 15 packages", on_request=True)
 def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
     from .pgbouncer import pgbouncer_transaction as start
 
@@ -33,7 +32,7 @@ def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
 def galera_haproxy(layout: str) -> Provider:
     @described(f"HAProxy ({'all nodes take writes' if layout == 'all' else 'one writer, two backups'}) in front of a"
                " 3-node Galera cluster, started on loopback ports from the machine's haproxy, galera-4 and"
-               " mariadb-server packages")
+               " mariadb-server packages", on_request=True)
     def provide(entry: CatalogueEntry) -> Server:
         from .haproxy import provide as start
 

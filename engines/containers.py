@@ -111,4 +111,4 @@ def container(image: str) -> Provider:
         return Server(entry.name, url, f"testcontainers container {chosen}", running.stop)
 
     provide.image = image  # type: ignore[attr-defined]  # read by `how_to_enable` to say what Docker would run
-    return described(f"a testcontainers container of {image} (needs Docker)")(provide)
+    return described(f"a testcontainers container of {image} (needs Docker)", on_request=True)(provide)

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
+from importlib.metadata import entry_points
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import make_url
@@ -41,11 +42,14 @@ Provider = Callable[["CatalogueEntry"], Server]
 P = TypeVar("P", bound=Callable[..., Server])
 
 
-def described(text: str) -> Callable[[P], P]:
-    """Mark a provider with what it would do, so a listing can say it without running it."""
+def described(text: str, *, on_request: bool = False) -> Callable[[P], P]:
+    """Mark a provider with what it would do, so a listing can say it without running it. `on_request`: it starts
+    servers of its own beyond an embedded one (a cluster, a container), so `idem-dialects matrix` tries it only for
+    an engine asked for by name (or with --engine all), never by default."""
 
     def mark(provider: P) -> P:
         provider.description = text  # type: ignore[attr-defined]
+        provider.on_request = on_request  # type: ignore[attr-defined]
         return provider
 
     return mark
@@ -54,6 +58,11 @@ def described(text: str) -> Callable[[P], P]:
 def describe(provider: Provider) -> str:
     """What `provider` would do to provide an engine, said without running it (nothing starts, nothing connects)."""
     return str(getattr(provider, "description", provider.__name__.replace("_", " ")))
+
+
+def on_request(provider: Provider) -> bool:
+    """Whether `provider` starts a cluster or a container: tried only when its engine is asked for."""
+    return bool(getattr(provider, "on_request", False))
 
 
 def env_var(name: str) -> str:
@@ -69,12 +78,14 @@ def from_env(entry: CatalogueEntry) -> Server:
 
 
 class EntryUnavailable(Unavailable):
-    """Every provider of an entry failed: `reasons` (one per provider, in order) and `hint` (how to enable)."""
+    """Every provider of an entry failed: `reasons` (one per provider, in order) and `hint` (how to enable);
+    `held_back`: the providers not tried because they start servers and the engine was not asked for."""
 
-    def __init__(self, engine: str, reasons: Sequence[str], hint: str) -> None:
+    def __init__(self, engine: str, reasons: Sequence[str], hint: str, held_back: Sequence[str] = ()) -> None:
         self.engine = engine
         self.reasons = list(reasons)
         self.hint = hint
+        self.held_back = list(held_back)
         super().__init__("; ".join(self.reasons) + f"; to enable: {hint}")
 
 
@@ -107,20 +118,33 @@ class CatalogueEntry:
         from_url = [f"the URL in {env_var(self.name)}"] if os.environ.get(env_var(self.name)) else []
         return from_url + [describe(p) for p in self.providers]
 
-    def provide(self) -> Server:
-        reasons = []
+    def provide(self, start_on_request: bool = True) -> Server:
+        """A live server from the first provider that has one. `start_on_request=False` skips the providers that
+        start a cluster or a container (what `matrix` does for the engines it was not asked for by name)."""
+        reasons, held_back = [], []
         for provider in (from_env, *self.providers):
+            if not start_on_request and on_request(provider):
+                held_back.append(describe(provider))
+                continue
             try:
                 return provider(self)
             except Unavailable as exc:
                 reasons.append(str(exc))
-        raise EntryUnavailable(self.name, reasons, self.how_to_enable())
+        raise EntryUnavailable(self.name, reasons, self.how_to_enable(), held_back)
 
 
 class Provision:
-    """One backend's test provisioning, as SQLAlchemy's ``dialects/<engine>/provision.py``: what the catalogue and
-    the conformance suite need of an engine and the library never does. A backend names its subclass in
-    ``Backend.provision``; this base is what a backend without one gets (nothing can be started or cut)."""
+    """One backend's test provisioning, as SQLAlchemy's ``dialects/<engine>/provision.py``: what the catalogue, the
+    conformance suite and the benchmark need of an engine and the library never does. Registered by backend name
+    (`PROVISIONS`, or the ``idem_dialects.provisions`` entry-point group); this base is what a backend without one
+    gets (nothing can be started or cut)."""
+
+    # The database lives in the client's process: there is no server to restart and no connection to cut.
+    embedded: ClassVar[bool] = False
+    # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
+    plpgsql_baseline: ClassVar[bool] = False
+    # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
+    replay_cpu_target_ms: ClassVar[float | None] = None
 
     # The wire protocol of this engine's servers, for the conformance fault proxy ("postgresql", "mysql").
     wire_protocol: ClassVar[str | None] = None
@@ -128,6 +152,9 @@ class Provision:
     # How a check ends another session: SQL run on that session for its id, SQL that ends session {id}.
     session_id_sql: ClassVar[str | None] = None
     end_session_sql: ClassVar[str | None] = None
+    # How a check makes a database of its own on the same server, and drops it ({name}: a plain identifier).
+    create_database_sql: ClassVar[str | None] = None
+    drop_database_sql: ClassVar[str | None] = None
 
     @classmethod
     def container(cls, image: str, backend: str) -> tuple[Any, URL]:
@@ -159,9 +186,27 @@ class Provision:
         return url.set(host=host, port=port)
 
 
+PROVISIONS: dict[str, str] = {
+    "sqlite": "idem_dialects.engines.provisions.sqlite:SQLiteProvision",
+    "postgresql": "idem_dialects.engines.provisions.postgresql:PostgreSQLProvision",
+    "mysql": "idem_dialects.engines.provisions.mysql:MySQLProvision",
+    "mariadb": "idem_dialects.engines.provisions.mysql:MariaDBProvision",
+    "mssql": "idem_dialects.engines.provisions.mssql:MSSQLProvision",
+    "oracle": "idem_dialects.engines.provisions.oracle:OracleProvision",
+}
+PROVISIONS_GROUP = "idem_dialects.provisions"
+
+
+def register_provision(backend: str, reference: str) -> None:
+    """Register a backend's `Provision` ("module:Class"), as `idem_dialects.dialects.register` registers the backend;
+    a distribution may instead name it under the ``idem_dialects.provisions`` entry-point group."""
+    PROVISIONS[backend] = reference
+
+
 def provisioning(backend: str) -> type[Provision]:
     """The `Provision` of a backend (by dialect name), imported only now."""
-    reference = dialects.load(backend).provision
+    reference = PROVISIONS.get(backend) or next(
+        (ep.value for ep in entry_points(group=PROVISIONS_GROUP) if ep.name == backend), None)
     if reference is None:
         return Provision
     module, _, attr = reference.partition(":")
@@ -173,7 +218,7 @@ def provisioning(backend: str) -> type[Provision]:
 
 def require_driver(backend: str, driver: str) -> None:
     """Unavailable, saying what to install, unless `backend+driver` can be imported here."""
-    known = dialects.load(backend).driver(driver)
+    known = dialects.driver(dialects.load(backend), driver)
     problem = known.problem() if known is not None else f"{backend}+{driver} is not a driver idem-dialects knows"
     if problem is not None:
         raise Unavailable(problem)

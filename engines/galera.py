@@ -26,7 +26,6 @@ MARIADBD = Path("/usr/sbin/mariadbd")
 INSTALL_DB = ("mariadb-install-db", "mysql_install_db")
 PROVIDERS = (Path("/usr/lib/galera/libgalera_smm.so"), Path("/usr/lib/libgalera_smm.so"),
              Path("/usr/lib64/galera-4/libgalera_smm.so"))
-HINT = "apt-get install galera-4 rsync mariadb-server (a 3-node cluster then runs on loopback ports)"
 NODES = 3
 # A killed node is suspected after 3 s (Galera's default is 5), so failover stays quick; the view change that
 # follows gets twice Galera's default room (inactive 15 s, install 7.5 s). With inactive at 6 s, the survivors on a

@@ -35,6 +35,9 @@ from .galera import GaleraCluster, Node, provider, url
 from .local import free_ports, spawn, start_cluster, stop_group, wait_until
 
 HAPROXY = Path("/usr/sbin/haproxy")
+# What every session of the engines' URL runs: the setting docs/clusters.md gives users whose sessions spread over
+# the nodes (reads see what another node acknowledged).
+SESSION_SETTINGS = "SET SESSION wsrep_sync_wait=7"
 CHECK_SCRIPT = """#!/bin/sh
 # HAProxy external check ($3: the server's address, $4: its port): a Galera node that is Synced and ready.
 status=$(mariadb --no-defaults --protocol=tcp -h "$3" -P "$4" -u root --connect-timeout=5 -N -B \\
@@ -148,12 +151,12 @@ listen {self.name}
         self.galera.stop()
 
     def url(self, failover_window: float | None = None) -> URL:
-        # Every session waits for the other nodes' commits (DDL included: a table created through one node must
-        # exist on the next), not only the backend's claim connections; the node URLs keep the server default, so
+        # The URL docs/clusters.md tells users to run: every session waits for the other nodes' commits (DDL
+        # included: a table created through one node must exist on the next; the suite's own counts read whichever
+        # node HAProxy picks), not only the backend's claim connections; the node URLs keep the server default, so
         # the cross-node replay check proves the backend's own setting.
         window = {} if failover_window is None else {"failover_window": f"{failover_window:g}"}
-        return url(self.port).update_query_dict({"init_command": "SET SESSION wsrep_sync_wait = 7",
-                                                 "writers": self.layout, **window})
+        return url(self.port).update_query_dict({"init_command": SESSION_SETTINGS, "writers": self.layout, **window})
 
     # --- ClusterControls -----------------------------------------------------------------------------------
 

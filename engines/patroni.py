@@ -35,6 +35,9 @@ from .pgserver import bindir, query
 
 ETCD, PATRONI = Path("/usr/bin/etcd"), Path("/usr/bin/patroni")
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 10, 1, 3  # Patroni wants ttl >= loop_wait + 2 x retry_timeout
+# Patroni's own defaults (what a deployment that sets nothing runs): the failover window the default retry budget of
+# RetryPolicy must cover (docs: Clusters and failover, measured with tools/failover_window.py).
+DEFAULT_TIMING = (30, 10, 10)
 MAX_LAG = 1024 * 1024  # maximum_lag_on_failover (bytes): Patroni's default
 
 
@@ -134,6 +137,7 @@ class PatroniCluster:
     etcd: list[EtcdMember] = field(default_factory=list)
     nodes: list[PatroniNode] = field(default_factory=list)
     kind: str = "failover"
+    timing: tuple[int, int, int] = (TTL, LOOP_WAIT, RETRY_TIMEOUT)  # ttl, loop_wait, retry_timeout (seconds)
     started_in: float = 0.0
     elected_in: float | None = None
     rejoined_in: float | None = None
@@ -181,7 +185,7 @@ class PatroniCluster:
             "restapi": {"listen": f"127.0.0.1:{node.rest}", "connect_address": f"127.0.0.1:{node.rest}"},
             "etcd3": {"hosts": [f"127.0.0.1:{m.client}" for m in self.etcd]},
             "bootstrap": {
-                "dcs": {"ttl": TTL, "loop_wait": LOOP_WAIT, "retry_timeout": RETRY_TIMEOUT,
+                "dcs": {"ttl": self.timing[0], "loop_wait": self.timing[1], "retry_timeout": self.timing[2],
                         "maximum_lag_on_failover": MAX_LAG, "synchronous_mode": self.synchronous,
                         "postgresql": {"use_pg_rewind": True, "use_slots": True,
                                        "parameters": {"wal_log_hints": "on", "max_connections": 120,
@@ -292,7 +296,7 @@ class PatroniCluster:
     def await_failover(self) -> None:
         """Wait for Patroni to elect the surviving node (once the dead leader's key expired, after the ttl) and for
         it to take writes. Nothing is promoted here."""
-        if not self.elected(3 * TTL + 30):
+        if not self.elected(3 * self.timing[0] + 30):
             raise Unavailable("Patroni did not elect a new leader")
         self.elected_in = time.monotonic() - self._killed_at
 
@@ -316,7 +320,7 @@ class PatroniCluster:
                                  for m in self.members()),
             "replication": "synchronous mode (synchronous_commit = on)" if self.synchronous else
                            f"asynchronous (maximum_lag_on_failover {MAX_LAG} bytes)",
-            "ttl / loop_wait (s)": f"{TTL} / {LOOP_WAIT}", "cold start (s)": round(self.started_in, 1)}
+            "ttl / loop_wait (s)": f"{self.timing[0]} / {self.timing[1]}", "cold start (s)": round(self.started_in, 1)}
         if self.elected_in is not None:
             facts["kill to new leader taking writes (s)"] = round(self.elected_in, 1)
         if self.rejoined_in is not None:
@@ -324,9 +328,11 @@ class PatroniCluster:
         return facts
 
 
-def patroni_cluster(synchronous: bool = True) -> PatroniCluster:
+def patroni_cluster(synchronous: bool = True,
+                    timing: tuple[int, int, int] = (TTL, LOOP_WAIT, RETRY_TIMEOUT)) -> PatroniCluster:
     bin_dir = _require()
-    return start_cluster(lambda root, user: PatroniCluster(root, user, bin_dir, synchronous), prefix="idem-patroni-",
+    return start_cluster(lambda root, user: PatroniCluster(root, user, bin_dir, synchronous, timing=timing),
+                         prefix="idem-patroni-",
                          user="postgres", driver=("psycopg", "psycopg", "postgresql"))
 
 

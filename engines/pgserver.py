@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .entry import Unavailable
@@ -43,6 +43,7 @@ class PgServer(LocalNode):
     port: int
     bin: Path
     user: str | None
+    args: list[str] = field(default_factory=list, kw_only=True)  # postgres's command line, once started
 
     @property
     def title(self) -> str:
@@ -58,7 +59,13 @@ class PgServer(LocalNode):
                 "-c", "shared_buffers=32MB", "-c", "fsync=off"]  # a crash here is a process kill, not power loss
         for setting in settings:
             args += ["-c", setting]
-        self.proc = spawn(args, self.log, self.user)
+        self.args = args
+        self.run()
+
+    def run(self) -> None:
+        """Start the server on its data dir (again, after a `kill`: crash recovery) and wait until it answers."""
+        self.proc = spawn(self.args, self.log, self.user)
+        self.killed = False
         wait_until(lambda: bool(query(self.port, "SELECT 1")), 60, "PostgreSQL did not start", self.alive)
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@ cannot (`provision`). Listing the catalogue needs none of this: read `ENGINES` (
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ class EngineStatus:
     reason: str | None = None
     hint: str | None = None
     server_version: str | None = None
+    # Not run because every way to have it here starts a cluster or a container, and it was not asked for.
+    on_request: bool = False
 
     @property
     def available(self) -> bool:
@@ -44,8 +47,12 @@ class EngineStatus:
             "server_version": self.server_version,
             "reason": self.reason,
             "hint": self.hint,
+            "on_request": self.on_request,
             "env_var": env_var(self.name),
         }
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # an engine's name: what a report's column is headed by
 
 
 def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
@@ -54,24 +61,32 @@ def parse_named_urls(items: Sequence[str], option: str) -> dict[str, URL]:
     urls: dict[str, URL] = {}
     for item in items:
         name, sep, url = item.partition("=")
-        if not sep or not name or not url:
-            raise ValueError(f"{option} wants NAME=URL, got {item!r}")
+        if not sep or not _NAME.fullmatch(name) or not url:
+            # Never the item itself: a URL given without its NAME= holds its password, if it has one.
+            given = "a URL without NAME=" if "://" in item else f"{item!r}"
+            raise ValueError(f"{option} wants NAME=URL, e.g. {option} mydb=postgresql+psycopg://app@db/app; got"
+                             f" {given}")
         urls[name] = parse(url)
     return urls
 
 
 def provision(name: str, urls: Mapping[str, URL], required: bool = False,
-              server_version: str | None = None) -> EngineStatus:
+              server_version: str | None = None, start_on_request: bool = True) -> EngineStatus:
     """Provide one engine (a URL given on the command line wins) and check it answers a connection, unless the
-    caller already connected to the URL it gave and says what answered (`server_version`, as `version_text`)."""
+    caller already connected to the URL it gave and says what answered (`server_version`, as `version_text`).
+    `start_on_request=False`: do not start a cluster or a container for it (`CatalogueEntry.provide`)."""
     status = EngineStatus(name, required)
     try:
         if name in urls:
             server = Server(name, urls[name], "URL from --url")
         else:
-            server = ENGINES[name].provide()
+            server = ENGINES[name].provide(start_on_request)
     except EntryUnavailable as exc:
         status.reason, status.hint = "; ".join(exc.reasons), exc.hint
+        if exc.held_back:
+            status.on_request = True
+            status.reason = "; ".join([*exc.reasons, f"not started unless asked for: {'; '.join(exc.held_back)}"])
+            status.hint = f"idem-dialects matrix --engine {name} (or --engine all); {exc.hint}"
         return status
     except Unavailable as exc:
         status.reason = str(exc)
@@ -112,7 +127,7 @@ def _classified(engine: Engine, exc: BaseException) -> Exception | None:
         backend = dialects.load(engine.url.get_backend_name())(engine)
     except Exception:  # no backend for it here: the driver's own error says what failed
         return None
-    return backend.connect_error(exc)
+    return backend.errors.connect_error(exc)
 
 
 def version_text(dialect: Dialect) -> str:

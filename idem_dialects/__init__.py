@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .claims import Reply
 from .encoding import default_encoder
 from .errors import (
     AsyncMisuse,
@@ -17,8 +18,10 @@ from .errors import (
     InvalidPayload,
     KeyedError,
     LeaseLost,
+    PoolExhausted,
     RequestInFlight,
     RequestMismatch,
+    ResponseTooLarge,
     RetriesExhausted,
     RetryCause,
     TransientError,
@@ -28,13 +31,14 @@ from .errors import (
 )
 from .features import Features
 from .outcomes import Claimed, Delivery, Disposition, InFlight, Mismatch, Outcome, Replayed, Result
-from .protocol import Reply
 from .retry import RetryPolicy
+from .sharding import CrossShard, ShardedStore, UnknownShard
 from .store import IdempotencyStore
 from .version import __version__
 
 if TYPE_CHECKING:
     from .aio import AsyncIdempotencyStore
+    from .sharding.aio import AsyncShardedStore
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from .aio import AsyncIdempotencyStore
 
         return AsyncIdempotencyStore
+    if name == "AsyncShardedStore":
+        from .sharding.aio import AsyncShardedStore
+
+        return AsyncShardedStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -50,11 +58,13 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AsyncIdempotencyStore",
     "AsyncMisuse",
+    "AsyncShardedStore",
     "CannotConnect",
     "ClaimRaced",
     "Claimed",
     "ConfigurationError",
     "ConnectionConfigError",
+    "CrossShard",
     "Delivery",
     "Disposition",
     "Features",
@@ -68,15 +78,19 @@ __all__ = [
     "LeaseLost",
     "Mismatch",
     "Outcome",
+    "PoolExhausted",
     "Replayed",
     "Reply",
     "RequestInFlight",
     "RequestMismatch",
+    "ResponseTooLarge",
     "Result",
     "RetriesExhausted",
     "RetryCause",
     "RetryPolicy",
+    "ShardedStore",
     "TransientError",
+    "UnknownShard",
     "UnsupportedEngine",
     "UnsupportedIsolation",
     "WinnerNotVisible",

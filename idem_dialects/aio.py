@@ -1,16 +1,16 @@
-"""AsyncIdempotencyStore: the protocol's flows (`protocol.py`) awaited, for asyncio code.
+"""AsyncIdempotencyStore: the protocol's flows (`claims.py`, `inbox.py`, `retention.py`) awaited, for asyncio code.
 
-No second copy of the protocol: the flows are the sync store's, and their SQL steps (the backends' sync code) run on
-the async driver through SQLAlchemy's greenlet bridge (`AsyncConnection.run_sync`). Only what must await is written
-here: opening and ending transactions, awaiting the effect, sleeping between retries, and finishing a release while
-the task is being cancelled.
+No second copy of the protocol: the flows are the sync store's. Their statements and COMMIT run on the async driver's
+own API (`execution.aio`): no greenlet hop per statement. SQLAlchemy's greenlet bridge is crossed twice per
+transaction, to check a connection out and begin, and to end SQLAlchemy's transaction and give the connection back,
+where SQLAlchemy's pool and transaction live.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
 from types import TracebackType
@@ -18,17 +18,22 @@ from typing import Any, Self, TypeVar
 
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
+from . import dialects
+from .commands import Identity, Origin
+from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
+from .execution.aio import commit_async, execute_async
 from .fingerprint import Encoder
 from .heartbeat import beating_async
-from .limits import OnInFlight
+from .inbox import OnMismatch
+from .limits import DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
-from .protocol import NO_PAYLOAD, Core, OnMismatch
-from .retention import DEFAULT_RETENTION, Stats
+from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Effect, Flow, Sql, Step, Stepper, Transaction, execute_unlogged
-from .storebase import StoreBase, owning_engine, refuse_sync_effect
+from .steps import Begin, Ddl, Effect, Exec, Flow, Step, Stepper, Transaction
+from .storebase import StatementHook, StoreBase, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
 
@@ -40,19 +45,27 @@ class AsyncIdempotencyStore(StoreBase):
     """Idempotency records for one database, for asyncio code: the sync store's API, awaited. Share one per engine.
 
     `async with store:` (or `await store.close()`) disposes of an engine the store created (`from_url`) and leaves
-    an engine the caller passed in alone. Telemetry providers as for IdempotencyStore."""
+    an engine the caller passed in alone. Telemetry providers, `cursor_events` and `statement_hook` as for
+    IdempotencyStore (a driver
+    without a native async form, such as aioodbc, always runs the store's statements through SQLAlchemy)."""
 
     def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
-                 tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None) -> None:
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
+                 cursor_events: bool = False, statement_hook: StatementHook | None = None) -> None:
         if not isinstance(engine, AsyncEngine):
             raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
                               f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
                               " create_async_engine on an async driver")
         self.engine = engine
+        self.cursor_events = cursor_events
+        self._hook = statement_hook
         self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
                          meter_provider=meter_provider))
+        dialect = engine.sync_engine.dialect
+        driver = dialects.driver(type(self.backend), dialect.driver)
+        native = driver is not None and driver.native_async and not cursor_events
+        self._driver = driver if native else None
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if self.features.concurrent_connections else asyncio.Lock()
 
@@ -60,6 +73,7 @@ class AsyncIdempotencyStore(StoreBase):
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
                  tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
+                 cursor_events: bool = False, statement_hook: StatementHook | None = None,
                  **engine_options: Any) -> AsyncIdempotencyStore:
         """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
         found = target(url)
@@ -69,7 +83,8 @@ class AsyncIdempotencyStore(StoreBase):
         engine = found.create_async_engine(**engine_options)
         return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
                                          retention=retention, tracer_provider=tracer_provider,
-                                         meter_provider=meter_provider),
+                                         meter_provider=meter_provider, cursor_events=cursor_events,
+                                         statement_hook=statement_hook),
                              engine.sync_engine.dispose)
 
     async def close(self) -> None:
@@ -89,11 +104,12 @@ class AsyncIdempotencyStore(StoreBase):
 
     # --- schema --------------------------------------------------------------------------------------------------
 
-    async def create_tables(self) -> None:
-        await self.drive(self.core.create_tables())
+    async def create_tables(self, *, generations: bool = False) -> None:
+        """What the sync store's `create_tables` does, awaited."""
+        await self.drive(self._core.create_tables(generations))
 
     async def drop_tables(self) -> None:
-        await self.drive(self.core.drop_tables())
+        await self.drive(self._core.drop_tables())
 
     # --- the step-by-step API ------------------------------------------------------------------------------------
 
@@ -105,25 +121,36 @@ class AsyncIdempotencyStore(StoreBase):
     async def claim(self, conn: AsyncConnection, *, scope: str, operation: str, key: str, request: Any,
                     lease: timedelta | None = None) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
-        req = self.core.request(scope, operation, key, request, lease)
-        await _own(conn).run_sync(self.core.checked)
-        return await self.drive(self.core.claim(req), conn)
+        req = self.claims.request(scope, operation, key, request, lease)
+        await self._check(conn)
+        return await self.drive(self.claims.claim(req), conn)
 
     async def complete(self, conn: AsyncConnection, claimed: Claimed, response: Any, status: int = 200) -> None:
         """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
-        await self.drive(self.core.complete(claimed, response, status), _own(conn))
+        await self.drive(self.claims.complete(claimed, response, status), _own(conn))
 
     async def release(self, conn: AsyncConnection, claimed: Claimed) -> bool:
         """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
-        return await self.drive(self.core.release(claimed), _own(conn))
+        return await self.drive(self.claims.release(claimed), _own(conn))
 
     async def accept_message(self, conn: AsyncConnection, *, subscriber: str, message_id: str,
                              payload: Any = NO_PAYLOAD) -> bool:
         """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
         A redelivery whose payload differs from the first one's raises RequestMismatch."""
-        flow = self.core.accept_message(subscriber, message_id, payload)
-        await _own(conn).run_sync(self.core.checked)
+        flow = self._inbox.accept_message(subscriber, message_id, payload)
+        await self._check(conn)
         return await self.drive(flow, conn)
+
+    # --- the outbox --------------------------------------------------------------------------------------------
+
+    async def add_command(self, conn: AsyncConnection, destination: str, payload: Any,
+                          headers: Mapping[str, str] | None = None, *, scope: str | None = None,
+                          origin: Identity | Origin | None = None, sequence: int | None = None) -> str:
+        """What the sync `add_command` does, awaited, in the transaction of `conn` (the effect's AsyncConnection)."""
+        command = self._command(destination, payload, headers, scope, origin, sequence)
+        await self._check(conn)
+        await self.drive(self.outbox.add(command), _own(conn))
+        return command.id
 
     # --- the idempotent consumer -------------------------------------------------------------------------------
 
@@ -132,8 +159,8 @@ class AsyncIdempotencyStore(StoreBase):
         """Await `handler(conn)` and record (subscriber, message_id) in one transaction, once per message id.
 
         What the sync `consume` does, awaited; `handler` is an `async def` taking the AsyncConnection."""
-        flow = self.core.consume(subscriber=subscriber, message_id=message_id, payload=payload,
-                                 on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
+        flow = self._inbox.consume(subscriber=subscriber, message_id=message_id, payload=payload,
+                                   on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
         refuse_sync_effect(handler, "handler")
         return await self.drive(flow, effect=handler)
 
@@ -148,8 +175,8 @@ class AsyncIdempotencyStore(StoreBase):
         any SQL). Raises what the sync `run` raises. A cancelled task leaves no claim behind beyond its lease: an
         atomic claim rolls back with the transaction, a leased one is released. A leased claim is renewed while the
         effect runs (a task), and `on_in_flight` is the sync `run`'s."""
-        flow = self.core.run(scope=scope, operation=operation, key=key, request=request, status=status,
-                              lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL
+        flow = self.claims.run(scope=scope, operation=operation, key=key, request=request, status=status,
+                               lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL
         refuse_sync_effect(effect)
         return await self.drive(flow, effect=effect)
 
@@ -158,33 +185,41 @@ class AsyncIdempotencyStore(StoreBase):
     async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
                     progress: Callable[[str, int], None] | None = None) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the store's
-        `retention`) ago, and processed messages as old, in batches of one transaction each. A live in-flight claim
-        is never touched. `progress(table, deleted)` is called after each batch."""
-        return await self.drive(self.core.purge(older_than, batch_size, progress))
+        `retention`) ago, processed messages and published outbox commands as old, in batches of one transaction
+        each. A live in-flight claim is never touched. `progress(table, deleted)` is called after each batch."""
+        return await self.drive(self._retention.purge(older_than, batch_size, progress))
 
     async def stats(self) -> Stats:
         """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,
         the records and messages past `retention` waiting for `purge`, and each table's size where the engine
         reports it (one read; no lock a claim waits for)."""
-        return await self.drive(self.core.stats())
+        return await self.drive(self._retention.stats())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
     async def drive(self, flow: Flow[T], conn: AsyncConnection | None = None,
-                     effect: AsyncEffect | None = None) -> T:
+                    effect: AsyncEffect | None = None) -> T:
         """Run `flow` to its end, each step awaited here (how adapters such as the HTTP runner run their flows)."""
         stepper = Stepper(flow)
         while (step := stepper.next()) is not None:
             try:
-                stepper.send(await self._execute(step, conn, effect))
+                if isinstance(step, Exec):
+                    assert conn is not None, "a statement step needs a transaction"
+                    hook = self._hook
+                    if hook is None:
+                        stepper.send(await execute_async(conn, self.backend, self._driver, step.statement, step.params))
+                        continue
+                    sql = statement_sql(step, self.engine.sync_engine.dialect)
+                    hook(sql, False)
+                    stepper.send(await execute_async(conn, self.backend, self._driver, step.statement, step.params))
+                    hook(sql, True)
+                else:
+                    stepper.send(await self._execute(step, conn, effect))
             except BaseException as exc:
                 stepper.throw(exc)
         return stepper.value
 
     async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
-        if isinstance(step, Sql):
-            assert conn is not None, "a statement step needs a transaction"
-            return await conn.run_sync(execute_unlogged, step.fn)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             async with beating_async(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
@@ -193,6 +228,10 @@ class AsyncIdempotencyStore(StoreBase):
             body = self._in_transaction(step, effect)
             # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).
             return await (asyncio.shield(body) if step.shielded else body)
+        if isinstance(step, Ddl):
+            assert conn is not None, "a schema step needs a transaction"
+            return await conn.run_sync(step.action)
+        assert not isinstance(step, Exec)
         await asyncio.sleep(step.seconds)
         return None
 
@@ -202,41 +241,58 @@ class AsyncIdempotencyStore(StoreBase):
 
     @asynccontextmanager
     async def _transaction(self, begin: Begin) -> AsyncIterator[AsyncConnection]:
-        async with self._turn(), self._connection() as conn:
-            ending = await conn.run_sync(self._begin, begin)
+        async with self._turn():
+            # One greenlet to check a connection out and begin, one to commit (or roll back) and give it back.
+            sync, ending = await greenlet_spawn(self._begin, begin)
+            conn = AsyncConnection(self.engine, sync)
             try:
+                await self.drive(self._core.begin(begin), conn)
                 yield conn
             except BaseException as exc:
-                await _abort(conn, ending, exc)
+                await _end(conn, ending, exc)
                 raise
-            await conn.run_sync(lambda _: ending.__exit__(None, None, None))
+            await self._commit(conn, ending)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection; failing to open one raises what the backend's `connect_error` makes of it (CannotConnect,
-        retried by `run`, or ConnectionConfigError), as the sync store's `Backend.connect` does."""
-        conn = self.engine.connect()
+    def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[None]]:
+        """In SQLAlchemy's greenlet: a connection (failing to get one raises what the backend's classifier makes of
+        it, PoolExhausted included, as the sync store's `connect` does), checked, in a transaction begun the backend's
+        way."""
         try:
-            await conn.start()
+            conn = self.engine.sync_engine.connect()
         except Exception as exc:  # asyncpg raises OSError and its own errors unwrapped: classified all the same
-            problem = self.backend.connect_error(exc)
+            problem = self.backend.errors.checkout_error(exc)
             if problem is None:
                 raise
             raise problem from exc
         try:
-            yield conn
-        finally:
-            await conn.__aexit__(None, None, None)  # closes it even while the task is being cancelled
+            self._core.ready(conn)
+            ending = self.backend.transaction(conn, begin)
+            ending.__enter__()
+        except BaseException:
+            conn.close()
+            raise
+        return conn, ending
+
+    async def _check(self, conn: object) -> None:
+        own = _own(conn)
+        assert own.sync_connection is not None
+        self._core.checked(own.sync_connection)  # no round trip: attributes of the connection only
+        if not self._core.refined:
+            await self.drive(self._core.refine(), own)
+
+    async def _commit(self, conn: AsyncConnection, ending: AbstractContextManager[None]) -> None:
+        """Commit and give the connection back: the COMMIT on the driver's own API where it has one (no greenlet
+        switch to send it), then SQLAlchemy's commit, with nothing left to send, and the pool's check-in."""
+        if self._driver is not None:
+            try:
+                await commit_async(conn, self.backend, self._driver)
+            except BaseException as exc:
+                await _end(conn, ending, exc)
+                raise
+        await _end(conn, ending, None)
 
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
-
-    def _begin(self, conn: Connection, begin: Begin) -> AbstractContextManager[None]:
-        backend = self.backend
-        self.core.ready(conn)
-        ending = (backend.claim_transaction if begin is Begin.CLAIM else backend.transaction)(conn)
-        ending.__enter__()
-        return ending
 
 
 def _own(conn: object) -> AsyncConnection:
@@ -246,11 +302,22 @@ def _own(conn: object) -> AsyncConnection:
     return conn
 
 
-async def _abort(conn: AsyncConnection, ending: AbstractContextManager[None], exc: BaseException) -> None:
-    """Roll back after `exc` (an error, or the task's cancellation); if even that fails or is interrupted, discard
-    the connection so the pool never hands out a connection in an unknown state."""
+async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc: BaseException | None) -> None:
+    """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
+    back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
+    in an unknown state."""
+    def finish(sync: Connection) -> None:
+        try:
+            ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+        finally:
+            sync.close()
+
     try:
-        await conn.run_sync(lambda _: ending.__exit__(type(exc), exc, exc.__traceback__))
+        await conn.run_sync(finish)
     except BaseException:
         with contextlib.suppress(BaseException):
             await conn.invalidate()
+        with contextlib.suppress(BaseException):
+            await conn.close()
+        if exc is None:
+            raise

@@ -24,6 +24,8 @@ class RetryCause(StrEnum):
     CANCELLED = "cancelled"  # the server cancelled one of the protocol's own statements (statement timeout)
     CERTIFICATION = "certification failure"  # a multi-primary cluster (Galera) let another node's commit win
     NODE_NOT_READY = "node not ready"  # a cluster node is joining or outside the primary component (Galera 1047)
+    POOL = "pool exhausted"  # every connection of SQLAlchemy's pool stayed in use for its pool_timeout
+    ROTATION = "generation rotation"  # the records table was renamed a moment ago (a generation rotated, MySQL)
 
 
 class IdemWarning(UserWarning):
@@ -147,6 +149,53 @@ class CannotConnect(TransientError):
         super().__init__(f"cannot connect to the {backend} database: {_first_line(error)}")
 
 
+class PoolExhausted(TransientError):
+    """Every connection of the engine's pool stayed in use for its whole `pool_timeout` (SQLAlchemy's TimeoutError
+    is the __cause__). Contention, not a fault: `run` retries it within its budget (another caller giving a
+    connection back ends it), then raises RetriesExhausted with this as its last error. The pool's numbers are
+    attributes (None where the pool does not have them); the fix is a bigger pool, fewer concurrent callers, or a
+    longer `pool_timeout`."""
+
+    cause = RetryCause.POOL
+
+    def __init__(self, backend: str, pool_size: int | None, max_overflow: int | None, timeout: float | None,
+                 checked_out: int | None) -> None:
+        self.backend = backend
+        self.pool_size = pool_size
+        self.max_overflow = max_overflow
+        self.timeout = timeout
+        self.checked_out = checked_out
+        waited = f" within pool_timeout={timeout:g}s" if timeout is not None else ""
+        in_use = f"{checked_out} connections in use, " if checked_out is not None else ""
+        super().__init__(
+            f"no connection to the {backend} database free in the engine's pool{waited} ({in_use}pool_size="
+            f"{pool_size}, max_overflow={max_overflow}); give the engine a bigger pool (create_engine's pool_size,"
+            " max_overflow), call the store from fewer concurrent callers (an effect that opens a second"
+            " connection from the same pool needs two per call), or a longer pool_timeout")
+
+
+class ResponseTooLarge(IdemError):
+    """The response to store is larger than the database takes in one statement (MySQL/MariaDB's
+    max_allowed_packet, PostgreSQL's 1 GiB per message and value), as the driver would send it. Refused before the
+    completion is sent and never retried, so the effect is not run again: its transaction rolls back (an atomic
+    effect's database writes with it) and a leased claim is released. `size` is the response's bytes as the driver
+    sends them (escaped or hex-encoded by some), `limit` the most the server takes for it (its statement limit less
+    the rest of the statement), `setting` what sets the statement limit."""
+
+    http_status = 500
+
+    def __init__(self, backend: str, size: int, limit: int, setting: str) -> None:
+        self.backend = backend
+        self.size = size
+        self.limit = limit
+        self.setting = setting
+        super().__init__(
+            f"the response is too large to store: {size:,} bytes as the driver sends it, and the {backend} database"
+            f" takes at most {limit:,} ({setting}, less the rest of the statement); nothing was stored, and run does"
+            " not retry it. Store a smaller response (e.g. where the data can be fetched), or raise the limit where the"
+            " server has a setting for it")
+
+
 class RetriesExhausted(IdemError):
     """`run` kept hitting retryable errors until its budget ran out; the last error is the __cause__ (HTTP 503).
 
@@ -197,7 +246,10 @@ class UnsupportedEngine(ConfigurationError):
 
 
 class MissingTables(ConfigurationError):
-    """The store's tables do not exist in this database."""
+    """The store's tables do not exist in this database (HTTP 503: the service cannot take idempotent requests
+    until they are created; nothing is wrong with the request)."""
+
+    http_status = 503
 
     def __init__(self, tables: tuple[str, ...]) -> None:
         self.tables = tables
@@ -221,12 +273,14 @@ class InsufficientPrivilege(ConfigurationError):
 
 
 class InvalidURL(ConfigurationError):
-    """The text given as a database URL is not one (never repeated in the message: it may hold a password)."""
+    """The text given as a database URL is not one (never repeated in the message: it may hold a password).
+    `expected` says what to write instead (default: the URL's general form)."""
 
-    def __init__(self, problem: str = "not a database URL") -> None:
+    def __init__(self, problem: str = "not a database URL", expected: str | None = None) -> None:
         self.problem = problem
-        super().__init__(f"{problem}; expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
-                         " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
+        self.expected = expected or ("expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
+                                     " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
+        super().__init__(f"{problem}; {self.expected}")
 
 
 class InvalidURLOption(ConfigurationError):

@@ -44,6 +44,13 @@ class Features:
     max_identity_bytes: int | None = dataclasses.field(
         default=None, metadata={"doc": "UTF-8 bytes scope + operation + key may hold together (None: every valid"
                                        " identity fits)"})
+    max_statement_bytes: int | None = dataclasses.field(
+        default=None, metadata={"doc": "bytes the server takes in one statement as the driver sends it (MySQL and"
+                                       " MariaDB: the session's max_allowed_packet, read from the server; PostgreSQL:"
+                                       " 1 GiB per protocol message and value); a response whose completion would be"
+                                       " larger is refused before it is sent (None: no limit the store must guard)"})
+    statement_limit: str | None = dataclasses.field(
+        default=None, metadata={"doc": "what sets max_statement_bytes, as ResponseTooLarge names it"})
     writers: int | None = dataclasses.field(
         default=None, metadata={"doc": "how many transactions may write at once (1: writers take turns on one lock, as"
                                        " on SQLite; None: no limit the protocol knows of)"})

@@ -130,11 +130,6 @@ def _check_str(field: str, value: str, path: tuple[object, ...]) -> None:
             raise InvalidPayload(field, f"string at {_where(path)} is not valid Unicode (lone surrogate)") from None
 
 
-def check_json(field: str, value: object, path: str = "$") -> None:
-    """Reject anything that would not come back from JSON as the same type and value."""
-    to_json(field, value)
-
-
 def fingerprint(request: object, field: str = "request", encoder: Encoder | None = None) -> str:
     """SHA-256 hex digest of the request's RFC 8785 canonical JSON."""
     value = to_json(field, request, encoder, request=True)

@@ -1,6 +1,6 @@
 """The timers that renew a leased claim while its effect runs: a daemon thread for the sync loop, a task for the
 async one. What a beat does (the fenced renewal, what it logs, when to stop) is the `Heartbeat` flow from
-`protocol.py`, written once; each loop wraps the effect in `beating(...)` / `beating_async(...)`.
+`claims.py`, written once; each loop wraps the effect in `beating(...)` / `beating_async(...)`.
 
 Both stop before the effect's outcome goes on (its value or its exception, unchanged): a renewal in progress is
 waited for (sync) or cancelled and awaited (async), so no renewal runs after the effect has returned.

@@ -1,20 +1,26 @@
 """Bounds on the durations, sizes and statuses a caller passes, checked before any SQL (docs: Inputs).
 
 Without them a huge lease or retention window overflows the driver or the database's date range (raw
-OverflowError / DataError, or a silent no-op on SQLite), and a huge batch size overflows a LIMIT parameter.
+OverflowError / DataError, or a silent no-op on SQLite), and a huge batch size overflows a LIMIT parameter. One
+bound is the server's, checked after the effect but before its response is sent: the statement size it takes.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Literal
 
-from .errors import InvalidPayload
+from .errors import InvalidPayload, ResponseTooLarge
+from .features import Features
 
 MAX_LEASE = timedelta(days=365)  # a lease holds a key against every retry: a year is already far beyond any effect
 MAX_RETENTION = timedelta(days=36_525)  # purge(older_than=...): 100 years, inside every engine's date range
 MAX_BATCH_SIZE = 1_000_000  # rows per purge transaction
+# How long a completed record is kept for replays by default: a client retrying for longer than a day is rare, and the
+# IETF Idempotency-Key draft's example window is 24 hours.
+DEFAULT_RETENTION = timedelta(hours=24)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(?:(\d+)([smhdw]))+")
 
@@ -50,6 +56,26 @@ def check_batch_size(batch_size: object) -> int:
 def check_status(status: object) -> int:
     """The HTTP status stored with a response (`run`'s `status`, a `Reply`'s, `complete`'s)."""
     return _int_within("status", status, 100, 599, "an int HTTP status 100-599")
+
+
+# The bytes of a completion that are not its response: the UPDATE's text (table names of 20-character prefixes), the
+# identity (at most 1,700 bytes of UTF-8, doubled at most by a driver's escaping), the claim token and the status.
+STATEMENT_MARGIN = 8 * 1024
+# No driver sends a bytes parameter as more than twice its length and a few bytes of quoting (hex digits, escapes).
+_MAX_GROWTH_SLACK = 64
+
+
+def check_response_size(body: bytes, features: Features, backend: str, sent_size: Callable[[bytes], int]) -> None:
+    """ResponseTooLarge, before the completion is sent, for a stored response `body` that the server would refuse
+    in one statement (`Features.max_statement_bytes`) as the driver sends it (`sent_size`): the server would fail
+    the statement or drop the connection (MySQL/MariaDB), and a retry would run the effect again to the same end."""
+    limit = features.max_statement_bytes
+    if limit is None or 2 * len(body) + _MAX_GROWTH_SLACK + STATEMENT_MARGIN <= limit:
+        return  # the common case: no need to count what a driver escapes
+    size = sent_size(body)
+    if size + STATEMENT_MARGIN > limit:
+        raise ResponseTooLarge(backend, size, max(limit - STATEMENT_MARGIN, 0),
+                               features.statement_limit or f"{limit:,} bytes per statement")
 
 
 # What an atomic `run` does on meeting another caller's claim of its key not yet committed (see `run`).

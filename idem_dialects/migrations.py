@@ -31,7 +31,7 @@ def include_tables(metadata: MetaData, url: str | URL, table_prefix: str = "idem
     """
     backend = offline(url)
     tables = build_tables(check_prefix(table_prefix), backend, metadata)
-    for table in (tables.records, tables.messages):
+    for table in tables.all:
         for column in table.columns:
             if isinstance(column.type, TypeDecorator):
                 column.type = getattr(column.type, "binary", None) or column.type.impl_instance

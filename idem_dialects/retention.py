@@ -7,41 +7,56 @@ exactly what the next `purge` would delete.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, case, func, literal_column, or_, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
+from .core import Core
+from .dialects.base import Backend
+from .dialects.maintenance import Maintenance
 from .errors import _first_line
-from .steps import Begin, Flow, sql, transaction
+from .limits import DEFAULT_RETENTION, check_batch_size, check_retention
+from .schema import PUBLISHED, Tables
+from .steps import Begin, Flow, Shape, Statement, ddl, execute, transaction
 
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
-
-    from .dialects.base import Backend
-    from .schema import Tables
-
-# How long a completed record is kept for replays by default: a client retrying for longer than a day is rare, and the
-# IETF Idempotency-Key draft's example window is 24 hours.
-DEFAULT_RETENTION = timedelta(hours=24)
+__all__ = ["DEFAULT_RETENTION", "Retention", "Stats", "TableSize", "purge_targets"]
+# Below this many rows (the engine's estimate) `stats` counts exactly: a scan that small costs less than a
+# millisecond or so, and the planner's guesses on small or fresh tables are rough.
+EXACT_BELOW = 100_000
 
 
 def purge_targets(tables: Tables, backend: Backend, window: timedelta) -> dict[Table, ColumnElement[bool]]:
     """Each table and the condition of its rows past `window`: records completed (or abandoned: never completed, lease
-    over, created) longer ago, processed messages as old. A live in-flight claim never matches."""
+    over, created) longer ago, processed messages as old, outbox commands published as long ago (pending and
+    dead-lettered commands stay). A live in-flight claim never matches."""
     cutoff = backend.now_plus(-window.total_seconds())
-    r, m = tables.records.c, tables.messages.c
-    return {
-        tables.records: or_(
-            and_(r.completed_at.is_not(None), r.completed_at < cutoff),
-            and_(r.completed_at.is_(None), r.locked_until < backend.now(), r.created_at < cutoff),
-        ),
-        tables.messages: m.processed_at < cutoff,
-    }
+    return {tables.records: past_retention(tables.records, backend, window),
+            tables.messages: tables.messages.c.processed_at < cutoff,
+            tables.outbox: and_(tables.outbox.c.state == PUBLISHED, tables.outbox.c.available_at < cutoff)}
+
+
+def past_retention(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
+    """The rows of a records table (the current generation or the previous one) past `window`."""
+    cutoff = backend.now_plus(-window.total_seconds())
+    r = records.c
+    return or_(and_(r.completed_at.is_not(None), r.completed_at < cutoff),
+               and_(r.completed_at.is_(None), r.locked_until < backend.now(), r.created_at < cutoff))
+
+
+def within_retention(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
+    """The rows of a records table `past_retention` leaves, written so that the completion index finds them (a range
+    and its NULLs): what a rotation carries forward, without reading the generation it drops."""
+    cutoff = backend.now_plus(-window.total_seconds())
+    r = records.c
+    return or_(r.completed_at >= cutoff,
+               and_(r.completed_at.is_(None), or_(r.locked_until >= backend.now(), r.created_at >= cutoff)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,10 @@ class Stats:
     purgeable_messages: int
     sizes: dict[str, TableSize | None] = field(default_factory=dict)  # by table name; None: not reported
     sizes_unavailable: str | None = None  # why the engine reported no size (e.g. a missing privilege)
+    # The figures that are the engine's estimates, not counts (where it keeps them: catalog statistics, the planner's
+    # estimate of a range): "records", "completed", "purgeable", "messages", "purgeable_messages". Claims not
+    # completed (in_flight, expired, oldest_open) are always counted, on the completion index's NULLs.
+    estimated: tuple[str, ...] = ()
 
     @property
     def records(self) -> int:
@@ -95,43 +114,174 @@ class Stats:
                                                        "index_bytes": size.index_bytes}
                       for name, size in self.sizes.items()},
             "sizes_unavailable": self.sizes_unavailable,
+            "estimated": list(self.estimated),
         }
 
 
-def stats(tables: Tables, backend: Backend, retention: timedelta) -> Flow[Stats]:
-    """The flow behind `store.stats()`: one read for the counts, one for the sizes (whose failure, e.g. a missing
-    privilege on the engine's catalog, leaves the sizes out and says why). Each begins as a claim does, so SQLite
-    reads without taking the write lock."""
-    counts = yield from transaction(sql(lambda c: _counts(c, tables, backend, retention)), Begin.CLAIM)
-    unavailable = None
-    try:
-        sizes = yield from transaction(sql(lambda c: {t.name: backend.table_size(c, t)
-                                                      for t in (tables.records, tables.messages)}), Begin.CLAIM)
-    except DBAPIError as exc:
-        sizes, unavailable = {}, f"{type(exc.orig).__name__}: {_first_line(exc.orig or exc)}"
-    return Stats(retention, **counts, sizes=sizes, sizes_unavailable=unavailable)
+def _utc(moment: datetime) -> datetime:
+    """A database time as an aware UTC datetime: engines that keep no zone (SQLite, MySQL) store UTC, those that do
+    (PostgreSQL's timestamptz) answer in the session's zone. One form everywhere, so `stats --format json` reads
+    the same on every engine."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _counts(conn: Connection, tables: Tables, backend: Backend, retention: timedelta) -> dict[str, Any]:
-    past = purge_targets(tables, backend, retention)
-    r, now = tables.records.c, backend.now()
-    is_open = r.completed_at.is_(None)
+class Retention:
+    """The retention flows on one store's `Core`."""
 
-    def count(condition: ColumnElement[bool]) -> ColumnElement[int]:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
+              progress: Callable[[str, int], None] | None = None) -> Flow[int]:
+        """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the retention)
+        ago, processed messages and published outbox commands as old, in batches of one transaction each, each
+        retried like `run`. A live in-flight claim is never touched. `progress(table, deleted)` is called after
+        each batch. Validates eagerly."""
+        window = self.core.retention if older_than is None else check_retention(older_than, "older_than")
+        check_batch_size(batch_size)
+        return self._purge(purge_targets(self.core.tables, self.core.backend, window), batch_size, progress, window)
+
+    def _generations(self) -> Flow[bool]:
+        return self.core.previous is not None  # found when the transaction began (`Core.refine`)
+        yield  # pragma: no cover - a flow
+
+    def _rotate(self, keep: ColumnElement[bool], window: timedelta,
+                progress: Callable[[str, int], None] | None) -> Flow[int]:
+        """Drop the previous generation if every record in it is past `window` (its newest completion older), else
+        nothing: one statement on its completion index decides."""
+        tables, backend = self.core.tables, self.core.backend
+        previous = tables.previous
+        newest = select(func.max(previous.c.completed_at) < backend.now_plus(-window.total_seconds()),
+                        func.count(previous.c.completed_at) > 0)
+        due = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
+        if due[1] and not due[0]:
+            return 0
+        dropped: int = yield from self.core.retrying(lambda: transaction(ddl(
+            lambda conn: backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep))))
+        yield from self.core.retrying(lambda: transaction(ddl(
+            lambda conn: backend.maintenance.drop_retired(conn, previous))))
+        self.core.telemetry.purged(tables.records.name, dropped)
+        if progress is not None:
+            progress(previous.name, dropped)
+        return dropped
+
+    def _purge(self, targets: dict[Table, ColumnElement[bool]], batch_size: int,
+               progress: Callable[[str, int], None] | None, window: timedelta) -> Flow[int]:
+        total = 0
+        records = self.core.tables.records
+        if (yield from transaction(self._generations(), Begin.CLAIM)):
+            # Generations: the previous one is dropped whole once every record in it is past retention; until then
+            # there is nothing to drop (records are kept between one and two retention windows).
+            targets = {t: c for t, c in targets.items() if t is not records}
+            total += yield from self._rotate(within_retention(self.core.tables.previous, self.core.backend, window),
+                                             window, progress)
+        for table, condition in targets.items():
+            while True:
+                def batch(table: Table = table, condition: ColumnElement[bool] = condition) -> Flow[int]:
+                    return transaction(self.core.backend.purge_batch(table, condition, batch_size), Begin.PURGE)
+
+                deleted = yield from self.core.retrying(batch)
+                self.core.telemetry.purged(table.name, deleted)
+                total += deleted
+                if progress is not None:
+                    progress(table.name, deleted)
+                if deleted < batch_size:
+                    break
+        return total
+
+    def stats(self) -> Flow[Stats]:
+        """Records by state, the backlog past the retention, table sizes: one read for the counts, one for the sizes
+        (whose failure, e.g. a missing privilege on the engine's catalog, leaves the sizes out and says why). Each
+        begins as a claim does, so SQLite reads without taking the write lock."""
+        counts = yield from transaction(self._counts(), Begin.CLAIM)
+        unavailable = None
+        try:
+            sizes = yield from transaction(self._sizes(), Begin.CLAIM)
+        except DBAPIError as exc:
+            sizes, unavailable = {}, f"{type(exc.orig).__name__}: {_first_line(exc.orig or exc)}"
+        return Stats(self.core.retention, **counts, sizes=sizes, sizes_unavailable=unavailable)
+
+    def _counts(self) -> Flow[dict[str, Any]]:
+        maintenance = self.core.backend.maintenance
+        if type(maintenance).rows is not Maintenance.rows:
+            counted = (self.core.tables.records, self.core.tables.messages, *self._previous())
+            rows = yield from ddl(lambda conn: sum(max(0, maintenance.rows(conn, t) or 0) for t in counted))
+            if rows >= EXACT_BELOW:
+                return (yield from self._estimates())
+        tables, backend = self.core.tables, self.core.backend
+        past = purge_targets(tables, backend, self.core.retention)
+        r, now = tables.records.c, backend.now()
+        is_open = r.completed_at.is_(None)
+
+        def count(condition: ColumnElement[bool]) -> ColumnElement[int]:
+            one: ColumnElement[int] = literal_column("1")
+            zero: ColumnElement[int] = literal_column("0")
+            return func.coalesce(func.sum(case((condition, one), else_=zero)), zero)
+
+        records = yield from execute(Statement(select(
+            count(r.completed_at.is_not(None)).label("completed"),
+            count(and_(is_open, r.locked_until > now)).label("in_flight"),
+            count(and_(is_open, r.locked_until <= now)).label("expired"),
+            count(past[tables.records]).label("purgeable"),
+            func.min(case((is_open, r.created_at))).label("oldest_open"),
+            now.label("db_now"),
+        ).select_from(tables.records), Shape.ROW, (tables.records.name,)))
+        messages = yield from execute(Statement(
+            select(func.count().label("messages"), count(past[tables.messages]).label("purgeable"))
+            .select_from(tables.messages), Shape.ROW, (tables.messages.name,)))
+        completed, purgeable = int(records.completed), int(records.purgeable)
+        for previous in self._previous():  # completed records only: a rotation carries the others forward
+            row = yield from execute(Statement(select(
+                count(previous.c.completed_at.is_not(None)),
+                count(past_retention(previous, backend, self.core.retention))).select_from(previous), Shape.ROW,
+                (previous.name,)))
+            completed, purgeable = completed + int(row[0]), purgeable + int(row[1])
+        return {"db_now": _utc(records.db_now), "completed": completed,
+                "in_flight": int(records.in_flight), "expired": int(records.expired), "purgeable": purgeable,
+                "oldest_open": None if records.oldest_open is None else _utc(records.oldest_open),
+                "messages": int(messages.messages), "purgeable_messages": int(messages.purgeable)}
+
+    def _estimates(self) -> Flow[dict[str, Any]]:
+        """What the engine keeps, in constant time whatever the tables' size: the claims not completed counted on the
+        completion index's NULLs (few: in flight or stuck), everything else the engine's estimates."""
+        tables, backend, core = self.core.tables, self.core.backend, self.core
+        maintenance, seconds = backend.maintenance, core.retention.total_seconds()
+        r, now = tables.records.c, backend.now()
+        past = past_retention(tables.records, backend, core.retention)
         one: ColumnElement[int] = literal_column("1")
-        zero: ColumnElement[int] = literal_column("0")
-        return func.coalesce(func.sum(case((condition, one), else_=zero)), zero)
+        open_rows = yield from execute(Statement(select(
+            func.count(case((r.locked_until > now, one))).label("in_flight"),
+            func.count(case((r.locked_until <= now, one))).label("expired"),
+            func.count(case((past, one))).label("abandoned"),
+            func.min(r.created_at).label("oldest_open"), now.label("db_now"),
+        ).where(r.completed_at.is_(None)), Shape.ROW, (tables.records.name,)))
+        generations = [tables.records, *self._previous()]
 
-    records = conn.execute(select(
-        count(r.completed_at.is_not(None)).label("completed"),
-        count(and_(is_open, r.locked_until > now)).label("in_flight"),
-        count(and_(is_open, r.locked_until <= now)).label("expired"),
-        count(past[tables.records]).label("purgeable"),
-        func.min(case((is_open, r.created_at))).label("oldest_open"),
-        now.label("db_now"),
-    ).select_from(tables.records)).one()
-    messages = conn.execute(select(func.count().label("messages"), count(past[tables.messages]).label("purgeable"))
-                            .select_from(tables.messages)).one()
-    return {"db_now": records.db_now, "completed": int(records.completed), "in_flight": int(records.in_flight),
-            "expired": int(records.expired), "purgeable": int(records.purgeable), "oldest_open": records.oldest_open,
-            "messages": int(messages.messages), "purgeable_messages": int(messages.purgeable)}
+        def estimate(conn: Connection) -> dict[str, int]:
+            def known(n: int | None) -> int:
+                return max(0, n or 0)
+
+            return {"records": sum(known(maintenance.rows(conn, t)) for t in generations),
+                    "past": sum(known(maintenance.older_than(conn, t, "completed_at", seconds)) for t in generations),
+                    "messages": known(maintenance.rows(conn, tables.messages)),
+                    "past_messages": known(maintenance.older_than(conn, tables.messages, "processed_at", seconds))}
+
+        found = yield from ddl(estimate)
+        in_flight, expired = int(open_rows.in_flight), int(open_rows.expired)
+        return {"db_now": _utc(open_rows.db_now), "completed": max(0, found["records"] - in_flight - expired),
+                "in_flight": in_flight, "expired": expired,
+                "purgeable": found["past"] + int(open_rows.abandoned),
+                "oldest_open": None if open_rows.oldest_open is None else _utc(open_rows.oldest_open),
+                "messages": found["messages"], "purgeable_messages": min(found["past_messages"], found["messages"]),
+                "estimated": ("records", "completed", "purgeable", "messages", "purgeable_messages")}
+
+    def _previous(self) -> list[Table]:
+        return [] if self.core.previous is None else [self.core.previous]
+
+    def _sizes(self) -> Flow[dict[str, TableSize | None]]:
+        sizes: dict[str, TableSize | None] = {}
+        for table in (self.core.tables.records, *self._previous(), self.core.tables.messages):
+            clause = self.core.backend.size_statement(table)
+            row = None if clause is None else (yield from execute(Statement(clause, Shape.ROW)))
+            sizes[table.name] = None if row is None or row[0] is None else TableSize(int(row[0]), int(row[1] or 0))
+        return sizes

@@ -25,7 +25,7 @@ _NOT_RETRIED_FOR_EFFECTS = frozenset({RetryCause.CANCELLED, RetryCause.CONNECT})
 class EffectFailed(Exception):
     """Internal: the user's effect raised `error`. The store raises this wrapper in its place while it travels
     through the store's own cleanup (rollback, release), so that nothing raised there can replace it or be
-    classified instead; `call_with_retry` unwraps it before anything reaches the caller."""
+    classified instead; `retrying` unwraps it before anything reaches the caller."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(type(error).__name__)
@@ -70,11 +70,20 @@ def _unwrapped(exc: BaseException) -> BaseException:
     return failed.error
 
 
+# Seconds: a default Patroni failover's worst case (the leader key's ttl of 30 s, then the promotion) with room.
+DEFAULT_TOTAL = 45.0
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """`total` bounds the time spent retrying (seconds); waits grow from `initial` up to `max_wait`, jittered."""
+    """`total` bounds the time spent retrying (seconds); waits grow from `initial` up to `max_wait`, jittered.
 
-    total: float = 30.0
+    The default total covers a failover of Patroni left at its defaults (ttl 30 s, loop_wait 10 s): measured 23.7 to
+    24.7 s from the leader's kill to the first acknowledgement, and the leader key can outlive a kill by the whole
+    ttl, plus the promotion. A stack that fails over more slowly (pg_auto_failover's defaults: 50-51 s here) declares
+    its window in the URL (`failover_window=`), and a store whose budget is shorter warns (docs: Clusters)."""
+
+    total: float = DEFAULT_TOTAL
     initial: float = 0.005
     max_wait: float = 0.5
     max_attempts: int | None = None
@@ -196,26 +205,3 @@ def _retrying(
     except tenacity.RetryError as err:
         exhausted = budget.exhausted(err)
         raise exhausted from exhausted.last_error
-
-
-def call_with_retry(
-    policy: RetryPolicy,
-    classify: Callable[[BaseException], str | None],
-    fn: Callable[[], T],
-    on_retry: Callable[[str], None] = lambda cause: None,
-) -> T:
-    """`retrying` for a plain function, sleeping with `time.sleep`."""
-
-    def attempt() -> Flow[T]:
-        return fn()
-        yield  # a generator: the call above is the attempt
-
-    flow = retrying(policy, classify, attempt, on_retry)
-    sent: Any = None
-    while True:
-        try:
-            step = flow.send(sent)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        assert isinstance(step, Sleep)
-        time.sleep(step.seconds)

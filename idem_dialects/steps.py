@@ -1,19 +1,22 @@
-"""The steps a protocol flow yields: the only things the sync and async stores do differently.
+"""The steps a protocol flow yields: descriptions of I/O, the only things the stores execute differently.
 
 A *flow* is a generator that yields steps and is sent each step's result (or has its error thrown in), the way
-httpx drives its auth flows. `IdempotencyStore` executes steps with plain calls and `AsyncIdempotencyStore` awaits
-them; every decision (what to claim, when to retry, what to release) is in the flows of `protocol.py`.
+httpx drives its auth flows. A statement is data: `Exec` names one of the store's statements and its parameters, and
+says what result it wants (`Shape`); the loop hands it to an executor for its driver (the DBAPI cursor for a sync
+driver, an async driver's own API, or SQLAlchemy's `Connection.execute` where asked). Every decision (what to claim,
+when to retry, what to release) is in the flows; a loop only executes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
-from sqlalchemy.engine import Connection
-from sqlalchemy.sql.base import Executable
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.sql.base import Executable
 
 T = TypeVar("T")
 
@@ -24,13 +27,44 @@ class Begin(Enum):
 
     STORE = "store"
     CLAIM = "claim"
+    PURGE = "purge"  # a purge batch: at the weakest isolation that keeps claims beside it unblocked (READ COMMITTED)
+
+
+class Shape(Enum):
+    """What a flow wants back from a statement."""
+
+    ROWCOUNT = "rowcount"  # how many rows it touched
+    ROW = "row"  # its first row (attributes by column name), or None
+    ROWS = "rows"  # every row it returns (a small batch: purge's keys)
+    NOTHING = "nothing"  # session settings, transaction control
+
+
+@dataclass(frozen=True, eq=False)
+class Statement:
+    """One of the store's statements, built once (SQLAlchemy Core) and executed many times with parameters. An
+    executor compiles it once per dialect and driver and keeps that in `compiled`. `tables` are the store's tables
+    it names: an error that says one of them is missing, or not granted, is told as such (`guard`)."""
+
+    clause: Executable
+    shape: Shape
+    tables: tuple[str, ...] = ()
+    compiled: dict[Any, Any] = field(default_factory=dict, repr=False)  # dialect -> its plan
 
 
 @dataclass(frozen=True, slots=True)
-class Sql(Generic[T]):
-    """Run `fn` on the flow's connection: a sync `Connection` (the async store runs it through `run_sync`)."""
+class Exec:
+    """Execute `statement` with `params` (bind parameter name -> Python value) in the flow's transaction."""
 
-    fn: Callable[[Connection], T]
+    statement: Statement
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ddl(Generic[T]):
+    """Run `action` on SQLAlchemy's `Connection` of the flow's transaction: schema work (CREATE, DROP) that
+    SQLAlchemy's DDL compilers do, off every request's path. The async store runs it through `run_sync`."""
+
+    action: Callable[[Connection], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,24 +102,8 @@ class Sleep:
     seconds: float
 
 
-Step: TypeAlias = "Sql[Any] | Effect | Transaction | Sleep"
+Step: TypeAlias = "Exec | Ddl[Any] | Effect | Transaction | Sleep"
 Flow: TypeAlias = Generator[Step, Any, T]
-
-
-def execute_unlogged(conn: Connection, fn: Callable[[Connection], T]) -> T:
-    """Execute a statement step, `fn(conn)`, out of SQLAlchemy's engine log (both stores' loops run `Sql` steps
-    through this). With echo=True/"debug", or the ``sqlalchemy.engine`` logger at INFO/DEBUG, a connection logs each
-    statement and its result rows - a replay's row holds the stored response and the claim token, which
-    hide_parameters does not cover. The flag is per connection, so the caller's effect on the same connection is
-    logged as before; tests/test_log_secrets.py fails if SQLAlchemy renames it."""
-    echo = getattr(conn, "_echo", False)
-    if not echo:
-        return fn(conn)
-    conn._echo = False
-    try:
-        return fn(conn)
-    finally:
-        conn._echo = echo
 
 
 class Stepper(Generic[T]):
@@ -114,14 +132,19 @@ class Stepper(Generic[T]):
         self._error = error
 
 
-def sql(fn: Callable[[Connection], T]) -> Flow[T]:
-    """A flow of one statement step."""
-    return (yield Sql(fn))  # type: ignore[no-any-return]
+def execute(statement: Statement, params: Mapping[str, Any] | None = None) -> Flow[Any]:
+    """A flow of one statement: what its `shape` asks for."""
+    return (yield Exec(statement, params or {}))
 
 
-def rowcount(statement: Executable, params: dict[str, Any]) -> Flow[int]:
-    """A flow that executes one DML statement and returns how many rows it touched."""
-    return (yield Sql(lambda conn: conn.execute(statement, params).rowcount))  # type: ignore[no-any-return]
+def rowcount(statement: Statement, params: Mapping[str, Any] | None = None) -> Flow[int]:
+    """A flow of one statement whose shape is ROWCOUNT: how many rows it touched."""
+    return (yield Exec(statement, params or {}))  # type: ignore[no-any-return]
+
+
+def ddl(action: Callable[[Connection], T]) -> Flow[T]:
+    """A flow of one schema action on SQLAlchemy's Connection."""
+    return (yield Ddl(action))  # type: ignore[no-any-return]
 
 
 def transaction(body: Flow[T], begin: Begin = Begin.STORE, *, shielded: bool = False) -> Flow[T]:

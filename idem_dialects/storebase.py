@@ -1,5 +1,6 @@
-"""What the sync and async stores share around the protocol: their public attributes, and the guards that keep a
-sync effect out of the async store and an async one out of the sync store."""
+"""What the sync and async stores share around the protocol: their public attributes, the flows they drive
+(`claims`, the inbox, retention), and the guards that keep a sync effect out of the async store and an async one out
+of the sync store."""
 
 from __future__ import annotations
 
@@ -9,25 +10,47 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
+from sqlalchemy.engine import Dialect
+
+from .claims import Claims
+from .commands import Identity, Origin, current, origin_of
+from .core import Core
 from .dialects.base import Backend
-from .errors import AsyncMisuse, InvalidPayload, RetryCause
+from .errors import AsyncMisuse, IdemError, InvalidPayload, RetryCause
+from .execution.plan import plan
 from .features import Features
 from .fingerprint import Encoder
+from .inbox import Inbox
 from .limits import check_retention
-from .protocol import Core
+from .outbox import Outbox, Prepared
+from .retention import Retention
 from .retry import RetryPolicy
 from .schema import Tables
+from .steps import Exec
+
+# Called with a store statement's SQL before (False) and after (True) it runs, in the thread or task that runs it.
+StatementHook = Callable[[str, bool], None]
 
 # --- what both stores expose -----------------------------------------------------------------------------------------
 
-class StoreBase:
-    """The attributes and engine-neutral methods of both stores: their `Core`'s, under the public names."""
 
-    core: Core
+class StoreBase:
+    """The attributes and engine-neutral methods of every store, and the flows it drives.
+
+    `claims` is the protocol's claim flows (claim, complete, release, renew, heartbeat, run), the declared API that
+    adapters (the HTTP layer) build their own flows on and run with the store's `drive`; `outbox` the outbox's
+    flows (claim, settle, stats, requeue), which the relays drive."""
+
+    _core: Core
     _owns_engine: bool
+    _hook: StatementHook | None = None
 
     def _adopt(self, core: Core) -> None:
-        self.core = core
+        self._core = core
+        self.claims = Claims(core)
+        self._inbox = Inbox(core)
+        self._retention = Retention(core)
+        self.outbox = Outbox(core)
         self.table_prefix: str = core.table_prefix
         self.backend: Backend = core.backend
         self.tables: Tables = core.tables
@@ -37,40 +60,64 @@ class StoreBase:
 
     @property
     def features(self) -> Features:
-        """What the backend offers on this database (refined from the server once a connection was made)."""
-        return self.core.features
+        """What the backend offers on this database (refined from the server in the store's first transaction)."""
+        return self._core.features
 
     @property
     def retry(self) -> RetryPolicy:
         """The retry budget of `run` and `purge` (settable)."""
-        return self.core.retry
+        return self._core.retry
 
     @retry.setter
     def retry(self, policy: RetryPolicy) -> None:
-        self.core.retry = policy
+        self._core.retry = policy
 
     @property
     def retention(self) -> timedelta:
         """How long completed records are kept for replays: what `purge` deletes when not given `older_than`, and
         the backlog `stats` counts (settable)."""
-        return self.core.retention
+        return self._core.retention
 
     @retention.setter
     def retention(self, window: timedelta) -> None:
-        self.core.retention = check_retention(window)
+        self._core.retention = check_retention(window)
 
     @property
     def encoder(self) -> Encoder | None:
         """Turns values that are not plain JSON into JSON (settable; None refuses them)."""
-        return self.core.encoder
+        return self._core.encoder
 
     @encoder.setter
     def encoder(self, encoder: Encoder | None) -> None:
-        self.core.encoder = encoder
+        self._core.encoder = encoder
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """Why `run` would retry after `exc` (None: it propagates unchanged)."""
-        return self.core.retry_cause(exc)
+        return self._core.retry_cause(exc)
+
+    def _command(self, destination: object, payload: object, headers: object, scope: object,
+                 origin: Identity | Origin | None, sequence: int | None) -> Prepared:
+        """A command for `add_command`, validated before any SQL: numbered in the running effect's sequence, or
+        with an explicit `origin` (the step-by-step API's Claimed) and `sequence`."""
+        if origin is None:
+            writing = current()
+            if writing is None:
+                raise IdemError("add_command() outside an effect needs origin= (the Claimed of the step-by-step API)"
+                                " and sequence=: inside run's effect, an HTTP handler in atomic mode or a consumer's"
+                                " handler, the record is known")
+            found = writing.origin
+            number = writing.next() if sequence is None else sequence
+        else:
+            if sequence is None:
+                raise InvalidPayload("sequence", "is needed with an explicit origin: number the commands of one"
+                                                 " record 0, 1, ... the same way on every attempt")
+            found, number = origin_of(origin), sequence
+        return self.outbox.prepare(found, number, destination, payload, headers, scope)
+
+
+def statement_sql(step: Exec, dialect: Dialect) -> str:
+    """The SQL of a statement step as the store sends it on `dialect` (for a `statement_hook`)."""
+    return plan(step.statement, dialect).sql
 
 
 _Store = TypeVar("_Store", bound=StoreBase)

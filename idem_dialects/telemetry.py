@@ -1,5 +1,5 @@
-"""Metrics and traces through OpenTelemetry's API, recorded once: the protocol's flows (`protocol.py`) call this module,
-so the sync store, the async store, the HTTP runners and every other adapter report alike.
+"""Metrics and traces through OpenTelemetry's API, recorded once: the protocol's flows (`claims.py`, `inbox.py`) call
+this module, so the sync store, the async store, the HTTP runners and every other adapter report alike.
 
 A no-op without `opentelemetry-api` (the [otel] extra), and costs next to nothing until the application installs the
 SDK (the API's no-op providers). The API is imported when the first store is made, not by `import idem_dialects`.
@@ -40,6 +40,7 @@ SCOPE = "idem_dialects"  # the instrumentation scope: the meter's and the tracer
 SYSTEM, NAMESPACE, TABLE, ERROR = "db.system.name", "db.namespace", "db.collection.name", "error.type"
 OPERATION, OUTCOME, CAUSE = "idempotency.operation", "idempotency.outcome", "idempotency.retry.cause"
 SUBSCRIBER, ATTEMPTS = "idempotency.subscriber", "idempotency.attempts"
+DESTINATION = "idempotency.outbox.destination"
 RUN_SPAN, REQUEST_SPAN, EVENT = "idempotency run", "idempotency request", "idempotency.claim"
 # Seconds: a replay takes a fraction of a millisecond, a claim that waits on a holder or a retried run seconds.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -97,6 +98,27 @@ class _Totals:
         return [Observation(total, dict(key)) for key, total in counts]
 
 
+class _Levels:
+    """A gauge: the last value set per attribute set, reported through an observable gauge (the outbox backlog a
+    relay samples)."""
+
+    def __init__(self, meter: Any, name: str, unit: str, description: str) -> None:
+        self._values: dict[tuple[tuple[str, Any], ...], float] = {}
+        self._lock = threading.Lock()
+        meter.create_observable_gauge(name, callbacks=[self._observe], unit=unit, description=description)
+
+    def set(self, value: float, attributes: Attributes) -> None:
+        with self._lock:
+            self._values[tuple(attributes.items())] = value
+
+    def _observe(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            values = list(self._values.items())
+        return [Observation(value, dict(key)) for key, value in values]
+
+
 class _Instruments:
     """The metrics, made once per meter provider (the SDK warns about an instrument made twice)."""
 
@@ -114,6 +136,13 @@ class _Instruments:
         self.messages = _Totals(meter, "idempotency.messages", "{message}",
                                 "Consumed messages: accepted, duplicate or mismatch")
         self.purged = _Totals(meter, "idempotency.purge.rows", "{row}", "Rows deleted by purge, by table")
+        self.relayed = _Totals(meter, "idempotency.outbox.commands", "{command}",
+                               "Outbox commands a relay handled, by outcome (published, retried, dead_lettered,"
+                               " released) and destination; published/s is this counter's rate")
+        self.pending = _Levels(meter, "idempotency.outbox.pending", "{command}",
+                               "Outbox commands waiting to be published, as a relay last sampled")
+        self.oldest = _Levels(meter, "idempotency.outbox.oldest_age", "s",
+                              "Age of the oldest outbox command waiting to be published, as a relay last sampled")
         self.claim_wait = histogram("idempotency.claim.wait",
                                     "Time from a claim's first statement to its outcome, waiting on a holder included")
         self.effect = histogram("idempotency.effect.duration", "Time the caller's effect ran")
@@ -146,20 +175,44 @@ def _instruments_for(provider: MeterProvider | None) -> _Instruments:
 
 class Telemetry:
     """What one store records. `enabled` is False without opentelemetry-api: then every method returns at once and
-    the flow wrappers hand back the flow itself. Providers default to the global ones the application installs."""
+    the flow wrappers hand back the flow itself. Providers default to the global ones the application installs.
+
+    Counters are summed from the first claim whatever is installed (a dict update each; an SDK installed later reports
+    them whole). Spans and histograms need an SDK to record anything: with the API's no-op or proxy providers they are
+    skipped, the run's flow left unwrapped; a global SDK installed later is seen within a second (`live`)."""
 
     def __init__(self, system: str, namespace: str | None, *, meter_provider: MeterProvider | None = None,
                  tracer_provider: TracerProvider | None = None, enabled: bool | None = None) -> None:
         self.base: Attributes = {SYSTEM: system} | ({NAMESPACE: namespace} if namespace else {})
         self._sets: dict[tuple[str, ...], Attributes] = {}
         self.enabled = _api_installed() if enabled is None else enabled
+        self._live = False
+        self._next_look = 0.0
         if not self.enabled:
             return
-        from opentelemetry import context, trace
+        from opentelemetry import context, metrics, trace
 
-        self._context, self._trace = context, trace
+        self._context, self._trace, self._global_metrics = context, trace, metrics
         self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
         self._metrics = _instruments_for(meter_provider)
+        # None: the global provider, looked at until it is an SDK's; True/False: a provider the store was given.
+        self._tracing: bool | None = None if tracer_provider is None else not _no_op(tracer_provider)
+        self._metering: bool | None = None if meter_provider is None else not _no_op(meter_provider)
+
+    @property
+    def live(self) -> bool:
+        """Whether a signal would be recorded: an SDK's provider (given, or installed globally, now or since)."""
+        if self._live or not self.enabled:
+            return self._live
+        now = time.monotonic()
+        if now < self._next_look:  # the API's getters read the environment each call: looked at once a second
+            return False
+        self._next_look = now + 1.0
+        tracing = self._tracing if self._tracing is not None else not _no_op(self._trace.get_tracer_provider())
+        metering = self._metering if self._metering is not None else not _no_op(
+            self._global_metrics.get_meter_provider())
+        self._live = tracing or metering
+        return self._live
 
     def _attributes(self, *pairs: str) -> Attributes:
         """The base attributes plus name/value `pairs`, one dict per distinct set (the SDK hashes them per call)."""
@@ -183,15 +236,17 @@ class Telemetry:
         if name is not None:
             attributes = self._attributes(OPERATION, operation, OUTCOME, name)
             self._metrics.outcomes.add(1, attributes)
-            self._metrics.claim_wait.record(time.perf_counter() - started, attributes)
-            if name == "takeover":
-                self._event(name)
+            if self.live:
+                self._metrics.claim_wait.record(time.perf_counter() - started, attributes)
+                if name == "takeover":
+                    self._event(name)
         return outcome
 
     def lease_lost(self, operation: str) -> None:
         if self.enabled:
             self._metrics.outcomes.add(1, self._attributes(OPERATION, operation, OUTCOME, "lease_lost"))
-            self._event("lease_lost")
+            if self.live:
+                self._event("lease_lost")
 
     def _event(self, outcome: str) -> None:
         """A rare outcome (a takeover, a lost lease) as an event on the current span: the run's, the HTTP request's,
@@ -202,7 +257,7 @@ class Telemetry:
             span.add_event(EVENT, {OUTCOME: outcome})
 
     def effect(self, operation: str, seconds: float, error: BaseException | None) -> None:
-        if self.enabled:
+        if self.live:
             pairs = (OPERATION, operation) if error is None else (OPERATION, operation, ERROR, error_type(error))
             self._metrics.effect.record(seconds, self._attributes(*pairs))
 
@@ -213,6 +268,17 @@ class Telemetry:
     def purged(self, table: str, rows: int) -> None:
         if self.enabled and rows:
             self._metrics.purged.add(rows, self._attributes(TABLE, table))
+
+    def relayed(self, destination: str, outcome: str, count: int = 1) -> None:
+        """Outbox commands a relay handled: published, retried, dead_lettered, released."""
+        if self.enabled and count:
+            self._metrics.relayed.add(count, self._attributes(DESTINATION, destination, OUTCOME, outcome))
+
+    def backlog(self, table: str, pending: int, oldest_age: float) -> None:
+        if self.enabled:
+            attributes = self._attributes(TABLE, table)
+            self._metrics.pending.set(pending, attributes)
+            self._metrics.oldest.set(oldest_age, attributes)
 
     def message(self, subscriber: str, flow: Flow[bool]) -> Flow[bool]:
         """`flow` (accepting a message: True the first time) counted as accepted, duplicate or mismatch. The hook for
@@ -239,7 +305,7 @@ class Telemetry:
     def run(self, operation: str, attempt: Callable[[], Flow[T]],
             retrying: Callable[[Callable[[], Flow[T]]], Flow[T]]) -> Flow[T]:
         """`retrying(attempt)` (a run) under a span, timed, its attempts counted; it returns a `Result`."""
-        if not self.enabled:
+        if not self.live:
             return retrying(attempt)
         attempts = [0]
 
@@ -256,7 +322,7 @@ class Telemetry:
              attempts: list[int] | None = None, duration: Any = None) -> Flow[T]:
         """`flow` under a span `name`, current while the flow runs; `describe(result)` gives its closing attributes.
         The hook for adapters (the HTTP request, a consumer's message)."""
-        return self._span(name, operation, flow, describe, attempts, duration) if self.enabled else flow
+        return self._span(name, operation, flow, describe, attempts, duration) if self.live else flow
 
     def _span(self, name: str, operation: str, flow: Flow[T], describe: Callable[[T], Attributes],
               attempts: list[int] | None, duration: Any) -> Flow[T]:
@@ -301,6 +367,12 @@ class Telemetry:
                 if ERROR in closing:
                     pairs += (ERROR, closing[ERROR])
                 duration.record(time.perf_counter() - started, self._attributes(*pairs))
+
+
+def _no_op(provider: Any) -> bool:
+    """A provider that records nothing: the API's no-op ones, and its proxies until an SDK is installed behind them
+    (the proxies live in the API's own modules; an SDK's providers never do)."""
+    return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
 
 
 def _api_installed() -> bool:

@@ -6,6 +6,7 @@ or decides whether its driver is asyncio-only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -16,6 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from . import dialects
+from .dialects import options as driver_options
 from .errors import ConfigurationError, InvalidURL, MissingDriver
 
 if TYPE_CHECKING:
@@ -24,14 +26,36 @@ if TYPE_CHECKING:
     from .dialects.base import Backend
 
 
+# The host part of a URL's text: between "://" (and any USER[:PASSWORD]@) and the path, query or end.
+_HOST_PART = re.compile(r"^[\w+.-]+://(?:[^@/?#]*@)?([^/?#]*)")
+
+
 def parse(url: str | URL) -> URL:
-    """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL."""
+    """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL, for
+    several hosts in its host part and for a port outside 1-65535 (which drivers would take for a host that does
+    not answer, and retry)."""
+    if isinstance(url, str) and (found := _HOST_PART.match(url)) is not None and "," in found.group(1):
+        raise InvalidURL("the URL's host part names several hosts (HOST1:PORT1,HOST2:PORT2), and holds one",
+                         several_hosts(url))
     try:
-        return make_url(url)
+        parsed = make_url(url)
     except ArgumentError:
         raise InvalidURL() from None
     except ValueError:  # SQLAlchemy's int() of the port
         raise InvalidURL("the port in the URL is not a number") from None
+    driver_options.check_port(parsed)
+    return parsed
+
+
+def several_hosts(url: str) -> str | None:
+    """How the backend of `url` takes several hosts (its `several_hosts` form), or None: the general form."""
+    scheme = url.partition("://")[0].partition("+")[0]
+    try:
+        form = dialects.load(scheme).several_hosts
+    except Exception:  # not a backend we know: the general form
+        return None
+    return (f"this backend takes several hosts as {form}" if form else
+            "this backend connects to one host: name one (a load balancer or proxy, if several serve it)")
 
 
 @dataclass(frozen=True)
@@ -59,16 +83,19 @@ class Target:
 
     def missing_driver(self, exc: ImportError) -> MissingDriver:
         """The driver's import failed: its package is absent, or (installed) a system library it links is."""
-        known = self.backend.driver(self.driver)
+        known = dialects.driver(self.backend, self.driver)
         missing = known.missing_libraries() if known is not None and known.installed() else []
         return MissingDriver(self.drivername, self.install_hint(), exc, missing[0].soname if missing else None)
 
     def create_engine(self, **options: Any) -> Engine:
-        """A sync engine with the store's options; MissingDriver (saying what to install) if the driver cannot load."""
+        """A sync engine with the store's options; MissingDriver (saying what to install) if the driver cannot load,
+        ConnectionConfigError if SQLAlchemy's dialect already refuses a query option's value (PyMySQL's int())."""
         try:
             return create_engine(self.url, **self.engine_options(options))
         except ImportError as exc:
             raise self.missing_driver(exc) from exc
+        except (TypeError, ValueError) as exc:
+            raise (driver_options.refused(self.backend.name, self.url, exc) or exc) from exc
 
     def create_async_engine(self, **options: Any) -> AsyncEngine:
         """An AsyncEngine with the store's options (imports SQLAlchemy's asyncio layer, which needs greenlet)."""
@@ -81,6 +108,8 @@ class Target:
             return create_async_engine(self.url, **self.engine_options(options))
         except ImportError as exc:
             raise self.missing_driver(exc) from exc
+        except (TypeError, ValueError) as exc:
+            raise (driver_options.refused(self.backend.name, self.url, exc) or exc) from exc
 
 
 def target(url: str | URL) -> Target:
@@ -100,6 +129,13 @@ def target(url: str | URL) -> Target:
                   bool(getattr(asynchronous, "is_async", False)))
 
 
+def existing_database(url: str | URL) -> URL:
+    """`url` resolved, in the backend's form that opens the database only if it exists: what commands that read or
+    maintain a store (stats, purge) connect with, so a mistyped path is an error rather than a new empty database."""
+    resolved = target(url)
+    return resolved.backend.existing_database_url(resolved.url)
+
+
 def offline(url: str | URL, executor: Callable[..., object] = lambda *args, **kwargs: None) -> Backend:
     """The backend of `url` (or of a bare backend name: ``postgresql`` stands for ``postgresql://``) on a mock engine
     whose statements go to `executor`: DDL compiled by SQLAlchemy's own dialect, without a driver or a server."""
@@ -110,7 +146,7 @@ def offline(url: str | URL, executor: Callable[..., object] = lambda *args, **kw
 
 
 def async_drivers_hint(backend: type[Backend]) -> str:
-    names = [f"{backend.name}+{driver}" for driver in backend.async_drivers]
+    names = [f"{backend.name}+{driver}" for driver in dialects.async_drivers(backend)]
     return " or ".join(names) if names else f"no async driver is declared for {backend.name}"
 
 
@@ -120,7 +156,7 @@ def async_url(url: str | URL, driver: str | None = None) -> URL:
     resolved = target(url)
     if resolved.asyncio_only:
         return resolved.url
-    chosen = driver or next(iter(resolved.backend.usable_drivers(asynchronous=True)), None)
+    chosen = driver or next(iter(dialects.usable_drivers(resolved.backend, asynchronous=True)), None)
     if chosen is None:
         raise MissingDriver(resolved.drivername, "pip install 'idem-dialects[async]'",
                             ModuleNotFoundError(f"no async driver for {resolved.backend.name} is installed"))

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 def async_store_class(*drivers: str) -> type[AsyncIdempotencyStore]:
     """AsyncIdempotencyStore, after skipping the test unless greenlet and `drivers` (e.g. "aiosqlite") import."""
     for module in ("greenlet", *drivers):
-        pytest.importorskip(module, reason=f"{module} is not installed (pip install 'idem-dialects[async]')")
+        extra = "async" if module == "greenlet" else module  # each async driver is an extra of its own name
+        pytest.importorskip(module, reason=f"{module} is not installed (pip install 'idem-dialects[{extra}]')")
     from idem_dialects import AsyncIdempotencyStore
 
     return AsyncIdempotencyStore

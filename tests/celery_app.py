@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun
+from consumer_common import dead_lettered
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 
@@ -22,6 +23,7 @@ from idem_dialects.consumers.celery import idempotent_task
 env = os.environ
 app = Celery("idem_test", broker=env.get("IDEM_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
 app.conf.task_default_queue = env.get("IDEM_CELERY_QUEUE", "idem-test")
+app.conf.task_queues = [dead_lettered(app.conf.task_default_queue)]
 app.conf.broker_connection_retry_on_startup = True
 PREFIX = env.get("IDEM_CELERY_PREFIX", "inbox_")
 applied = applied_table(PREFIX)
@@ -42,6 +44,19 @@ def record(conn: Connection, order: str) -> str:
 def charge(conn: Connection, order: str, amount: int) -> int:
     conn.execute(insert(applied).values(message_id=f"charge:{order}", worker=amount))
     return amount
+
+
+@idempotent_task(app, store, subscriber="ids", name="idem_test.big")
+def big(conn: Connection, number: int, signed: int) -> int:
+    """Arguments a JSON message carries exactly, beyond what RFC 8785 represents (64-bit ids)."""
+    conn.execute(insert(applied).values(message_id=f"big:{number}:{signed}", worker=0))
+    return number
+
+
+@idempotent_task(app, store, subscriber="orders", key=lambda order: order, name="idem_test.keyed")
+def keyed(conn: Connection, order: str) -> str:
+    conn.execute(insert(applied).values(message_id=f"keyed:{order}", worker=0))
+    return order
 
 
 @task_postrun.connect

@@ -16,6 +16,13 @@ from idem_dialects import IdempotencyStore
 from idem_dialects.conformance.brokers import applied_table
 
 
+def dead_lettered(queue: str) -> Any:
+    """A Celery queue whose rejected messages go to `<queue>.dead` (the worker and the client declare it alike)."""
+    from kombu import Queue
+
+    return Queue(queue, queue_arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{queue}.dead"})
+
+
 class Inbox:
     """An IdempotencyStore on `tmp_path`/inbox.db and its `<prefix>applied` table (one row per committed run)."""
 

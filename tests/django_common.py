@@ -17,7 +17,7 @@ import pytest
 from http_common import free_port, stop
 from sqlalchemy import func, select
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 
 
 @dataclass

@@ -4,7 +4,7 @@ python-oracledb exception objects, and a scripted connection for the read paths 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +47,7 @@ def sql(stmt: Any, dialect: Dialect | None = None) -> str:
     return " ".join(str(stmt.compile(dialect=dialect or oracle.dialect())).split())
 
 
-def bound(compiled: Any, dialect: Dialect, params: dict[str, Any] | None = None) -> dict[str, Any]:
+def bound(compiled: Any, dialect: Dialect, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The parameters as the driver receives them (after each type's bind processor)."""
     out = {}
     for name, value in compiled.construct_params(params).items():
@@ -96,6 +96,12 @@ class Result:
     def first(self) -> Any:
         return self.row
 
+    def all(self) -> list[Any]:
+        return [] if self.row is None else [self.row]
+
+    def close(self) -> None:
+        """What SQLAlchemy's loop does with a result whose rows it does not read."""
+
 
 class ScriptedConnection:
     """Stands in for a Connection to Oracle: compiles each statement with the real oracledb dialect, records the
@@ -104,6 +110,7 @@ class ScriptedConnection:
     def __init__(self, engine: Engine, script: list[Any], isolation_level: str | None = None) -> None:
         self.dialect = engine.dialect
         self.connection = SimpleNamespace(dbapi_connection=None)  # no driver connection behind it
+        self.info: dict[str, Any] = {}
         self.script = list(script)
         self.statements: list[tuple[str, dict[str, Any]]] = []
         self.options = {"isolation_level": isolation_level} if isolation_level else {}
@@ -111,7 +118,7 @@ class ScriptedConnection:
     def get_execution_options(self) -> dict[str, Any]:
         return self.options
 
-    def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
+    def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> Result:
         compiled = stmt.compile(dialect=self.dialect)
         self.statements.append((" ".join(str(compiled).split()), bound(compiled, self.dialect, params)))
         step = self.script.pop(0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK (the [test] extra)")
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK (the [dev] extra)")
 
 from opentelemetry import metrics, trace  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402

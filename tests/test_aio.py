@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
-# SQLAlchemy's asyncio layer needs greenlet, and these tests run on aiosqlite: both come with the [async] extra.
+# SQLAlchemy's asyncio layer needs greenlet, and these tests run on aiosqlite: the [async] and [aiosqlite] extras.
 pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
-pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[async]')")
+pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[aiosqlite]')")
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from idem_dialects import AsyncIdempotencyStore, AsyncMisuse, Claimed, IdemError, IdempotencyStore, Replayed, dialects
+from idem_dialects.conformance.support import StatementLog
 from idem_dialects.errors import MissingDriver
 
 
@@ -63,26 +65,26 @@ def test_from_url_builds_async_engines_offline(url: str, backend: str) -> None:
 
 def test_effect_kinds_refused_before_any_sql(tmp_path: Path) -> None:
     """An `async def` effect to the sync store, a sync one to the async store: refused before a connection."""
-    statements: list[str] = []
-    sync = IdempotencyStore.from_url(f"sqlite:///{tmp_path}/s.db")
+    log = StatementLog()
+    sync = IdempotencyStore.from_url(f"sqlite:///{tmp_path}/s.db", statement_hook=log)
+    connects: list[object] = []  # no connection either: a pool checkout would be the first thing a run does
+    event.listen(sync.engine, "checkout", lambda *a: connects.append(a))
 
     async def async_effect(conn: Any) -> int:
         return 1
 
-    from sqlalchemy import event
-
-    event.listen(sync.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     with pytest.raises(AsyncMisuse, match="AsyncIdempotencyStore"):
         sync.run(scope="s", operation="o", key="k", request={}, effect=async_effect)
-    assert statements == []
+    assert log.sql == [] and connects == []
     sync.close()
 
     async def main() -> None:
-        async with AsyncIdempotencyStore.from_url(f"sqlite+aiosqlite:///{tmp_path}/a.db") as store:
-            event.listen(store.engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        url = f"sqlite+aiosqlite:///{tmp_path}/a.db"
+        async with AsyncIdempotencyStore.from_url(url, statement_hook=log) as store:
+            event.listen(store.engine.sync_engine, "checkout", lambda *a: connects.append(a))
             with pytest.raises(AsyncMisuse, match="async def"):
                 await store.run(scope="s", operation="o", key="k", request={}, effect=lambda conn: 1)
-        assert statements == []
+        assert log.sql == [] and connects == []
 
     asyncio.run(main())
 

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, ClassVar
 
 import pytest
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
+from sqlalchemy.sql.elements import ColumnElement
 
 from idem_dialects import dialects
 from idem_dialects.dialects.base import Backend
-from idem_dialects.dialects.drivers import Driver
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
+from idem_dialects.dialects.postgresql_errors import PostgreSQLErrors
+from idem_dialects.drivers import Driver
 from idem_dialects.engines import ENGINES, Provision, Server, Unavailable, provisioning, require_driver
+from idem_dialects.engines.entry import PROVISIONS, register_provision
 
 
 def test_every_backend_states_its_facts() -> None:
@@ -24,12 +28,13 @@ def test_every_backend_states_its_facts() -> None:
         backend = dialects.load(name)
         names = [d.name for d in backend.drivers]
         assert names and len(names) == len(set(names)), name
-        assert backend.async_drivers == tuple(d.name for d in backend.drivers if d.asynchronous), name
+        assert dialects.async_drivers(backend) == tuple(d.name for d in backend.drivers if d.asynchronous), name
         assert any(d.sync for d in backend.drivers), f"{name} has no sync driver"
         assert provisioning(name) is Provision or issubclass(provisioning(name), Provision)
-    assert [n for n in dialects.names() if dialects.load(n).embedded] == ["sqlite"]
-    assert [n for n in dialects.names() if dialects.load(n).plpgsql_baseline] == ["postgresql"]
-    assert dialects.load("postgresql").async_drivers == ("asyncpg", "psycopg")  # the preferred async driver first
+    assert [n for n in dialects.names() if provisioning(n).embedded] == ["sqlite"]
+    assert [n for n in dialects.names() if provisioning(n).plpgsql_baseline] == ["postgresql"]
+    # the preferred async driver first
+    assert dialects.async_drivers(dialects.load("postgresql")) == ("asyncpg", "psycopg")
 
 
 def test_aliases_suggest_their_backend() -> None:
@@ -43,12 +48,12 @@ def test_bench_hooks() -> None:
     from sqlalchemy import create_engine
 
     from idem_dialects import IdempotencyStore
+    from idem_dialects.cli.bench.statements import reset_reaches_server
 
     with IdempotencyStore.from_url("mariadb+pymysql://u@127.0.0.1:1/db") as store:
-        assert not store.backend.pool_reset_round_trip(store.engine.pool)  # from_url's pool leaves it to the hook
-    plain = create_engine("mariadb+pymysql://u@127.0.0.1:1/db")
-    assert dialects.load("mariadb").pool_reset_round_trip(plain.pool)  # a caller's engine resets by ROLLBACK
-    assert not PostgreSQLBackend.pool_reset_round_trip(plain.pool)
+        assert not reset_reaches_server(store.engine)  # from_url's pool leaves it to the backend's hook
+    assert reset_reaches_server(create_engine("mariadb+pymysql://u@127.0.0.1:1/db"))  # a caller's engine: ROLLBACK
+    assert not reset_reaches_server(create_engine("postgresql+psycopg://u@127.0.0.1:1/db"))
     assert {d.name for d in PostgreSQLBackend.drivers if d.implicit_begin} == {"psycopg", "psycopg2", "asyncpg"}
 
 
@@ -61,29 +66,38 @@ class ToyProvision(Provision):
         return Server(f"{backend}-private", make_url(f"{backend}://u@127.0.0.1:{cls.default_port}/db"), "toy")
 
 
+class ToyErrors(PostgreSQLErrors):
+    """Its errors are PostgreSQL's SQLSTATEs."""
+
+
 class ToyBackend(Backend):
     """A third-party engine that speaks PostgreSQL's wire protocol (as CockroachDB or YugabyteDB do)."""
 
     name: ClassVar[str] = "toydb"
     aliases = ("toy",)
     drivers = (Driver("toydriver", "toydb_driver_module", "toydb-driver"),)
-    provision = f"{__name__}:ToyProvision"
+    classifier = ToyErrors
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        return PostgreSQLBackend.now_plus(self, seconds)
 
 
 @pytest.fixture
 def toy() -> Iterator[type[Backend]]:
     dialects.register("toydb", ToyBackend)
+    register_provision("toydb", f"{__name__}:ToyProvision")
     try:
         yield ToyBackend
     finally:
         dialects._registry.pop("toydb", None)
+        PROVISIONS.pop("toydb", None)
 
 
 def test_a_new_engine_is_its_own_modules(toy: type[Backend]) -> None:
     assert dialects.install_hint("toydb", "toydriver") == "pip install 'toydb-driver'"
     assert dialects.install_hint("toydb", "other") == "install the Python driver for toydb+other"
     assert dialects.did_you_mean("toy") == "did you mean toydb://?"
-    assert toy.async_drivers == () and toy.usable_drivers() == ()
+    assert dialects.async_drivers(toy) == () and dialects.usable_drivers(toy) == ()
     with pytest.raises(Unavailable, match=r"toydriver driver is not installed \(pip install 'toydb-driver'\)"):
         require_driver("toydb", "toydriver")
     found = provisioning("toydb")

@@ -37,33 +37,31 @@ def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_async_bench_refuses_a_backend_without_async_driver(capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from idem_dialects.dialects.sqlite import SQLiteBackend
+    from idem_dialects import dialects
 
-    monkeypatch.setattr(SQLiteBackend, "usable_drivers", classmethod(lambda cls, asynchronous=False: ()))
+    monkeypatch.setattr(dialects, "usable_drivers", lambda backend, asynchronous=False: ())
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert bench.run(parser.parse_args(["sqlite:///x.db", "--api", "async", "--quiet"])) == 2
     assert "no async driver for sqlite" in capsys.readouterr().err
 
 
-def test_bench_status_reads_the_reports_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """tools/bench_status.py finds its targets in the reports the bench writes (a schema change would blank them)."""
-    import importlib.util
-
+def test_async_bench_repetitions_pair_each_mode_with_the_bare_effect(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--repetitions runs every throughput mode that many times in turn, with keys new to each repetition: medians,
+    per-repetition rates and the paired ratio to the bare effect are in the report (no timings asserted)."""
     url = f"sqlite:///{tmp_path / 'bench.db'}"
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    out = tmp_path / "status"
-    out.mkdir()
-    args = parser.parse_args([url, "--api", "async", "--concurrency", "1,2", "--requests", "4", "--sleep", "0.01",
-                              "--format", "json", "--quiet", "--output", str(out / "async-others.json")])
+    args = parser.parse_args([url, "--api", "async", "--concurrency", "2", "--requests", "4", "--repetitions", "3",
+                              "--sleep", "0.01", "--format", "json", "--quiet"])
     assert bench.run(args) == 0
-    spec = importlib.util.spec_from_file_location("bench_status", Path(__file__).parents[1] / "tools/bench_status.py")
-    assert spec is not None and spec.loader is not None
-    status = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(status)
-    rows = list(status.rows(out))
-    assert [(target, where) for target, where, *_ in rows] == [
-        ("client CPU per first-time <= 800 us", "sqlite via aiosqlite, async, 1 task(s)"),
-        ("client CPU per first-time <= 800 us", "sqlite via aiosqlite, async, 2 task(s)")]
-    assert all(value > 0 for _, _, value, _, _ in rows)
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert report["config"]["repetitions"] == 3
+    modes = report["modes"]
+    for name in ("bare", "first", "replay", "contention", "sync_first", "sync_replay"):
+        assert modes[name]["requests"] == 12 and len(modes[name]["throughput_per_repetition"]) == 3
+        assert modes[name]["ratio_to_bare_paired"] > 0
+    assert modes["replay"]["replayed"] == 12 and modes["first"]["replayed"] == 0
+    assert "ratio_to_bare_paired" not in modes["sleep_async"]  # the sleep figure runs once
+    assert report["exactly_once"]["distinct_keys"] == 3 * (4 + 2 + 4) + 3 * 2

@@ -4,6 +4,7 @@ with its documented exit status (2 a database did not answer, 64 usage, 78 confi
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -92,6 +93,7 @@ def test_missing_database() -> None:
 
 
 def test_missing_tables_in_purge(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "empty.db").close()  # a database without the store's tables
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert_short_error(cli("purge", url, "--older-than", "1d"), EXIT_CONFIG, "idem-dialects init URL")
 
@@ -113,7 +115,8 @@ def test_output_is_checked_before_any_work(tmp_path: Path) -> None:
 def test_ddl_prints_create_statements_offline(backend: str, key_type: str) -> None:
     done = cli("ddl", backend, "--table-prefix", "svc_")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("CREATE TABLE") == 2 and "CREATE TABLE svc_records (" in done.stdout
+    assert done.stdout.count("CREATE TABLE") == 3  # records, processed messages, the outbox
+    assert all(f"CREATE TABLE svc_{table} (" in done.stdout for table in ("records", "messages", "outbox"))
     assert "CREATE INDEX svc_records_done_ix" in done.stdout and key_type in done.stdout
     if backend.startswith("mssql"):
         assert "PRIMARY KEY NONCLUSTERED (scope, operation, idem_key)" in done.stdout
@@ -130,7 +133,7 @@ def test_init_and_purge_on_every_live_engine(server: Any) -> None:
         assert {f"{prefix}records", f"{prefix}messages"} <= set(inspect(store.engine).get_table_names())
         for i in range(3):
             store.run(scope="s", operation="op", key=f"k{i}", request={}, effect=lambda conn: 1)
-        gone = cli("purge", url, "--table-prefix", prefix, "--older-than", "0s", "--batch-size", "2")
+        gone = cli("purge", url, "--table-prefix", prefix, "--older-than", "0s", "--batch-size", "2", "-v")
         assert gone.returncode == 0, gone.stderr
         # Records committed before the purge began are older than 0s; the summary counts exactly those deleted.
         with store.engine.connect() as conn:

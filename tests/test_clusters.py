@@ -4,6 +4,7 @@ and classification, PostgreSQL multi-host URLs and connection failures during fa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,16 +81,29 @@ def _mysql_error(code: int) -> OperationalError:
     return OperationalError("COMMIT", {}, pymysql.err.OperationalError(code, "test"))
 
 
+def test_the_galera_engines_sessions_run_the_settings_the_docs_give_users() -> None:
+    """The suite proves the configuration users are told to run: the session setting of the all-writers URL in
+    docs/clusters.md is the one the galera-haproxy engines' URLs carry, and they carry no other."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "clusters.md").read_text()
+    documented = [make_url(found) for found in re.findall(r"mariadb\+pymysql://\S+writers=all\S*", text)]
+    assert documented, "docs/clusters.md gives no URL for sessions spread over every node"
+    for layout in ("all", "single"):
+        engine = haproxy.HAProxyGalera(galera=None, layout=layout, port=3306).url(failover_window=10)  # type: ignore[arg-type]
+        assert {doc.query.get("init_command") for doc in documented} == {engine.query["init_command"]}
+        assert set(engine.query) == {"charset", "init_command", "writers", "failover_window"}
+
+
 def test_galera_errors_are_their_own_causes() -> None:
     """On a Galera node 1213 is a lost certification and 1047 a node outside the primary component; elsewhere
     1213 stays a deadlock."""
     backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
-    assert backend.retry_cause(_mysql_error(1213)) == RetryCause.DEADLOCK
-    assert backend.retry_cause(_mysql_error(1047)) not in (None, RetryCause.NODE_NOT_READY)  # a refused statement
+    assert backend.errors.retry_cause(_mysql_error(1213)) == RetryCause.DEADLOCK
+    # a refused statement
+    assert backend.errors.retry_cause(_mysql_error(1047)) not in (None, RetryCause.NODE_NOT_READY)
     backend.features = backend.features.replace(wsrep=True, exclusive_claim=False)
-    assert backend.retry_cause(_mysql_error(1213)) == RetryCause.CERTIFICATION
-    assert backend.retry_cause(_mysql_error(1047)) == RetryCause.NODE_NOT_READY
-    assert backend.retry_cause(_mysql_error(1062)) is None
+    assert backend.errors.retry_cause(_mysql_error(1213)) == RetryCause.CERTIFICATION
+    assert backend.errors.retry_cause(_mysql_error(1047)) == RetryCause.NODE_NOT_READY
+    assert backend.errors.retry_cause(_mysql_error(1062)) is None
 
 
 def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
@@ -141,5 +155,5 @@ def test_connection_not_established_during_failover_is_retried() -> None:
     any statement ran, which `run` retries within its budget (RetryCause.CONNECT)."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
     refused = OperationalError(None, None, Exception("connection failed: session is read-only"))  # type: ignore[arg-type]
-    problem = backend.connect_error(refused)
+    problem = backend.errors.connect_error(refused)
     assert isinstance(problem, CannotConnect) and problem.cause == RetryCause.CONNECT

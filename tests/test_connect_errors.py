@@ -21,12 +21,12 @@ import idem_dialects
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryCause, RetryPolicy
 from idem_dialects.dialects import install_hint
 from idem_dialects.dialects.base import Backend
-from idem_dialects.dialects.drivers import LIBLTDL, UNIXODBC
 from idem_dialects.dialects.mssql import MSSQLBackend
 from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend
 from idem_dialects.dialects.oracle import OracleBackend
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
 from idem_dialects.dialects.sqlite import SQLiteBackend
+from idem_dialects.drivers import LIBLTDL, UNIXODBC
 from idem_dialects.errors import CannotConnect, ConnectionConfigError, MissingDriver
 
 CONFIG, TRANSIENT = ConnectionConfigError, CannotConnect
@@ -60,7 +60,7 @@ def wrapped(orig: BaseException, cause: BaseException | None = None) -> DBAPIErr
 
 
 def classify(backend: type[Backend], url: str, exc: BaseException) -> type[Exception] | None:
-    problem = backend(engine(url)).connect_error(exc)
+    problem = backend(engine(url)).errors.connect_error(exc)
     return None if problem is None else type(problem)
 
 
@@ -212,9 +212,9 @@ def test_oracledb_thin_codes_sync_and_async(full_code: str, kind: type[Exception
     assert err.full_code == full_code
     url = "oracle+oracledb://u:p@127.0.0.1:1/?service_name=x"
     for made in (create_engine(url), engine(url)):
-        assert type(OracleBackend(made).connect_error(wrapped(err.exc_type(err)))) is kind
+        assert type(OracleBackend(made).errors.connect_error(wrapped(err.exc_type(err)))) is kind
     unknown_host = wrapped(err.exc_type(err), socket.gaierror(socket.EAI_NONAME, "unknown"))
-    assert type(OracleBackend(create_engine(url)).connect_error(unknown_host)) is (
+    assert type(OracleBackend(create_engine(url)).errors.connect_error(unknown_host)) is (
         CONFIG if kind is TRANSIENT else kind)
 
 
@@ -227,7 +227,7 @@ def test_mssql_python_without_libltdl_names_the_library() -> None:
     url = "mssql+mssqlpython://sa:pw@127.0.0.1:1/master?TrustServerCertificate=yes"
     with pytest.raises(mssql_python.OperationalError) as err:
         mssql_python.connect("Server=127.0.0.1,1;UID=sa;PWD=x;TrustServerCertificate=yes")
-    problem = MSSQLBackend(engine(url)).connect_error(wrapped(err.value))
+    problem = MSSQLBackend(engine(url)).errors.connect_error(wrapped(err.value))
     assert isinstance(problem, MissingDriver) and problem.library == "libltdl.so.7"  # as pyodbc without unixODBC
     assert "apt-get install libltdl7" in str(problem) and "pip install 'pymssql'" in str(problem)
 
@@ -240,10 +240,12 @@ def test_install_hints_name_missing_system_libraries() -> None:
     assert install_hint("db2", "ibm_db") == "install the Python driver for db2+ibm_db"
     for driver, library in [("pyodbc", UNIXODBC), ("aioodbc", UNIXODBC), ("mssqlpython", LIBLTDL)]:
         hint = install_hint("mssql", driver)
-        known = MSSQLBackend.driver(driver)
+        known = idem_dialects.dialects.driver(MSSQLBackend, driver)
         assert known is not None
         # an installed driver missing only its library is told to install the library, not the package again
-        assert hint.startswith("pip install 'idem-dialects[mssql]'") == (not known.installed() or not library.missing())
+        extra = "aioodbc" if driver == "aioodbc" else "mssql"  # the async driver is an extra of its own
+        package_named = hint.startswith(f"pip install 'idem-dialects[{extra}]'")
+        assert package_named == (not known.installed() or not library.missing())
         assert (library.soname in hint and f"apt-get install {library.debian}" in hint) == library.missing()
 
 
@@ -258,12 +260,12 @@ def test_async_mid_statement_losses_are_retried_as_lost_connections(backend: typ
     the sync drivers' are; asyncpg's own connection errors by their SQLSTATE class (08)."""
     b = backend(engine(url))
     for exc in (ConnectionResetError(104, "reset"), BrokenPipeError(32, "pipe"), ConnectionAbortedError()):
-        assert b.retry_cause(exc) == RetryCause.CONNECTION
-    assert b.retry_cause(OSError(2, "not a connection")) is None and b.retry_cause(ValueError()) is None
+        assert b.errors.retry_cause(exc) == RetryCause.CONNECTION
+    assert b.errors.retry_cause(OSError(2, "not a connection")) is None and b.errors.retry_cause(ValueError()) is None
     if backend is PostgreSQLBackend:
         asyncpg: Any = pytest.importorskip("asyncpg")
-        assert b.retry_cause(asyncpg.exceptions.ConnectionDoesNotExistError("gone")) == RetryCause.CONNECTION
-        assert b.retry_cause(asyncpg.exceptions.AdminShutdownError("stop")) == RetryCause.CONNECTION
+        assert b.errors.retry_cause(asyncpg.exceptions.ConnectionDoesNotExistError("gone")) == RetryCause.CONNECTION
+        assert b.errors.retry_cause(asyncpg.exceptions.AdminShutdownError("stop")) == RetryCause.CONNECTION
 
 
 # --- live: every driver on the servers this machine runs --------------------------------------------------------------

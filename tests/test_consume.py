@@ -159,7 +159,7 @@ def test_bad_input_is_refused_before_any_sql(store: IdempotencyStore) -> None:
         pass
 
     with pytest.raises(InvalidKey):
-        store.core.consume(subscriber="s", message_id="")  # the flow is refused before it is driven
+        store._inbox.consume(subscriber="s", message_id="")  # the flow is refused before it is driven
     with pytest.raises(InvalidKey):
         store.consume(subscriber="s", message_id="", handler=async_handler)  # the id first, then the handler
     with pytest.raises(AsyncMisuse, match="handler is an `async def` function"):

@@ -1,6 +1,7 @@
 """The Celery decorator with a real worker process on the machine's RabbitMQ: a task with acks_late=True whose worker
 is killed (SIGKILL) after the task's transaction committed and before the ack; the redelivered task does not apply
-the effect again. And an explicit key: two publishes of one logical job apply it once."""
+the effect again. An explicit key: two publishes of one logical job apply it once. Arguments the broker carries
+(64-bit ids) run; a message refused before its task ran is dead-lettered, never acknowledged."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from consumer_common import Inbox, wait_for
+from consumer_common import Inbox, dead_lettered, wait_for
 
 celery = pytest.importorskip("celery", reason="celery is not installed (pip install 'idem-dialects[celery]')")
 
@@ -31,6 +32,9 @@ class Workers:
                     "IDEM_CELERY_JOURNAL": str(self.journal),
                     "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
         self.app = celery.Celery("idem_test_client", broker=url)
+        self.app.conf.task_queues = [dead_lettered(self.queue)]  # declared as the workers declare it
+        with self.app.connection_for_write() as conn:
+            conn.default_channel.queue_declare(queue=f"{self.queue}.dead")
         self.logs = tmp_path
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -44,17 +48,21 @@ class Workers:
         self.procs.append(proc)
         return proc
 
-    def send(self, name: str, *args: object) -> str:
-        return str(self.app.send_task(name, args=args, queue=self.queue).id)
+    def send(self, name: str, *args: object, task_id: str | None = None) -> str:
+        return str(self.app.send_task(name, args=args, queue=self.queue, task_id=task_id).id)
 
     def returned(self) -> list[tuple[str, str, str]]:
         if not self.journal.exists():
             return []
         return [tuple(line.split(" ", 2)) for line in self.journal.read_text().splitlines()]  # type: ignore[misc]
 
-    def left(self) -> int:
+    def left(self, queue: str | None = None) -> int:
         with self.app.connection_for_write() as conn:
-            return int(conn.default_channel.queue_declare(queue=self.queue, passive=True).message_count)
+            return int(conn.default_channel.queue_declare(queue=queue or self.queue, passive=True).message_count)
+
+    def dead(self) -> int:
+        """Messages rejected without requeue (dead-lettered), never acknowledged."""
+        return self.left(f"{self.queue}.dead")
 
     def close(self) -> None:
         for proc in self.procs:
@@ -67,6 +75,7 @@ class Workers:
                     proc.wait()
         with self.app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue=self.queue)
+            conn.default_channel.queue_delete(queue=f"{self.queue}.dead")
         self.app.close()
 
     def log(self, n: int) -> str:
@@ -106,3 +115,30 @@ def test_an_explicit_key_applies_two_publishes_of_one_job_once(workers: Workers,
     assert "processed before with other arguments" in returned[changed]  # Reject(requeue=False)
     assert inbox.applied() == {"charge:o-9": 1}
     wait_for(lambda: workers.left() == 0, timeout=30, what="every message settled")
+
+
+def test_a_task_with_64_bit_integer_arguments_runs_exactly_once(workers: Workers, inbox: Inbox) -> None:
+    """2**60 and -2**63 travel exactly in Celery's JSON: the task runs, and a second delivery of its message (the
+    same task id) is compared with the first by those arguments and not run again."""
+    number, signed = 2**60, -(2**63)
+    task_id = workers.send("idem_test.big", number, signed)
+    workers.send("idem_test.big", number, signed, task_id=task_id)
+    workers.start()
+    wait_for(lambda: len(workers.returned()) == 2, timeout=60, what="both deliveries")
+    assert [value for _, _, value in workers.returned()] == [str(number), "None"], workers.log(0)
+    assert inbox.applied() == {f"big:{number}:{signed}": 1}
+    wait_for(lambda: workers.left() == 0, timeout=30, what="both deliveries acknowledged")
+    assert workers.dead() == 0
+
+
+def test_a_message_refused_before_its_task_ran_is_dead_lettered_not_acknowledged(workers: Workers,
+                                                                                inbox: Inbox) -> None:
+    """The key function gives an id the store refuses (empty): the task never ran, so the message goes to the
+    queue's dead-letter queue, where it can be found and replayed, instead of being acknowledged as done."""
+    workers.send("idem_test.keyed", "")
+    done = workers.send("idem_test.keyed", "o-7")
+    workers.start()
+    wait_for(lambda: done in {task_id for _, task_id, _ in workers.returned()}, timeout=60, what="the good task")
+    wait_for(lambda: workers.dead() == 1, timeout=30, what="the refused message dead-lettered")
+    assert inbox.applied() == {"keyed:o-7": 1}
+    assert workers.left() == 0

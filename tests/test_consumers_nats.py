@@ -165,3 +165,38 @@ def test_server_restart_loses_nothing_and_applies_nothing_twice(broker: Callable
 async def _restart_when(server: Any, ready: Callable[[], bool]) -> None:
     await await_for(ready, timeout=60, what="a quarter applied")
     await asyncio.to_thread(server.restart)
+
+
+def test_the_docstring_push_subscription_form_consumes(broker: Callable[..., str], inbox: Inbox) -> None:
+    """The module docstring's push form (``js.subscribe(..., cb=consumer.__call__, manual_ack=True)``) is accepted by
+    nats-py (which refuses a callback that is not a coroutine function) and consumes each message once."""
+    url, name = broker("nats"), f"idem_{secrets.token_hex(4)}"
+
+    async def main() -> IdempotentConsumer:
+        store = AsyncIdempotencyStore.from_url(inbox.async_url, table_prefix=inbox.prefix)
+
+        async def handle(conn: Any, msg: Any) -> None:
+            await conn.run_sync(inbox.apply, msg.headers["Nats-Msg-Id"])
+
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        try:
+            await js.add_stream(StreamConfig(name=name, subjects=[f"{name}.in"], storage=StorageType.FILE))
+            consumer = IdempotentConsumer(store, handle, subscriber="billing")
+            await js.subscribe(f"{name}.in", durable="billing", cb=consumer.__call__, manual_ack=True)
+            for order in ("o-1", "o-2", "o-1"):  # o-1 published twice: JetStream's own window drops the second
+                await js.publish(f"{name}.in", b"{}", headers={"Nats-Msg-Id": order})
+
+            async def acked() -> bool:
+                return consumer.counts["ack"] == 2
+
+            await await_for(acked, what="both messages acked")
+        finally:
+            await js.delete_stream(name)
+            await nc.close()
+            await store.close()
+        return consumer
+
+    consumer = asyncio.run(main())
+    assert consumer.counts["processed"] == 2
+    assert inbox.applied() == {"o-1": 1, "o-2": 1}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine
 
 from idem_dialects import (
     IdemError,
@@ -22,6 +22,7 @@ from idem_dialects import (
     UnsupportedEngine,
     dialects,
 )
+from idem_dialects.conformance.support import StatementLog
 from idem_dialects.dialects.sqlite import SQLiteBackend
 from idem_dialects.fingerprint import decode_response, encode_response, fingerprint
 
@@ -87,11 +88,11 @@ def test_response_codec_rejects_what_would_not_replay(response: Any) -> None:
 
 @pytest.fixture
 def sqlite_store(tmp_path: Path) -> Any:
-    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'core.db'}")
+    log = StatementLog()
+    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'core.db'}", statement_hook=log)
     store.create_tables()
-    statements: list[str] = []
-    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-    yield store, statements
+    log.sql.clear()
+    yield store, log.sql
     store.engine.dispose()
 
 

@@ -17,7 +17,7 @@ from django_common import gunicorn
 from idem_dialects.engines import Unavailable, get
 
 pytest.importorskip("django", reason="the [django] extra is not installed")
-pytest.importorskip("rest_framework", reason="the [django] extra (djangorestframework) is not installed")
+pytest.importorskip("rest_framework", reason="djangorestframework (the [dev] extra) is not installed")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django_postgres"
 README = (EXAMPLE / "README.md").read_text()
 

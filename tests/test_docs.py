@@ -1,12 +1,20 @@
-"""The documentation site builds with warnings as errors (broken internal links and references included), and the
-built pages render in headless Chromium; the screenshots are kept in docs/screenshots/. The examples inside the
-pages run as tests of their own (docs/conftest.py)."""
+"""The documentation site builds with warnings as errors (broken internal links and references included, and every
+parameter of the API reference described: docs/_ext/parameters.py), the API reference holds every public name, the
+command reference every option of every subcommand, and the built pages render in headless Chromium; the
+screenshots are kept in docs/screenshots/. The examples inside the pages run as tests of their own
+(docs/conftest.py); tests/test_wheel.py builds the site the way the publishing configuration (.readthedocs.yaml)
+does, in a fresh venv with only its extras."""
 
 from __future__ import annotations
 
+import argparse
+import html
+import importlib
+import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -28,9 +36,52 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# The modules whose `__all__` is the public API: the package, the HTTP layer and Django, and the integrations.
+PUBLIC_MODULES = ("idem_dialects", "idem_dialects.http", "idem_dialects.http.wsgi", "idem_dialects.http.asgi",
+                  "idem_dialects.http.flask", "idem_dialects.http.fastapi", "idem_dialects.django",
+                  "idem_dialects.consumers", "idem_dialects.consumers.rabbitmq", "idem_dialects.consumers.nats",
+                  "idem_dialects.consumers.redis", "idem_dialects.consumers.celery")
+
+
+def inventory(site: Path) -> set[str]:
+    """The Python object names in the site's objects.inv (Sphinx's format: four header lines, then zlib)."""
+    raw = (site / "objects.inv").read_bytes()
+    header_end = 0
+    for _ in range(4):
+        header_end = raw.index(b"\n", header_end) + 1
+    lines = zlib.decompress(raw[header_end:]).decode("utf-8").splitlines()
+    return {line.split(" ", 1)[0] for line in lines if re.match(r"\S+ py:\w+ ", line)}
+
+
+def public_names(modules: tuple[str, ...]) -> list[str]:
+    return [f"{module}.{name}" for module in modules for name in importlib.import_module(module).__all__]
+
+
 def test_docs_build_without_warnings(site: Path) -> None:
     for page in ("index.html", "reference/api.html", "reference/cli.html", *SHOTS):
         assert (site / page).is_file(), page
+
+
+def test_api_reference_documents_every_public_name(site: Path) -> None:
+    pytest.importorskip("django", reason="the [django] extra is not installed")
+    documented = inventory(site)
+    missing = [name for name in public_names(PUBLIC_MODULES) if name not in documented]
+    assert missing == [], f"not in the API reference (docs/reference/api.md): {missing}"
+
+
+def test_command_reference_lists_every_option_of_every_subcommand(site: Path) -> None:
+    from idem_dialects.cli import COMMANDS, reference_parser
+
+    page = html.unescape(re.sub(r"<[^>]+>", "", (site / "reference" / "cli.html").read_text(encoding="utf-8")))
+    subparsers = next(a for a in reference_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == set(COMMANDS)
+    missing = []
+    for name, parser in subparsers.choices.items():
+        assert f"idem-dialects {name}" in page, name
+        for action in parser._actions:
+            missing += [f"{name} {option}" for option in action.option_strings
+                        if option not in ("-h", "--help") and option not in page]
+    assert missing == [], f"options missing from the command reference: {missing}"
 
 
 def test_built_pages_render_in_headless_chromium(site: Path, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ SELECT = "integrity or isolation or autocommit or first_request or replay or mis
 ])
 def test_check_passes_with_driver(tmp_path: Path, engine: str, driver: str, module: str) -> None:
     if find_spec(module.split(".")[0]) is None:
-        pytest.skip(f"{module} is not installed (pip install 'idem-dialects[drivers]')")
+        pytest.skip(f"{module} is not installed (the [dev] extra)")
     if engine == "sqlite":
         url: URL | str = "sqlite:///:memory:"
         server = None

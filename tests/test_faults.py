@@ -24,10 +24,11 @@ from idem_dialects import (
     RetryCause,
     RetryPolicy,
 )
+from idem_dialects.cli.bench.workload import call_with_retry
 from idem_dialects.conformance.support import Effects, stores
 from idem_dialects.dialects.mysql import MariaDBBackend
 from idem_dialects.engines import Server, Unavailable, get
-from idem_dialects.retry import EffectFailed, call_with_retry
+from idem_dialects.retry import EffectFailed
 
 REQ = {"amount": 100}
 
@@ -191,7 +192,7 @@ def test_mysql_connect_errors_classified_by_code(code: int, kind: type[Exception
     pymysql = _pymysql()
     backend = MariaDBBackend(create_engine("mariadb+pymysql://u@localhost/db"))
     exc = OperationalError(None, None, pymysql.err.OperationalError(code, "text that is never read"))
-    assert isinstance(backend.connect_error(exc), kind)
+    assert isinstance(backend.errors.connect_error(exc), kind)
 
 
 def test_mysql_statement_codes() -> None:
@@ -201,7 +202,7 @@ def test_mysql_statement_codes() -> None:
     for code, cause in [(1047, RetryCause.CONNECT), (1969, RetryCause.CANCELLED), (3024, RetryCause.CANCELLED),
                         (1317, RetryCause.CANCELLED), (1927, RetryCause.CONNECTION)]:
         exc = OperationalError("SELECT 1", {}, pymysql.err.OperationalError(code, "x"))
-        assert backend.retry_cause(exc) == cause, code
+        assert backend.errors.retry_cause(exc) == cause, code
 
 
 # --- cancellation of the protocol's own wait on a key ------------------------------------------------------------
@@ -305,7 +306,7 @@ def test_mssql_connect_errors_classified_by_sqlstate(state: str, kind: type[Exce
 
     backend = MSSQLBackend(create_engine("mssql+pyodbc://sa:pw@dbhost:1433/master?driver=FreeTDS"))
     orig = pyodbc.Error(state, f"[{state}] [unixODBC]text that is never read (0) (SQLDriverConnect)")
-    assert isinstance(backend.connect_error(DBAPIError.instance(None, None, orig, pyodbc.Error)), kind)
+    assert isinstance(backend.errors.connect_error(DBAPIError.instance(None, None, orig, pyodbc.Error)), kind)
 
 
 @pytest.mark.parametrize(("code", "kind"), [
@@ -324,7 +325,8 @@ def test_oracle_connect_errors_classified_by_number(code: int, kind: type[Except
     errors = importlib.import_module("oracledb.errors")
     err = errors._Error(f"ORA-{code:05d}: text that is never read", code=code, offset=0)
     backend = OracleBackend(create_engine("oracle+oracledb://u:p@dbhost:1521/?service_name=FREEPDB1"))
-    assert isinstance(backend.connect_error(DBAPIError.instance(None, None, err.exc_type(err), Exception)), kind)
+    assert isinstance(backend.errors.connect_error(DBAPIError.instance(None, None, err.exc_type(err), Exception)),
+                      kind)
 
 
 @pytest.mark.parametrize(("query", "options"), [

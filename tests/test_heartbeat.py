@@ -19,9 +19,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from idem_dialects import IdempotencyStore, LeaseLost, RequestInFlight
+from idem_dialects.claims import Claims
 from idem_dialects.engines import Unavailable, get
 from idem_dialects.outcomes import Claimed
-from idem_dialects.protocol import Core
 from idem_dialects.steps import Flow
 
 LEASE = timedelta(seconds=0.5)
@@ -60,10 +60,10 @@ def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Urls]:
 class Renewals:
     """Counts the renewals the heartbeat starts (the real fenced UPDATE still runs), with their start times."""
 
-    def __init__(self, core: Core, fail: bool = False) -> None:
+    def __init__(self, claims: Claims, fail: bool = False) -> None:
         self.started: list[float] = []
         self.held: list[bool] = []
-        renew = core.renew
+        renew = claims.renew
 
         def counted(claimed: Claimed, lease: float) -> Flow[bool]:
             self.started.append(time.monotonic())
@@ -73,7 +73,7 @@ class Renewals:
             self.held.append(held)
             return held
 
-        core.renew = counted  # type: ignore[method-assign]
+        claims.renew = counted  # type: ignore[method-assign]
 
 
 def sync_store(urls: Urls) -> IdempotencyStore:
@@ -173,7 +173,7 @@ def test_sync_heartbeat_renews_while_the_effect_runs_and_stops_when_it_returns(u
     with sync_store(urls) as store:
         if waits_on_write_lock(store):
             pytest.skip("one write lock, held by the effect's transaction: store.run renews nothing there")
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
         result = store.run(scope="s", operation="pay", key="k2", request=REQ, lease=LEASE,
                            effect=lambda conn: time.sleep(1.0) or "done")
         returned = time.monotonic()
@@ -189,7 +189,7 @@ def test_async_heartbeat_renews_while_the_effect_runs_and_stops_when_it_returns(
     async def scenario() -> None:
         if waits_on_write_lock(store):
             pytest.skip("one write lock, held by the effect's transaction: store.run renews nothing there")
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
 
         async def effect(conn: Any) -> str:
             await asyncio.sleep(1.0)
@@ -208,7 +208,7 @@ def test_async_heartbeat_renews_while_the_effect_runs_and_stops_when_it_returns(
 
 def test_heartbeat_stops_when_the_effect_raises_and_its_error_is_unchanged(urls: Urls) -> None:
     with sync_store(urls) as store:
-        renewals = Renewals(store.core, fail=True)  # every renewal fails: logged, never the effect's business
+        renewals = Renewals(store.claims, fail=True)  # every renewal fails: logged, never the effect's business
         error = ValueError("the effect's own")
 
         def effect(conn: Any) -> None:
@@ -232,7 +232,7 @@ def test_async_heartbeat_failing_leaves_the_effects_error_and_result_alone(urls:
     store = async_store(urls)
 
     async def scenario() -> None:
-        renewals = Renewals(store.core, fail=True)
+        renewals = Renewals(store.claims, fail=True)
         error = KeyError("the effect's own")
 
         async def failing(conn: Any) -> None:
@@ -259,7 +259,7 @@ def test_async_heartbeat_stops_when_the_task_is_cancelled(urls: Urls) -> None:
     store = async_store(urls)
 
     async def scenario() -> None:
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
         started = asyncio.Event()
 
         async def effect(conn: Any) -> None:
@@ -286,7 +286,7 @@ def test_a_lost_claim_stops_the_heartbeat_and_is_logged_without_the_token(
     with sync_store(urls) as store:
         if waits_on_write_lock(store):
             pytest.skip("one write lock, held by the effect's transaction: store.run renews nothing there")
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
         tokens: list[str] = []
         records = store.tables.records.name
 
@@ -309,7 +309,7 @@ def test_a_lost_claim_stops_the_heartbeat_and_is_logged_without_the_token(
 def test_renewal_is_fenced_by_the_claim_token(urls: Urls) -> None:
     """The renewal SQL itself: ours extends the lease; a claim we no longer hold is not renewed."""
     with sync_store(urls) as store:
-        core = store.core
+        core = store.claims
         req = core.request("s", "pay", "k8", REQ, LEASE)
         with store.transaction() as conn:
             claimed = store.drive(core.claim(req), conn)
@@ -344,7 +344,7 @@ def test_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Urls) ->
     from idem_dialects.http.runner import Idempotency
 
     with sync_store(urls) as store:
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
         runner = Idempotency(store, IdempotencyPolicy(global_scope=True, lease=LEASE))
 
         def handler(conn: Any) -> HttpResponse:
@@ -367,7 +367,7 @@ def test_async_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Ur
     store = async_store(urls)
 
     async def scenario() -> None:
-        renewals = Renewals(store.core)
+        renewals = Renewals(store.claims)
         runner = AsyncIdempotency(store, IdempotencyPolicy(global_scope=True, lease=LEASE))
 
         async def handler(conn: Any) -> HttpResponse:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import func, select
 
 from idem_dialects import IdempotencyStore, InvalidPayload, default_encoder
+from idem_dialects.conformance.support import StatementLog
 from idem_dialects.fingerprint import MAX_DEPTH, MAX_SAFE_INTEGER, encode_response, fingerprint
 from idem_dialects.limits import MAX_BATCH_SIZE, MAX_LEASE, MAX_RETENTION
 
@@ -46,11 +47,11 @@ def nested(depth: int) -> Any:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[tuple[IdempotencyStore, list[str]]]:
-    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'inputs.db'}") as store:
+    log = StatementLog()
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'inputs.db'}", statement_hook=log) as store:
         store.create_tables()
-        statements: list[str] = []
-        event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-        yield store, statements
+        log.sql.clear()
+        yield store, log.sql
 
 
 def _records(store: IdempotencyStore) -> int:

@@ -1,5 +1,6 @@
-"""The layout holds: the library loads none of its workshop, the CLI's help needs no driver, and no two of the
-project's modules import each other (directly or round a longer circle)."""
+"""The layout holds: the library loads none of its workshop, the CLI's help needs no driver, no two of the project's
+modules import each other (directly or round a longer circle), no module imports from a layer above its own, and no
+library module is longer than a reader can hold (400 lines)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ TREES = {"idem_dialects": ROOT / "idem_dialects", "idem_dialects.engines": ROOT 
          "idem_dialects.conformance": ROOT / "conformance"}
 WORKSHOP = ("idem_dialects.cli", "idem_dialects.engines", "idem_dialects.conformance")
 # The broker clients the consumer adapters use, each imported only by its adapter module.
-BROKER_CLIENTS = ["aio_pika", "aiormq", "nats", "redis", "celery", "kombu"]
+BROKER_CLIENTS = ["aio_pika", "aiormq", "nats", "redis", "celery", "kombu"]  # and the relays' publishers
 # Every driver and framework the project can use: none is needed to ask the CLI for help (nor is greenlet).
 OPTIONAL = ["psycopg", "psycopg2", "pg8000", "asyncpg", "aiosqlite", "asyncmy", "pymysql", "MySQLdb",
             "mysql", "pyodbc", "aioodbc", "mssql_python", "oracledb", "uvicorn", "starlette", "fastapi", "flask",
@@ -71,24 +72,16 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules `name` imports, at module level or inside a function alike (an import deferred into a
-    function hides a circle from the interpreter, not from the design: the two modules still depend on each other
-    and cannot be understood, tested or moved apart). Only `if TYPE_CHECKING:` blocks are left out: they never run.
+    """The project modules `name` imports, at module level, inside a function or under `if TYPE_CHECKING:` alike (an
+    import deferred into a function, or made only for the type checker, hides a circle from the interpreter, not
+    from the design: the two modules still depend on each other and cannot be understood, tested or moved apart).
     `from package import name` is an edge to the submodule `package.name` when there is one, else to the package."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def walk(nodes: list[ast.stmt] | list[ast.AST]) -> Iterator[ast.AST]:
         for node in nodes:
-            if isinstance(node, ast.If) and _type_checking(node.test):
-                yield from walk(node.orelse)
-                continue
             yield node
             yield from walk(list(ast.iter_child_nodes(node)))
 
@@ -163,3 +156,50 @@ def test_no_import_cycle() -> None:
     graph = {name: imports(name, path, known) for name, path in known.items()}
     found = cycles(graph)
     assert found == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+# The floors of the project, lowest first: a module imports only from its own floor or those below it. Within the
+# library: the vocabulary; the I/O descriptions and what runs beside them; the drivers; the dialects (the backend
+# contract and each engine); what executes statements and guards their errors; the protocol's flows; the stores;
+# the adapters. Then the workshop: the engine catalogue, the conformance suite, the command line.
+LAYERS: list[tuple[str, ...]] = [
+    ("idem_dialects.version", "idem_dialects.errors", "idem_dialects.features", "idem_dialects.outcomes",
+     "idem_dialects.keys", "idem_dialects.limits", "idem_dialects.encoding", "idem_dialects.fingerprint",
+     "idem_dialects.commands"),
+    ("idem_dialects.steps", "idem_dialects.retry", "idem_dialects.telemetry", "idem_dialects.heartbeat"),
+    ("idem_dialects.drivers",),
+    ("idem_dialects.dialects",),
+    ("idem_dialects.schema", "idem_dialects.guard", "idem_dialects.url", "idem_dialects.execution",
+     "idem_dialects.migrations"),
+    ("idem_dialects.core", "idem_dialects.claims", "idem_dialects.inbox", "idem_dialects.retention",
+     "idem_dialects.outbox"),
+    ("idem_dialects.storebase", "idem_dialects.store", "idem_dialects.aio", "idem_dialects.sharding"),
+    ("idem_dialects.http", "idem_dialects.consumers", "idem_dialects.django", "idem_dialects.relay",
+     "idem_dialects.publishers"),
+    ("idem_dialects",),  # the package's own __init__: the public names
+    ("idem_dialects.engines",),
+    ("idem_dialects.conformance",),
+    ("idem_dialects.cli",),
+]
+
+
+def layer(name: str) -> int:
+    """The floor of module `name`: the one whose longest prefix names it."""
+    found = [(len(prefix), i) for i, floor in enumerate(LAYERS) for prefix in floor
+             if name == prefix or name.startswith(prefix + ".")]
+    assert found, f"{name} is on no floor of LAYERS: add it where it belongs"
+    return max(found)[1]
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    known = modules()
+    upward = [f"{name} (floor {layer(name)}) imports {other} (floor {layer(other)})"
+              for name, path in known.items() for other in sorted(imports(name, path, known))
+              if layer(other) > layer(name)]
+    assert upward == [], "imports from a lower floor to a higher one:\n" + "\n".join(upward)
+
+
+def test_no_library_module_is_over_400_lines() -> None:
+    long = {f"{path.relative_to(ROOT)}": n for name, path in modules().items() if name.startswith("idem_dialects.")
+            and not name.startswith(WORKSHOP[1:]) and (n := len(path.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}, f"modules over 400 lines: {long}"

@@ -21,7 +21,7 @@ from async_common import async_store_class
 from sqlalchemy import select
 from sqlalchemy.engine import URL
 
-from idem_dialects import Claimed, IdempotencyStore, IdemWarning, LeaseLost, protocol
+from idem_dialects import Claimed, IdempotencyStore, IdemWarning, LeaseLost, core, dialects
 
 RESPONSE = "resp_sk_live_9f3a"
 REQUEST = "req_card_4242_secret"
@@ -31,7 +31,7 @@ RUNS = 100
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     """Everything logged anywhere, at DEBUG, while the test runs (the store's once-per-process warning reset)."""
-    monkeypatch.setattr(protocol, "_warned", set())
+    monkeypatch.setattr(core, "_warned", set())
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
@@ -83,7 +83,7 @@ def _tokens_and_drop(url: URL, prefix: str) -> list[str]:
 def _drivers(url: URL) -> list[str | None]:
     """None for the engine's sync driver, then each async driver usable here."""
     with IdempotencyStore.from_url(url) as store:
-        return [None, *store.backend.usable_drivers(asynchronous=True)]
+        return [None, *dialects.usable_drivers(type(store.backend), asynchronous=True)]
 
 
 def test_no_stored_value_in_any_log(live_engine: Any, captured: io.StringIO) -> None:

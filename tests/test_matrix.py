@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from report_common import grid_columns
+
+from idem_dialects.engines import env_var
+
 NO_DOCKER = "unix:///nonexistent/idem-dialects-test/docker.sock"
 QUICK = "first_request or keys_differing_in_case or same_key_thread_race"
 
@@ -49,8 +53,7 @@ def test_table_summarises_unavailable_engines_in_one_line() -> None:
     out = done.stdout
     assert "first_request_claims_and_runs_once" in out and "✓" in out
     assert "Not available here, every check skipped (2): mssql-2022, mssql-2025." in out
-    header = next(line for line in out.splitlines() if line.startswith("check "))
-    assert header.split() == ["check", "sqlite"]  # no column per unavailable engine
+    assert grid_columns(out) == ["check", "sqlite"]  # no column per unavailable engine
     assert max(len(line) for line in out.splitlines()) <= 120  # the default table fits a 120-column terminal
     assert "Behaviour" in out and "server version" in out
 
@@ -61,8 +64,7 @@ def test_show_skipped_lists_unavailable_engines_with_reason() -> None:
     out = done.stdout
     assert "mssql-2022" in out and "mssql-2025" in out and "skip" in out
     assert "Docker engine not reachable" in out or "testcontainers is not installed" in out  # with/without [containers]
-    header = next(line for line in out.splitlines() if line.startswith("check "))
-    assert header.split() == ["check", "sqlite", "mssql-2022", "mssql-2025"]
+    assert grid_columns(out) == ["check", "sqlite", "mssql-2022", "mssql-2025"]
     assert max(len(line) for line in out.splitlines()) <= 120
 
 
@@ -123,3 +125,58 @@ def test_an_async_only_check_under_the_sync_api_is_left_out_not_a_crash() -> Non
     assert done.returncode == 0, done.stderr
     assert "INTERNALERROR" not in done.stderr
     assert [c["id"] for c in json.loads(done.stdout)["checks"]] == ["first_request_claims_and_runs_once"]
+
+
+CLUSTERS = {"postgresql-patroni", "pgbouncer-transaction", "galera-haproxy-all-writers",
+            "galera-haproxy-single-writer"}
+
+
+def test_default_run_starts_no_cluster_and_no_container() -> None:
+    """Without --engine: the embedded engines and the servers found here run; every engine that needs a cluster
+    or a container started is listed once as not run unless asked for, and nothing of it was started."""
+    done = cli("matrix", "-k", "first_request_claims", "--format", "json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    engines = report["engines"]
+    held = {name for name, e in engines.items() if e["on_request"]}
+    assert CLUSTERS | {"mysql-8.4", "mssql-2022", "oracle-26"} <= held
+    assert all(not engines[n]["available"] and "not started unless asked for" in engines[n]["reason"] for n in held)
+    assert engines["sqlite"]["available"] and not engines["sqlite"]["on_request"]
+    from idem_dialects.cli.reporting import render
+
+    text = render(report, "table")
+    assert f"Not run unless asked for ({len(held)}):" in text and "--engine NAME" in text
+
+
+def test_a_cluster_is_held_back_without_starting_anything() -> None:
+    """What the default run asks of a cluster's catalogue entry: no provider that starts servers is tried."""
+    from idem_dialects.engines import ENGINES, EntryUnavailable
+
+    for name in CLUSTERS:
+        try:
+            ENGINES[name].provide(start_on_request=False)
+        except EntryUnavailable as exc:
+            assert exc.held_back and exc.reasons == [f"{env_var(name)} is not set"], (name, exc)
+        else:
+            raise AssertionError(f"{name} was provided without being asked for")
+
+
+def test_each_distinct_reason_is_one_note() -> None:
+    """Three checks skipped on four engines for one reason, one failure: two notes, and cells point at them."""
+    from idem_dialects.cli.reporting import render_matrix
+
+    names = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
+    skipped = {"outcome": "skipped", "reason": "needs multi_primary, which this engine lacks", "duration": 0}
+    checks = [{"id": f"cluster_check_{i}", "statement": "s", "module": "m", "results": dict.fromkeys(names, skipped)}
+              for i in range(3)]
+    checks.append({"id": "a_check", "statement": "s", "module": "m", "results": {
+        n: {"outcome": "failed" if n == "mariadb" else "passed", "reason": "boom" if n == "mariadb" else None,
+            "duration": 0} for n in names}})
+    report: dict[str, Any] = {
+        "engines": {n: {"available": True, "how": "here", "server_version": "1"} for n in names},
+        "checks": checks, "observations": {},
+        "summary": {"passed": 3, "failed": 1, "skipped": 12, "duration": 1.0, "exit_status": 1}}
+    text = render_matrix(report)
+    assert text.count("needs multi_primary") == 1 and text.count("boom") == 1
+    assert text.count("skip [1]") == 12 and "✗ [2]" in text
+    assert grid_columns(text) == ["check", *names]

@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -155,7 +157,7 @@ def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
         return [sys.executable, str(script)], nullcontext()
     if mistake.startswith("missing system library"):
         target = make_url(url)
-        known = dialects.load(target.get_backend_name()).driver(target.get_driver_name())
+        known = dialects.driver(dialects.load(target.get_backend_name()), target.get_driver_name())
         assert known is not None and known.libraries, url
         if not known.installed():
             pytest.skip(f"{known.module} is not installed here")
@@ -193,15 +195,27 @@ def passwords(args: list[str]) -> list[str]:
 def test_the_table_has_every_mistake_of_the_issue() -> None:
     wanted = ["wrong password", "unknown user", "unknown database", "unknown host", "refused port",
               "missing SQLite directory", "missing driver package", "missing system library", "role without CREATE",
-              "no pytest", "non-numeric port", "driver-level autocommit"]
+              "no pytest", "non-numeric port", "driver-level autocommit", "no password", "bad option value",
+              "unknown option", "port out of range", "several hosts", "missing SQLite file", "a URL without its NAME="]
     assert all(any(r.mistake.startswith(w) for r in ROWS) for w in wanted), [r.mistake for r in ROWS]
 
 
+def against_password_server(row: Row, request: pytest.FixtureRequest) -> list[str]:
+    """The row's command; a "no password" row's URL pointed at the PostgreSQL of this module that asks for
+    passwords (the machine's trusts local logins), its port the only change."""
+    if not row.mistake.startswith("no password"):
+        return row.command
+    server = make_url(request.getfixturevalue("scram_server").format(driver="psycopg", role="idem_pw"))
+    return [arg.replace("127.0.0.1:5432", f"127.0.0.1:{server.port}") if "://" in arg else arg
+            for arg in row.command]
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r.mistake for r in ROWS])
-def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path) -> None:
-    prefix, context = setup(row, tmp_path)
+def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    command = against_password_server(row, request)
+    prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
     with context:
-        done = run(prefix, row.command, tmp_path)
+        done = run(prefix, command, tmp_path)
     printed = done.stderr.rstrip("\n").splitlines()
     assert "Traceback" not in done.stderr, done.stderr
     assert printed == row.lines, f"{row.mistake}: printed\n{done.stderr}"
@@ -222,14 +236,18 @@ def _commands(url: str) -> dict[str, list[str]]:
 SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
     "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "missing SQLite directory",
     "missing driver package", "missing system library (pyodbc without unixODBC)",
-    "missing system library (mssql-python without libltdl)", "non-numeric port", "driver-level autocommit")]
+    "missing system library (mssql-python without libltdl)", "non-numeric port", "driver-level autocommit",
+    "no password (PostgreSQL asking for one)", "bad option value (PostgreSQL)", "bad option value (MariaDB)",
+    "unknown option (MariaDB)", "port out of range", "several hosts in the host part")]
 
 
 @pytest.mark.parametrize("row", SAME_EVERYWHERE, ids=[r.mistake for r in SAME_EVERYWHERE])
-def test_every_command_tells_a_connection_mistake_the_same_way(row: Row, tmp_path: Path) -> None:
+def test_every_command_tells_a_connection_mistake_the_same_way(row: Row, tmp_path: Path,
+                                                              request: pytest.FixtureRequest) -> None:
     """init, check, purge, matrix --url and bench: the row's lines (after the command's name) and exit status."""
-    prefix, context = setup(row, tmp_path)
-    url = next(arg for arg in row.command if "://" in arg)
+    command = against_password_server(row, request)
+    prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
+    url = next(arg for arg in command if "://" in arg)
     expected = [line.split(": ", 1)[1] if i == 0 else line for i, line in enumerate(row.lines)]
     with context:
         for name, args in _commands(url).items():
@@ -242,13 +260,16 @@ def test_every_command_tells_a_connection_mistake_the_same_way(row: Row, tmp_pat
                 assert secret not in done.stdout + done.stderr, name
 
 
-@pytest.mark.parametrize("command", [["matrix", "--url", "target={url}"], ["init", "{url}"]])
+@pytest.mark.parametrize("command", [["matrix", "--url", "target={url}"], ["init", "{url}", "--table-prefix", "{own}"]])
 def test_role_without_create_stops_every_command_that_creates(command: list[str], tmp_path: Path) -> None:
     row = next(r for r in ROWS if r.mistake == "role without CREATE (PostgreSQL)")
     prefix, context = setup(row, tmp_path)
     url = next(arg for arg in row.command if "://" in arg)
+    # A prefix of its own: tables another run left under the default idem_ in the shared database would let
+    # `init` succeed without creating anything.
+    own = f"idem_nc{uuid.uuid4().hex[:6]}_"
     with context:
-        done = run(prefix, [part.format(url=url) for part in command], tmp_path)
+        done = run(prefix, [part.format(url=url, own=own) for part in command], tmp_path)
     assert done.returncode == row.status and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.split(": ", 1)[1].strip() == row.lines[0].split(": ", 1)[1], done.stderr
 
@@ -283,6 +304,7 @@ def scram_server() -> Iterator[str]:
                        "host all all 127.0.0.1/32 scram-sha-256\n", encoding="utf-8")
         chown_tree(root, user)
         query(server.port, "CREATE ROLE idem_pw LOGIN PASSWORD 'Right-Pw-5150'")
+        query(server.port, "GRANT CREATE ON SCHEMA public TO idem_pw")  # `init` with the right password creates
         query(server.port, "CREATE ROLE idem_clear LOGIN PASSWORD 'Right-Pw-5150'")
         query(server.port, "SET password_encryption = 'md5'; CREATE ROLE idem_md5 LOGIN PASSWORD 'Right-Pw-5150'")
         query(server.port, "SELECT pg_reload_conf()")
@@ -297,7 +319,7 @@ def test_wrong_password_under_password_auth_is_configuration_and_not_retried(scr
     base = make_url(scram_server.format(driver=driver, role=role))
     wrong = base.set(password="Wr0ng-Pw-7731")
     # The right password connects: the server really asks for it.
-    with IdempotencyStore.from_url(base.set(password="Right-Pw-5150")) as store, store.backend.connect(store.engine):
+    with IdempotencyStore.from_url(base.set(password="Right-Pw-5150")) as store, store.transaction():
         pass
     # A generous budget: a retried error would surface as RetriesExhausted, not as ConnectionConfigError.
     with IdempotencyStore.from_url(wrong, retry=RetryPolicy(total=30)) as store:
@@ -325,8 +347,8 @@ def test_a_hint_for_an_installed_driver_missing_a_library_names_only_the_library
     """The hint asks the dynamic loader itself (a library name no system has really fails to load): an installed
     driver needs only the library (its Debian package, what it is on any OS), plus a driver of the same kind that
     pip alone installs where the backend has one; a driver that is not installed needs its package as well."""
-    from idem_dialects.dialects.drivers import Driver, SystemLibrary
     from idem_dialects.dialects.mssql import MSSQLBackend
+    from idem_dialects.drivers import Driver, SystemLibrary
 
     absent = SystemLibrary("libidem-absent.so.9", "libidem-absent9", "the absent library, libidem on other OSes")
     assert absent.missing()
@@ -340,9 +362,13 @@ def test_a_hint_for_an_installed_driver_missing_a_library_names_only_the_library
     class Patched(MSSQLBackend):
         drivers = (installed, *(d for d in MSSQLBackend.drivers if d.name != "pyodbc"))
 
-    assert Patched.install_hint("pyodbc") == (installed.install_hint() + "; or, with pip only: pip install 'pymssql'"
-                                              " and use mssql+pymssql:// URLs")
-    assert Patched.install_hint("pymssql") == "pip install 'pymssql'"
+    dialects.register("patchedmssql", Patched)
+    try:
+        assert dialects.install_hint("patchedmssql", "pyodbc") == (
+            installed.install_hint() + "; or, with pip only: pip install 'pymssql' and use mssql+pymssql:// URLs")
+        assert dialects.install_hint("patchedmssql", "pymssql") == "pip install 'pymssql'"
+    finally:
+        dialects._registry.pop("patchedmssql", None)
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
@@ -387,3 +413,69 @@ def test_the_suite_stops_at_its_first_privilege_failure(tmp_path: Path) -> None:
                               text=True, timeout=600, cwd=tmp_path, env=env)
     assert done.returncode == row.status, done.stderr[-3000:]
     assert done.stderr.splitlines() == ["idem-dialects matrix: " + row.lines[0].split(": ", 1)[1]], done.stderr[-3000:]
+
+
+# --- no password where the server wants one ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "pg8000"])
+def test_no_password_for_a_server_that_wants_one_is_configuration_and_not_retried(scram_server: str,
+                                                                                  driver: str) -> None:
+    """README's URL shape (no password) against a server asking for SCRAM passwords: ConnectionConfigError naming
+    the missing password at once, with a 30 s retry budget that a retried error would have spent (RetriesExhausted)."""
+    pytest.importorskip(driver)
+    url = make_url(scram_server.format(driver=driver, role="idem_pw"))
+    with IdempotencyStore.from_url(url, retry=RetryPolicy(total=30)) as store:
+        with pytest.raises(ConnectionConfigError) as err:
+            store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "never")
+    assert "asks for a password for user 'idem_pw' and none was given" in str(err.value)
+    assert store.retries == {}  # nothing retried
+
+
+@pytest.mark.parametrize("command", ["check", "init", "stats"])
+def test_no_password_exits_2_at_once_naming_it(scram_server: str, command: str, tmp_path: Path) -> None:
+    """`check`, `init` and `stats` with a password-less URL: two lines naming the missing password, exit 2, well
+    before the 30 s a retried connection would take (the bound leaves room for a loaded machine); and with the
+    right password the command's own output shows the URL with *** for it."""
+    url = scram_server.format(driver="psycopg", role="idem_pw")
+    started = time.monotonic()
+    done = run([sys.executable, "-m", "idem_dialects.cli"], [command, url], tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"idem-dialects {command}: cannot connect to the postgresql database: the server asks for a password for"
+        " user 'idem_pw' and none was given",
+        "  fix: put the password in the URL (postgresql+psycopg://USER:PASSWORD@HOST/DB), in PGPASSWORD or in"
+        " ~/.pgpass"], done.stderr
+    assert elapsed < 20, f"{command} took {elapsed:.1f} s: was the connection retried?"
+    right = make_url(url).set(password="Right-Pw-5150").render_as_string(hide_password=False)
+    done = run([sys.executable, "-m", "idem_dialects.cli"], ["init", right], tmp_path)
+    assert done.returncode == 0 and "Right-Pw-5150" not in done.stdout + done.stderr and "***" in done.stdout, done
+
+
+# --- no command prints a URL's password -------------------------------------------------------------------------------
+
+
+SECRET = "Wr0ng-Pw-7731"
+
+
+@pytest.mark.parametrize("args", [
+    ["init", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],
+    ["check", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test", "--quiet"],
+    ["stats", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],
+    ["purge", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test", "--older-than", "1d", "-v"],
+    ["demo", "--url", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],
+    ["matrix", "--url", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],
+    ["matrix", "--url", f"t=mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test", "--quiet"],
+    ["bench", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test", "--requests", "5", "--repetitions", "1"],
+    ["ddl", f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],
+    [f"mariadb+pymysql://root:{SECRET}@127.0.0.1:3306/test"],  # no command: argparse's invalid choice
+    ["init", "sqlite:///ok.db", f"mysql://root:{SECRET}@h/db"],  # an extra argument: argparse's unrecognized
+    ["init", f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:70000/test"],
+    ["init", f"postgresql+psycopg://postgres:{SECRET}@h1:5432,h2:5432/test"],
+    ["init", f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:5432/test?connect_timeout=abc"],
+], ids=lambda args: " ".join(a.split("://")[0] if "://" in a else a for a in args))
+def test_no_command_prints_a_urls_password(args: list[str], tmp_path: Path) -> None:
+    done = run([sys.executable, "-m", "idem_dialects.cli"], args, tmp_path)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert SECRET not in done.stdout + done.stderr, done.stdout + done.stderr

@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 from mssql_common import *  # noqa: F403  (fixtures: backend, dialect, tables)
 from mssql_common import ODBC18, URL, FakeConnection, pyodbc_error, sql
+from offline_common import run
 from sqlalchemy import and_, create_mock_engine, or_
 from sqlalchemy.dialects.mssql import VARBINARY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 
 from idem_dialects import InvalidKey
+from idem_dialects.dialects.base import insert_values
 from idem_dialects.dialects.mssql import (
     INDEX_KEY_LIMIT,
     KEY_BYTES,
@@ -97,8 +99,8 @@ def test_255_character_identities_fit_the_index(backend: MSSQLBackend, tables: T
                                                 value: str) -> None:
     values = claim_values(backend)
     values[field] = value
-    conn = FakeConnection(1)
-    assert backend.insert_if_absent(conn, tables.records, values) is True  # type: ignore[arg-type]
+    conn = FakeConnection((1,))
+    assert run(backend.insert_if_absent(tables.records, values), conn) is True
     assert len(value.encode()) <= KEY_BYTES
 
 
@@ -109,13 +111,13 @@ def test_identity_beyond_the_index_limit_is_refused_before_sql(backend: MSSQLBac
     values.update(scope="\u4e00" * 255, operation="\u4e00" * 255, idem_key="\u4e00" * 254 + "x")
     conn = FakeConnection()
     with pytest.raises(InvalidKey) as err:
-        backend.insert_if_absent(conn, tables.records, values)  # type: ignore[arg-type]
+        run(backend.insert_if_absent(tables.records, values), conn)
     assert err.value.field == "scope" and "2293 bytes" in err.value.rule and conn.statements == []
     values.update(scope="s" * 255, operation="o" * 255, idem_key="k" * 255)
-    assert backend.insert_if_absent(FakeConnection(1), tables.records, values) is True  # type: ignore[arg-type]
+    assert run(backend.insert_if_absent(tables.records, values), FakeConnection((1,))) is True
     messages = dict(subscriber="\U0001f600" * 255, message_id="\U0001f601" * 255)
     with pytest.raises(InvalidKey):
-        backend.insert_if_absent(FakeConnection(), tables.messages, messages)  # type: ignore[arg-type]
+        run(backend.insert_if_absent(tables.messages, messages), FakeConnection())
 
 
 # --- the claim statement -------------------------------------------------------------------------------------------
@@ -140,7 +142,7 @@ def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables:
     """The claim: XACT_ABORT off around a plain INSERT (the PK resolves the race), 2627/2601 caught by number while
     the transaction is committable, everything else re-thrown, settings restored, one row saying if it inserted.
     No MERGE, no OUTPUT, no range-locking NOT EXISTS."""
-    values = backend.insert_values(tables.records, claim_values(backend), CLAIM_CLOCK)
+    values = insert_values(backend, tables.records, claim_values(backend), CLAIM_CLOCK)
     compiled = InsertIfAbsent(tables.records, values).compile(dialect=dialect)
     text = str(compiled)
     lines = [line.strip() for line in text.splitlines()]
@@ -169,8 +171,8 @@ def test_claim_is_one_batch_around_a_plain_insert(backend: MSSQLBackend, tables:
 
 def test_message_claim_uses_the_same_batch(backend: MSSQLBackend, tables: Tables, dialect: Dialect) -> None:
     values = dict(subscriber="sub", message_id="m-1", fingerprint=None)
-    insert_values = backend.insert_values(tables.messages, values, {"processed_at": 0.0})
-    text = str(InsertIfAbsent(tables.messages, insert_values).compile(dialect=dialect))
+    inserted = insert_values(backend, tables.messages, values, {"processed_at": 0.0})
+    text = str(InsertIfAbsent(tables.messages, inserted).compile(dialect=dialect))
     assert "INSERT INTO idem_messages (subscriber, message_id, fingerprint, processed_at) VALUES (?, ?, ?, " \
            "sysutcdatetime());" in text
     assert "SET XACT_ABORT OFF;" in text and "THROW;" in text
@@ -178,11 +180,11 @@ def test_message_claim_uses_the_same_batch(backend: MSSQLBackend, tables: Tables
 
 def test_insert_if_absent_reports_the_batch_row(backend: MSSQLBackend, tables: Tables) -> None:
     """True when the batch inserted, False on a duplicate it caught; anything it re-threw propagates as raised."""
-    conn = FakeConnection(1, 0, pyodbc_error(ODBC18, "23000", 515))
-    assert backend.insert_if_absent(conn, tables.records, claim_values(backend)) is True  # type: ignore[arg-type]
-    assert backend.insert_if_absent(conn, tables.records, claim_values(backend)) is False  # type: ignore[arg-type]
+    conn = FakeConnection((1,), (0,), pyodbc_error(ODBC18, "23000", 515))
+    assert run(backend.insert_if_absent(tables.records, claim_values(backend)), conn) is True
+    assert run(backend.insert_if_absent(tables.records, claim_values(backend)), conn) is False
     with pytest.raises(IntegrityError):
-        backend.insert_if_absent(conn, tables.records, claim_values(backend))  # type: ignore[arg-type]
+        run(backend.insert_if_absent(tables.records, claim_values(backend)), conn)
     assert all(isinstance(s, InsertIfAbsent) for s in conn.statements)
 
 
@@ -193,7 +195,7 @@ def test_winner_read_is_a_plain_select_with_db_clock(backend: MSSQLBackend, tabl
     """The loser reads by primary key with the DB clock, no NOLOCK/READPAST hint (it must see committed data)."""
     conn = FakeConnection(("row",))
     ident = {"scope": "s", "operation": "op", "idem_key": "k"}
-    assert backend.read_row(conn, tables.records, ident) == ("row",)  # type: ignore[arg-type]
+    assert run(backend.read(tables.records, ident), conn) == ("row",)
     text = sql(conn.statements[0], dialect)
     assert text.startswith("SELECT idem_records.fingerprint, idem_records.claim_token")  # the key is the caller's
     assert text.endswith("sysutcdatetime() AS db_now FROM idem_records WHERE idem_records.scope = ? AND "
@@ -202,15 +204,15 @@ def test_winner_read_is_a_plain_select_with_db_clock(backend: MSSQLBackend, tabl
 
 
 def test_snapshot_hiding_the_winner_is_retryable(backend: MSSQLBackend, tables: Tables) -> None:
-    """Under SNAPSHOT (isolation level 5) a winner committed after the snapshot began is invisible: read_row raises
+    """Under SNAPSHOT (isolation level 5) a winner committed after the snapshot began is invisible: `read` raises
     WinnerNotVisible, which `run` retries as a serialization failure. Under other levels an absent row is absent."""
     ident = {"scope": "s", "operation": "op", "idem_key": "k"}
-    snapshot = FakeConnection(None, 5)
+    snapshot = FakeConnection(None, (5,))
     with pytest.raises(WinnerNotVisible) as err:
-        backend.read_row(snapshot, tables.records, ident)  # type: ignore[arg-type]
-    assert backend.retry_cause(err.value) == RetryCause.SERIALIZATION
+        run(backend.read(tables.records, ident), snapshot)
+    assert backend.errors.retry_cause(err.value) == RetryCause.SERIALIZATION
     assert "sys.dm_exec_sessions" in str(snapshot.statements[1])
-    assert backend.read_row(FakeConnection(None, 2), tables.records, ident) is None  # type: ignore[arg-type]
+    assert run(backend.read(tables.records, ident), FakeConnection(None, (2,))) is None
 
 
 # --- the clock and retention ---------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def test_purge_deletes_in_top_n_batches(backend: MSSQLBackend, tables: Tables, d
     condition = or_(and_(r.completed_at.is_not(None), r.completed_at < cutoff),
                     and_(r.completed_at.is_(None), r.locked_until < backend.now(), r.created_at < cutoff))
     conn = FakeConnection(3)
-    assert backend.purge_batch(conn, tables.records, condition, 3) == 3  # type: ignore[arg-type]
+    assert run(backend.purge_batch(tables.records, condition, 3), conn) == 3
     assert sql(conn.statements[0], dialect) == (
         "DELETE TOP (3) FROM idem_records WHERE idem_records.completed_at IS NOT NULL AND idem_records.completed_at"
         " < dateadd(day, -1, sysutcdatetime()) OR idem_records.completed_at IS NULL AND idem_records.locked_until"

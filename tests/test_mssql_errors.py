@@ -18,10 +18,8 @@ from sqlalchemy.exc import DBAPIError, ProgrammingError
 
 from idem_dialects import IdempotencyStore, InvalidKey
 from idem_dialects.dialects import load
-from idem_dialects.dialects.mssql import (
-    MSSQLBackend,
-    native_error,
-)
+from idem_dialects.dialects.mssql import MSSQLBackend
+from idem_dialects.dialects.mssql_errors import native_error
 from idem_dialects.errors import RetryCause
 
 # --- error classification on real pyodbc exceptions ---------------------------------------------------------------
@@ -35,12 +33,12 @@ def test_duplicates_recognised_by_number(backend: MSSQLBackend, driver: str, num
     """2627 (PK/unique constraint) and 2601 (unique index) are duplicates, from either driver, whatever class."""
     exc = pyodbc_error(driver, None, number)
     assert native_error(exc) == number
-    assert backend.is_duplicate(exc) and backend.retry_cause(exc) is None
+    assert backend.errors.is_duplicate(exc) and backend.errors.retry_cause(exc) is None
 
 
 def test_freetds_2601_arrives_as_programming_error(backend: MSSQLBackend) -> None:
     exc = pyodbc_error(FREETDS, None, 2601)
-    assert isinstance(exc, ProgrammingError) and backend.is_duplicate(exc)
+    assert isinstance(exc, ProgrammingError) and backend.errors.is_duplicate(exc)
 
 
 @DRIVERS
@@ -48,7 +46,7 @@ def test_freetds_2601_arrives_as_programming_error(backend: MSSQLBackend) -> Non
 def test_other_integrity_errors_are_not_duplicates(backend: MSSQLBackend, driver: str, number: int) -> None:
     exc = pyodbc_error(driver, None, number)
     assert native_error(exc) == number
-    assert not backend.is_duplicate(exc) and backend.retry_cause(exc) is None
+    assert not backend.errors.is_duplicate(exc) and backend.errors.retry_cause(exc) is None
 
 
 @DRIVERS
@@ -57,7 +55,7 @@ def test_other_integrity_errors_are_not_duplicates(backend: MSSQLBackend, driver
 def test_retryable_errors(backend: MSSQLBackend, driver: str, number: int, cause: str) -> None:
     """Deadlock victim, lock timeout and snapshot update conflict are retried by `run`; they are not duplicates."""
     exc = pyodbc_error(driver, None, number)
-    assert backend.retry_cause(exc) == cause and not backend.is_duplicate(exc)
+    assert backend.errors.retry_cause(exc) == cause and not backend.errors.is_duplicate(exc)
 
 
 ADVERSARIAL = [
@@ -79,8 +77,8 @@ def test_number_is_read_from_the_end_not_from_the_text(backend: MSSQLBackend, dr
                                                        text: str) -> None:
     exc = pyodbc_error(driver, None, number, text)
     assert native_error(exc) == number
-    assert backend.is_duplicate(exc) is (number == 2627)
-    assert backend.retry_cause(exc) is None
+    assert backend.errors.is_duplicate(exc) is (number == 2627)
+    assert backend.errors.retry_cause(exc) is None
 
 
 def test_windows_multi_record_messages(backend: MSSQLBackend) -> None:
@@ -90,12 +88,12 @@ def test_windows_multi_record_messages(backend: MSSQLBackend) -> None:
     assert native_error(pyodbc_error(ODBC18, None, 2627, more=more)) == 2627
     adversarial = TEXTS[547].replace("fk_child_parent", "x (2627) (SQLExecDirectW); [01000] y")
     exc = pyodbc_error(ODBC18, None, 547, adversarial, more=more)
-    assert native_error(exc) == 547 and not backend.is_duplicate(exc)
+    assert native_error(exc) == 547 and not backend.errors.is_duplicate(exc)
 
 
 @pytest.mark.parametrize("function", ["SQLExecDirectW", "SQLExecute", "SQLFetch", "SQLMoreResults", "SQLEndTran"])
 def test_any_odbc_function_name(backend: MSSQLBackend, function: str) -> None:
-    assert backend.retry_cause(pyodbc_error(FREETDS, None, 1205, function=function)) == RetryCause.DEADLOCK
+    assert backend.errors.retry_cause(pyodbc_error(FREETDS, None, 1205, function=function)) == RetryCause.DEADLOCK
 
 
 def test_unparseable_or_foreign_errors_are_not_classified(backend: MSSQLBackend) -> None:
@@ -107,7 +105,7 @@ def test_unparseable_or_foreign_errors_are_not_classified(backend: MSSQLBackend)
                  RuntimeError("[23000] [FreeTDS][SQL Server]Violation (2627) (SQLExecDirectW)")]:
         exc = DBAPIError.instance("x", [], orig, pyodbc.Error)
         assert native_error(exc) is None
-        assert not backend.is_duplicate(exc) and backend.retry_cause(exc) is None
+        assert not backend.errors.is_duplicate(exc) and backend.errors.retry_cause(exc) is None
 
 
 def test_lost_connection_is_retryable(backend: MSSQLBackend) -> None:
@@ -115,7 +113,7 @@ def test_lost_connection_is_retryable(backend: MSSQLBackend) -> None:
     orig = pyodbc.OperationalError("08S01", "[08S01] [FreeTDS][SQL Server]Communication link failure (0) "
                                             "(SQLExecDirectW)")
     exc = DBAPIError.instance("x", [], orig, pyodbc.Error, connection_invalidated=True)
-    assert backend.retry_cause(exc) == RetryCause.CONNECTION
+    assert backend.errors.retry_cause(exc) == RetryCause.CONNECTION
 
 
 # --- building from a URL: no connection, no early driver import --------------------------------------------------

@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import create_mock_engine, make_url
+from sqlalchemy import create_engine, create_mock_engine, make_url
 from sqlalchemy.exc import DBAPIError
 
 from idem_dialects import IdempotencyStore, RetryCause, dialects
-from idem_dialects.dialects.mssql import InsertIfAbsent, MSSQLBackend, mssql_python_sqlstate
+from idem_dialects.dialects.base import insert_values
+from idem_dialects.dialects.classify import MISSING_TABLE
+from idem_dialects.dialects.mssql import InsertIfAbsent, MSSQLBackend
+from idem_dialects.dialects.mssql_errors import mssql_python_sqlstate
 from idem_dialects.errors import CannotConnect, ConnectionConfigError
-from idem_dialects.guard import MISSING_TABLE
 from idem_dialects.schema import build_tables
 
 mssql_python = pytest.importorskip("mssql_python", reason="pip install 'idem-dialects[mssql]' (mssql-python)",
@@ -41,7 +43,7 @@ def test_claim_compiles_as_the_batch_with_this_dialect() -> None:
     mock = create_mock_engine(make_url(URL), lambda *a, **k: None)
     backend = MSSQLBackend(mock)  # type: ignore[arg-type]
     tables = build_tables("idem_", backend)
-    values = backend.insert_values(tables.records, {"scope": 1, "operation": 1, "idem_key": 1}, {"created_at": 0})
+    values = insert_values(backend, tables.records, {"scope": 1, "operation": 1, "idem_key": 1}, {"created_at": 0})
     stmt = InsertIfAbsent(tables.records, values)
     sql = str(stmt.compile(dialect=mock.dialect))
     assert "SET XACT_ABORT OFF" in sql and "ERROR_NUMBER() IN (2627, 2601)" in sql
@@ -58,14 +60,18 @@ def test_retry_causes_by_sqlstate(state: str, text: str, cause: RetryCause | Non
     backend = MSSQLBackend(create_mock_engine(make_url(URL), lambda *a, **k: None))  # type: ignore[arg-type]
     exc = driver_error(state, text)
     assert mssql_python_sqlstate(exc) == state
-    assert backend.retry_cause(exc) == cause
-    assert not backend.is_duplicate(exc)  # 23000 cannot tell a duplicate from NOT NULL: claims never ask
+    assert backend.errors.retry_cause(exc) == cause
+    assert not backend.errors.is_duplicate(exc)  # 23000 cannot tell a duplicate from NOT NULL: claims never ask
 
 
 def test_missing_table_and_connect_errors() -> None:
     backend = MSSQLBackend(create_mock_engine(make_url(URL), lambda *a, **k: None))  # type: ignore[arg-type]
     missing = driver_error("42S02", "Invalid object name 'idem_records'.")
-    assert backend.config_problem(missing, None, ["idem_records"]) == MISSING_TABLE  # type: ignore[arg-type]
+    assert backend.errors.config_problem(missing, ["idem_records"], None) == MISSING_TABLE
+    # Connect errors come from an engine that connects (a mock engine has no URL for the classifier to read).
+    connecting = MSSQLBackend(create_engine(URL))
     login = driver_error("28000", "Login failed for user 'sa'.")
-    assert isinstance(backend.connect_error(login), ConnectionConfigError)
-    assert isinstance(backend.connect_error(driver_error("08001", "TCP Provider: Error code 0x2749")), CannotConnect)
+    assert isinstance(connecting.errors.connect_error(login), ConnectionConfigError)
+    unreachable = driver_error("08001", "TCP Provider: Error code 0x2749")
+    assert isinstance(connecting.errors.connect_error(unreachable), CannotConnect)
+    connecting.engine.dispose()

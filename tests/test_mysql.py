@@ -27,7 +27,7 @@ from sqlalchemy.schema import CreateTable
 
 from idem_dialects import IdempotencyStore, InvalidKey
 from idem_dialects.conformance.support import Effects
-from idem_dialects.dialects.mysql import error_code
+from idem_dialects.dialects.mysql_errors import error_code
 
 # --- schema ------------------------------------------------------------------------------------------------
 
@@ -146,24 +146,28 @@ def test_only_a_primary_key_duplicate_is_a_duplicate(make_store: Callable[..., I
     store = make_store(backend, connect_args={"init_command": "SET SESSION sql_mode=''"})
     b = store.backend
     metadata = MetaData()
-    table = Table(f"{store.table_prefix}uq", metadata, Column("k", b.key_type(), primary_key=True),
-                  Column("u", b.key_type(), nullable=False, unique=True), **b.table_kwargs())
+    table = Table(f"{store.table_prefix}uq", metadata, Column("k", b.columns.key, primary_key=True),
+                  Column("u", b.columns.key, nullable=False, unique=True), **b.columns.table_options)
     metadata.create_all(store.engine)
+
+    def insert(conn: Any, values: dict[str, Any]) -> bool:
+        return store.drive(b.insert_if_absent(table, values), conn)  # the backend's statement flow, on conn
+
     try:
         with store.transaction() as conn:
-            assert b.insert_if_absent(conn, table, {"k": "a", "u": "x"})
-            assert not b.insert_if_absent(conn, table, {"k": "a", "u": "y"})
+            assert insert(conn, {"k": "a", "u": "x"})
+            assert not insert(conn, {"k": "a", "u": "y"})
             with pytest.raises(IntegrityError) as err:
-                b.insert_if_absent(conn, table, {"k": "b", "u": "x"})  # the other unique index
+                insert(conn, {"k": "b", "u": "x"})  # the other unique index
             assert error_code(err.value) == 1062
             with pytest.raises(IntegrityError) as err:
-                b.insert_if_absent(conn, table, {"k": "c", "u": None})
+                insert(conn, {"k": "c", "u": None})
             assert error_code(err.value) == 1048
             with pytest.raises(DataError) as too_long:
-                b.insert_if_absent(conn, table, {"k": "d" * 1021, "u": "z"})
+                insert(conn, {"k": "d" * 1021, "u": "z"})
             assert error_code(too_long.value) == 1406
             assert "STRICT" in conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar_one()
-            assert b.insert_if_absent(conn, table, {"k": "e", "u": "w"})  # still the same live transaction
+            assert insert(conn, {"k": "e", "u": "w"})  # still the same live transaction
         with store.engine.connect() as conn:
             assert sorted(conn.execute(select(table.c.k)).scalars()) == ["a", "e"]
     finally:

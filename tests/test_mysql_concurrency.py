@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from mysql_common import *  # noqa: F403  (fixtures: admin, make_database, make_store, server, server_url)
 from mysql_common import BACKENDS, REQ, _records, _respond, pymysql
-from sqlalchemy import select, text, update
+from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Replayed
 from idem_dialects.conformance.support import Effects
-from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend, error_code
+from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend
+from idem_dialects.dialects.mysql_errors import error_code
 from idem_dialects.errors import RetryCause
 
 # --- the loser sees the committed winner --------------------------------------------------------------------
@@ -108,20 +109,20 @@ def _wrapped(code: int) -> DBAPIError:
 def test_retry_classification(backend: type[MySQLBackend]) -> None:
     """Deadlock, lock wait timeout and lost connection (by code, or as SQLAlchemy invalidated the connection) are
     retryable; nothing else is (1020 only on MariaDB)."""
-    b = backend.__new__(backend)  # classification needs no engine
-    assert b.retry_cause(_wrapped(1213)) == RetryCause.DEADLOCK
-    assert b.retry_cause(_wrapped(1205)) == RetryCause.LOCK_TIMEOUT
-    assert b.retry_cause(_wrapped(2006)) == RetryCause.CONNECTION
-    assert b.retry_cause(_wrapped(2013)) == RetryCause.CONNECTION
+    b = backend(create_engine(f"{backend.name}+pymysql://u@h/db"))  # classification needs no connection
+    assert b.errors.retry_cause(_wrapped(1213)) == RetryCause.DEADLOCK
+    assert b.errors.retry_cause(_wrapped(1205)) == RetryCause.LOCK_TIMEOUT
+    assert b.errors.retry_cause(_wrapped(2006)) == RetryCause.CONNECTION
+    assert b.errors.retry_cause(_wrapped(2013)) == RetryCause.CONNECTION
     for code in (1062, 1048, 1406, 1452, 1064, 2014, 2003):
-        assert b.retry_cause(_wrapped(code)) is None, code
+        assert b.errors.retry_cause(_wrapped(code)) is None, code
     integrity = IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1062, "Duplicate entry"))
-    assert b.is_duplicate(integrity) and b.retry_cause(integrity) is None
-    assert not b.is_duplicate(IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1048, "null")))
-    assert b.retry_cause(RuntimeError("1213")) is None
-    assert b.retry_cause(_wrapped(1020)) == (RetryCause.SERIALIZATION if backend is MariaDBBackend else None)
+    assert b.errors.is_duplicate(integrity) and b.errors.retry_cause(integrity) is None
+    assert not b.errors.is_duplicate(IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1048, "null")))
+    assert b.errors.retry_cause(RuntimeError("1213")) is None
+    assert b.errors.retry_cause(_wrapped(1020)) == (RetryCause.SERIALIZATION if backend is MariaDBBackend else None)
     invalidated = OperationalError("SELECT 1", {}, pymysql.err.InterfaceError(0, ""), connection_invalidated=True)
-    assert b.retry_cause(invalidated) == RetryCause.CONNECTION  # SQLAlchemy's own disconnect detection
+    assert b.errors.retry_cause(invalidated) == RetryCause.CONNECTION  # SQLAlchemy's own disconnect detection
 
 
 def _wait_for_lock_waits(store: IdempotencyStore, count: int, timeout: float = 30.0) -> None:
@@ -156,13 +157,13 @@ def test_rolled_back_first_inserter_deadlock_is_classified(make_store: Callable[
     def waiter() -> None:
         try:
             with store.transaction() as conn:
-                outcomes.append(store.backend.insert_if_absent(conn, t, values, clock))
+                outcomes.append(store.drive(store.backend.insert_if_absent(t, values, clock), conn))
         except DBAPIError as exc:
             outcomes.append(exc)
 
     with store.engine.connect() as first:
         tx = first.begin()
-        assert store.backend.insert_if_absent(first, t, values, clock)
+        assert store.drive(store.backend.insert_if_absent(t, values, clock), first)
         threads = [threading.Thread(target=waiter) for _ in range(2)]
         for th in threads:
             th.start()

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from offline_common import run
 from ora_common import *  # noqa: F403  (fixtures: backend, engine)
 from ora_common import CLOSED_PORT_URL, ORA_00001, REQ, Result, ScriptedConnection, ora_error, sql, winner_row, wrapped
 from sqlalchemy import create_engine, event
@@ -116,11 +117,11 @@ def test_backend_insert_guards_identity_itself(backend: OracleBackend, engine: E
     values[column] = ""
     conn = ScriptedConnection(engine, [])
     with pytest.raises(InvalidKey) as err:
-        backend.insert_if_absent(conn, t, values)  # type: ignore[arg-type]
+        run(backend.insert_if_absent(t, values), conn)
     assert err.value.field == field and conn.statements == []
     messages = build_tables("idem_", backend).messages
     with pytest.raises(InvalidKey):
-        backend.insert_if_absent(conn, messages, dict(subscriber="sub", message_id=""))  # type: ignore[arg-type]
+        run(backend.insert_if_absent(messages, dict(subscriber="sub", message_id="")), conn)
 
 
 # --- DDL --------------------------------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def test_clock_is_the_database_utc_timestamp(backend: OracleBackend, engine: Eng
     assert " ".join(str(later).split()) == "sys_extract_utc(SYSTIMESTAMP) + numtodsinterval(:param_1, 'SECOND')"
     assert str(later.params["param_1"]) == "90.250000"  # exact decimal, microseconds
     assert str(backend.now_plus(-3600).compile(dialect=engine.dialect).params["param_1"]) == "-3600.000000"
-    assert isinstance(backend.now().type, type(backend.timestamp_type()))
+    assert isinstance(backend.now().type, type(backend.columns.timestamp))
 
 
 def test_claim_is_one_plain_insert_with_utf8_key_bytes(backend: OracleBackend, engine: Engine) -> None:
@@ -245,21 +246,29 @@ def test_winner_gone_between_insert_and_read_claims_again(engine: Engine) -> Non
     assert [s.split()[0] for s, _ in conn.statements] == ["INSERT", "SELECT", "INSERT"]
 
 
-def test_serializable_snapshot_hiding_the_winner_is_retryable(engine: Engine) -> None:
+def test_serializable_snapshot_hiding_the_winner_is_retryable() -> None:
     """SERIALIZABLE reads as of the transaction's start: a winner committed later is invisible to the loser.
-    The backend raises WinnerNotVisible, which run retries as a serialization failure (like ORA-08177)."""
-    store = IdempotencyStore(engine)
-    dup = wrapped(ora_error(1, ORA_00001), engine)
-    conn = ScriptedConnection(engine, [dup, Result(None)], isolation_level="SERIALIZABLE")
+    The backend raises WinnerNotVisible, which run retries as a serialization failure (like ORA-08177). The
+    backend's flows never see the connection: the engine's configured level is what they know."""
+    eng = create_engine(CLOSED_PORT_URL, isolation_level="SERIALIZABLE")
+    store = IdempotencyStore(eng)
+    dup = wrapped(ora_error(1, ORA_00001), eng)
+    conn = ScriptedConnection(eng, [dup, Result(None)])
     with pytest.raises(WinnerNotVisible) as err:
         store.claim(conn, scope="s", operation="op", key="k", request=REQ)  # type: ignore[arg-type]
     assert err.value.table == store.tables.records.name
     assert store.retry_cause(err.value) == RetryCause.SERIALIZATION
+    eng.dispose()
 
 
 @pytest.mark.parametrize(("engine_level", "option", "raises"), [
     ("SERIALIZABLE", None, True),  # create_engine(isolation_level="SERIALIZABLE"), as the conformance suite does
-    ("SERIALIZABLE", "READ COMMITTED", False),  # a per-connection execution option wins
+    # The engine's level decides: a flow never sees the connection, so a per-connection execution option is not
+    # read. A READ COMMITTED connection of a SERIALIZABLE engine gets WinnerNotVisible (run retries it); a
+    # SERIALIZABLE connection of a READ COMMITTED engine inserts again (on a live server, where the winner stays
+    # invisible, its claim loop ends in ClaimRaced, which run also retries).
+    ("SERIALIZABLE", "READ COMMITTED", True),
+    (None, "SERIALIZABLE", False),
     (None, None, False),  # READ COMMITTED, Oracle's default: the winner was purged or released; claim again
 ])
 def test_serializable_detected_from_sqlalchemy_configuration(engine_level: str | None, option: str | None,
@@ -309,7 +318,7 @@ def test_purge_deletes_a_bounded_batch_by_rowid(backend: OracleBackend, engine: 
     t = build_tables("idem_", backend).records
     condition = t.c.completed_at < backend.now_plus(-60)
     conn = ScriptedConnection(engine, [Result(rowcount=3)])
-    assert backend.purge_batch(conn, t, condition, 3) == 3  # type: ignore[arg-type]
+    assert run(backend.purge_batch(t, condition, 3), conn) == 3
     [(text, params)] = conn.statements
     assert text == (
         "DELETE FROM idem_records WHERE ROWID IN (SELECT ROWID FROM idem_records"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from offline_common import run
 from ora_common import *  # noqa: F403  (fixtures: backend, engine)
 from ora_common import (
     ORA_00001,
@@ -39,8 +40,8 @@ from idem_dialects.dialects.oracle import (
     NonEmptyBlob,
     NonEmptyString,
     OracleBackend,
-    ora_code,
 )
+from idem_dialects.dialects.oracle_errors import ora_code
 from idem_dialects.errors import RetryCause
 from idem_dialects.fingerprint import decode_response, encode_response, fingerprint, payload_fingerprint
 from idem_dialects.schema import build_tables
@@ -55,7 +56,7 @@ KEYS = ["k", "K", "k ", " k", "k\t", "Straße", "STRASSE", "é", unicodedata.nor
 def test_keys_round_trip_byte_exact_and_stay_distinct(engine: Engine) -> None:
     """Keys become their UTF-8 bytes: distinct keys (case, accents, normalization, trailing space) stay distinct
     whatever NLS_COMP/NLS_SORT says, and come back as the same str."""
-    key = OracleBackend(engine).key_type()
+    key = OracleBackend(engine).columns.key
     bind = key.bind_processor(engine.dialect)
     result = key.result_processor(engine.dialect, oracledb.DB_TYPE_RAW)
     assert bind is not None and result is not None
@@ -119,8 +120,8 @@ def test_classification_by_error_code(
     exc = wrapped(ora_error(code, message), engine)
     assert isinstance(exc, sa_class)
     assert ora_code(exc) == code
-    assert backend.is_duplicate(exc) is duplicate
-    assert backend.retry_cause(exc) == cause
+    assert backend.errors.is_duplicate(exc) is duplicate
+    assert backend.errors.retry_cause(exc) == cause
 
 
 def test_driver_errors_without_an_ora_number_are_neither(backend: OracleBackend, engine: Engine) -> None:
@@ -128,10 +129,10 @@ def test_driver_errors_without_an_ora_number_are_neither(backend: OracleBackend,
     orig = ora_errors._create_exception(ora_errors.ERR_NOT_CONNECTED)
     assert orig.args[0].code == 0
     exc = wrapped(orig, engine)
-    assert not backend.is_duplicate(exc)
+    assert not backend.errors.is_duplicate(exc)
     text_only = wrapped(oracledb.IntegrityError("ORA-00001: unique constraint violated"), engine)
-    assert ora_code(text_only) is None and not backend.is_duplicate(text_only)
-    assert backend.retry_cause(ValueError("ORA-08177")) is None
+    assert ora_code(text_only) is None and not backend.errors.is_duplicate(text_only)
+    assert backend.errors.retry_cause(ValueError("ORA-08177")) is None
 
 
 @pytest.mark.parametrize(("code", "message"), [(1400, ORA_01400), (2291, ORA_02291), (2291, ORA_02291_SAYS_00001)])
@@ -141,7 +142,7 @@ def test_insert_lets_other_integrity_errors_through(backend: OracleBackend, engi
     values = dict(scope="s", operation="op", idem_key="k", fingerprint="f" * 64, claim_token="c" * 32)
     conn = ScriptedConnection(engine, [wrapped(ora_error(code, message), engine)])
     with pytest.raises(sa_exc.IntegrityError) as err:
-        backend.insert_if_absent(conn, t, values)  # type: ignore[arg-type]
+        run(backend.insert_if_absent(t, values), conn)
     assert ora_code(err.value) == code
 
 
@@ -149,8 +150,8 @@ def test_insert_duplicate_returns_false_without_savepoint(backend: OracleBackend
     t = build_tables("idem_", backend).records
     values = dict(scope="s", operation="op", idem_key="k", fingerprint="f" * 64, claim_token="c" * 32)
     conn = ScriptedConnection(engine, [wrapped(ora_error(1, ORA_00001), engine), Result()])
-    assert backend.insert_if_absent(conn, t, values) is False  # type: ignore[arg-type]
-    assert backend.insert_if_absent(conn, t, values) is True  # type: ignore[arg-type]  # the connection goes on
+    assert run(backend.insert_if_absent(t, values), conn) is False
+    assert run(backend.insert_if_absent(t, values), conn) is True  # the connection goes on
     assert [s.split()[0] for s, _ in conn.statements] == ["INSERT", "INSERT"]
 
 
@@ -163,7 +164,7 @@ def sqlite_store_with_oracle_errors(tmp_path: Any, monkeypatch: pytest.MonkeyPat
     to show what `run` does with Oracle's errors: which it retries, and that it rolls back first."""
     store = IdempotencyStore.from_url(f"sqlite+pysqlite:///{tmp_path / 'o.db'}",
                                       retry=RetryPolicy(total=5, initial=0.001, max_wait=0.005))
-    monkeypatch.setattr(store.backend, "retry_cause", OracleBackend(engine).retry_cause)
+    monkeypatch.setattr(store.backend.errors, "retry_cause", OracleBackend(engine).errors.retry_cause)
     store.create_tables()
     fx = Table("fx", MetaData(), Column("id", Integer, primary_key=True, autoincrement=True), Column("k", String(20)))
     fx.create(store.engine)

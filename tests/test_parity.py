@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-# The async store (SQLAlchemy's asyncio layer needs greenlet) on aiosqlite: both come with the [async] extra.
+# The async store (SQLAlchemy's asyncio layer needs greenlet) on aiosqlite: the [async] and [aiosqlite] extras.
 pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
-pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[async]')")
+pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[aiosqlite]')")
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -91,7 +91,7 @@ def test_async_purge_reports_progress_and_honours_the_identity_limit(tmp_path: P
             deleted = await store.purge(older_than=timedelta(0), batch_size=2,
                                         progress=lambda table, count: seen.append((table, count)))
             assert deleted == 3
-            assert seen == [("idem_records", 2), ("idem_records", 1), ("idem_messages", 0)]
+            assert seen == [("idem_records", 2), ("idem_records", 1), ("idem_messages", 0), ("idem_outbox", 0)]
             wide = "\U0001f600" * 255  # 1,020 bytes: three of them exceed the 1,700-byte identity limit
             with pytest.raises(InvalidKey, match="1700 bytes"):
                 await store.run(scope=wide, operation=wide, key=wide, request={}, effect=effect)

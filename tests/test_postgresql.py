@@ -20,15 +20,16 @@ from typing import Any
 import pytest
 from pg_common import *  # noqa: F403  (fixtures: admin, effects, make_store, pg, store)
 from pg_common import REQ
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.schema import CreateTable
 
 from idem_dialects import Claimed, IdempotencyStore, Replayed, RequestMismatch
-from idem_dialects.conformance.support import Effects
-from idem_dialects.dialects.postgresql import PostgreSQLBackend, sqlstate
+from idem_dialects.conformance.support import Effects, StatementLog
+from idem_dialects.dialects.postgresql import PostgreSQLBackend
+from idem_dialects.dialects.postgresql_errors import sqlstate
 from idem_dialects.engines import Server
 from idem_dialects.errors import RetryCause
 from idem_dialects.schema import build_tables
@@ -47,13 +48,21 @@ def test_claim_statement_names_its_conflict_target() -> None:
     tables = build_tables("idem_", backend)
     values = dict(scope="s", operation="op", idem_key="k", fingerprint="f", claim_token="t")
     clock = {"created_at": 0.0, "locked_until": 30.0}
-    stmt = backend.insert_statement(tables.records, values, clock)
+    stmt = _first_statement(backend.insert_if_absent(tables.records, values, clock))
     sql = " ".join(str(stmt.compile(dialect=postgresql.dialect())).split())
     assert "ON CONFLICT (scope, operation, idem_key) DO NOTHING RETURNING" in sql
     assert sql.startswith("INSERT INTO idem_records ")
     assert "statement_timestamp()" in sql and "%(v_idem_key)s" in sql  # the DB clock; the key as a bind parameter
-    msg = backend.insert_statement(tables.messages, dict(subscriber="s", message_id="m"), {"processed_at": 0.0})
+    msg = _first_statement(backend.insert_if_absent(tables.messages, dict(subscriber="s", message_id="m"),
+                                                    {"processed_at": 0.0}))
     assert "ON CONFLICT (subscriber, message_id) DO NOTHING RETURNING" in str(msg.compile(dialect=postgresql.dialect()))
+
+
+def _first_statement(flow: Any) -> Any:
+    """The clause of the first statement a backend's flow yields (its SQL, compiled without running it)."""
+    step = next(flow)
+    flow.close()
+    return step.statement.clause
 
 
 def test_ddl_is_byte_exact_and_timezone_aware() -> None:
@@ -74,10 +83,14 @@ def test_losing_claim_is_one_statement(store: IdempotencyStore) -> None:
     other branch returns the committed winner. (The separate read, for a winner committed after the statement's
     snapshot, is proven by test_claim_waiting_on_uncommitted_winner under READ COMMITTED.)"""
     store.run(scope="s", operation="op", key="k", request=REQ, effect=lambda conn: "first")
-    statements: list[str] = []
-    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(" ".join(a[2].split())))
-    with store.transaction() as conn:
-        outcome = store.claim(conn, scope="s", operation="op", key="k", request=REQ)
+    log = StatementLog()
+    observed = IdempotencyStore(store.engine, table_prefix=store.table_prefix, statement_hook=log)
+    with observed.transaction():
+        pass  # a store's first transaction reads the server's settings once
+    log.sql.clear()
+    with observed.transaction() as conn:
+        outcome = observed.claim(conn, scope="s", operation="op", key="k", request=REQ)
+    statements = [" ".join(sql.split()) for sql in log.sql]
     assert isinstance(outcome, Replayed) and outcome.response == "first"
     assert len(statements) == 1, statements
     assert statements[0].startswith("WITH ins AS (INSERT ")
@@ -127,20 +140,20 @@ def test_errors_classified_by_sqlstate(driver: type[Exception], code: str, messa
     """Duplicate and retry causes come from the SQLSTATE (psycopg 3 `sqlstate`, psycopg2 `pgcode`), never the text."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
     exc = _wrapped(driver(code, message), IntegrityError if code.startswith("23") else OperationalError)
-    assert backend.is_duplicate(exc) is duplicate
-    assert backend.retry_cause(exc) == cause
-    assert backend.retry_cause(driver(code, message)) == cause  # a driver error that SQLAlchemy did not wrap
+    assert backend.errors.is_duplicate(exc) is duplicate
+    assert backend.errors.retry_cause(exc) == cause
+    assert backend.errors.retry_cause(driver(code, message)) == cause  # a driver error that SQLAlchemy did not wrap
 
 
 def test_error_without_sqlstate_is_not_retried_unless_connection_dropped() -> None:
     """An error with no SQLSTATE is retried only when SQLAlchemy saw the connection drop (it invalidated it)."""
     backend = PostgreSQLBackend(create_engine("postgresql+psycopg://u@localhost/db"))
     plain = _wrapped(_Psycopg3Error(None, "server closed the connection unexpectedly"))
-    assert sqlstate(plain) is None and backend.retry_cause(plain) is None
+    assert sqlstate(plain) is None and backend.errors.retry_cause(plain) is None
     dropped = OperationalError("SELECT 1", {}, _Psycopg3Error(None, "x"), connection_invalidated=True)
-    assert backend.retry_cause(dropped) == RetryCause.CONNECTION
+    assert backend.errors.retry_cause(dropped) == RetryCause.CONNECTION
     pg8000_style = _wrapped(Exception({"C": "40001", "M": "could not serialize"}))
-    assert backend.retry_cause(pg8000_style) == RetryCause.SERIALIZATION
+    assert backend.errors.retry_cause(pg8000_style) == RetryCause.SERIALIZATION
 
 
 def test_effect_unique_violation_surfaces_unretried(store: IdempotencyStore, effects: Effects) -> None:

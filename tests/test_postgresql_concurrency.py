@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RetryPolicy
 from idem_dialects.conformance.support import Effects
-from idem_dialects.dialects.postgresql import sqlstate
+from idem_dialects.dialects.postgresql_errors import sqlstate
 from idem_dialects.errors import RetryCause
 
 # --- isolation levels in the step-by-step API ----------------------------------------------------------------------

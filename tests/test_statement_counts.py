@@ -1,7 +1,8 @@
 """How many SQL statements each path of `run` sends, per backend: a structural test, not a timing test.
 
-Counted with SQLAlchemy's ``before_cursor_execute`` (which sees SQLite's BEGIN IMMEDIATE, savepoints and every
-protocol statement) plus the ``commit`` event (the COMMIT the driver sends). The effect here issues no SQL, so
+Counted with the store's `statement_hook` (which sees SQLite's BEGIN IMMEDIATE and every protocol statement, run on
+the driver) and SQLAlchemy's ``before_cursor_execute`` (the effect's), plus the ``commit`` event (the COMMIT the
+driver sends). The effect here issues no SQL, so
 these are the protocol's own statements; the seed 000 debit adds its UPDATE and SELECT to a first-time request.
 The numbers are documented in BENCHMARKS.md ("Statements per request"); a change here is a change in cost.
 
@@ -24,10 +25,11 @@ from async_common import async_store_class
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool.base import ResetStyle
 
-from idem_dialects import IdempotencyStore, engines
-from idem_dialects.cli.bench import record_statements, statement_kind
+from idem_dialects import IdempotencyStore, dialects, engines
+from idem_dialects.cli.bench import Recorder, record_statements, statement_kind
 from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean, resets_by_hook
 from idem_dialects.outcomes import Claimed
+from idem_dialects.steps import Begin
 
 # backend -> path -> (statement kinds in order, commits). Transaction control the driver sends outside a cursor
 # (psycopg's BEGIN) is not in the list: it is one more round trip per transaction on PostgreSQL.
@@ -45,13 +47,15 @@ EXPECTED: dict[str, dict[str, tuple[list[str], int]]] = {
         "replay": (["WITH"], 1),
     },
     "mariadb": {
-        # The duplicate INSERT fails (1062); on the record table the primary key is the only unique key, so the
-        # 1062 is the claim's own duplicate and the next statement is the locking read of the winner. The pool sends
-        # no reset ROLLBACK after the store's COMMIT (test_pool_reset_rolls_back_only_what_is_open counts it).
+        # The claim is INSERT ... ON DUPLICATE KEY UPDATE <key> = <key> RETURNING <winner>: it inserts or returns
+        # the committed winner, without an error and without a second statement. The pool sends no reset ROLLBACK
+        # after the store's COMMIT (test_pool_reset_rolls_back_only_what_is_open counts it).
         "first": (["INSERT", "UPDATE"], 1),
-        "replay": (["INSERT", "SELECT"], 1),
+        "replay": (["INSERT"], 1),
     },
     "mysql": {
+        # No RETURNING on MySQL: the duplicate INSERT fails (1062; the primary key is the record table's only unique
+        # key, so it is the claim's own duplicate) and the locking read of the winner follows.
         "first": (["INSERT", "UPDATE"], 1),
         "replay": (["INSERT", "SELECT"], 1),
     },
@@ -68,6 +72,9 @@ def _no_sql(conn: Any) -> dict[str, int]:
     return {"balance": 900}
 
 
+RECORDERS: dict[str, Recorder] = {}  # by table prefix: each store's statement_hook
+
+
 @pytest.fixture(scope="module", params=sorted(LIVE))
 def live_store(request: pytest.FixtureRequest) -> Iterator[IdempotencyStore]:
     spec = engines.get(LIVE[request.param])
@@ -75,8 +82,10 @@ def live_store(request: pytest.FixtureRequest) -> Iterator[IdempotencyStore]:
         server = spec.provide()
     except engines.Unavailable as exc:
         pytest.skip(f"{spec.name}: {exc}")
+    prefix = f"sc_{uuid.uuid4().hex[:6]}_"
+    RECORDERS[prefix] = recorder = Recorder()
     try:
-        store = IdempotencyStore.from_url(server.url, table_prefix=f"sc_{uuid.uuid4().hex[:6]}_")
+        store = IdempotencyStore.from_url(server.url, table_prefix=prefix, statement_hook=recorder)
     except ImportError as exc:
         server.stop()
         pytest.skip(f"{spec.name}: driver or backend not importable: {exc}")
@@ -88,7 +97,7 @@ def live_store(request: pytest.FixtureRequest) -> Iterator[IdempotencyStore]:
 
 
 def _counted(store: IdempotencyStore, fn: Callable[[], object]) -> tuple[list[str], int]:
-    with record_statements(store.engine) as log:
+    with record_statements(store.engine, RECORDERS[store.table_prefix]) as log:
         fn()
     return log.kinds, log.commits
 
@@ -110,7 +119,7 @@ def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> 
     same statements as the sync store (the SQLite replay too: deferred, no write lock)."""
     expected = EXPECTED[live_store.backend.name]
     url = live_store.engine.url
-    driver = live_store.backend.async_drivers[0]
+    driver = dialects.async_drivers(type(live_store.backend))[0]
     AsyncIdempotencyStore = async_store_class(driver)
     url = url.set(drivername=f"{url.get_backend_name()}+{driver}")
 
@@ -118,11 +127,13 @@ def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> 
         return {"balance": 900}
 
     async def paths() -> list[tuple[list[str], int]]:
-        async with AsyncIdempotencyStore.from_url(url, table_prefix=live_store.table_prefix) as store:
+        recorder = Recorder()
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=live_store.table_prefix,
+                                                  statement_hook=recorder) as store:
             key, counted = uuid.uuid4().hex, []
             await store.run(scope="account:1", operation="debit:v1", key="async-warm", request={}, effect=no_sql)
             for _ in ("first", "replay"):
-                with record_statements(store.engine.sync_engine) as log:
+                with record_statements(store.engine.sync_engine, recorder) as log:
                     await store.run(scope="account:1", operation="debit:v1", key=key, request={"amount": 100},
                                     effect=no_sql)
                 counted.append((log.kinds, log.commits))
@@ -135,7 +146,8 @@ def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
     """The bench's first-time request: the protocol's statements plus the debit's UPDATE and SELECT."""
     from idem_dialects.cli.bench import Workload
 
-    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="sc_")
+    RECORDERS["sc_"] = recorder = Recorder()
+    store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="sc_", statement_hook=recorder)
     work = Workload(store)
     work.create([1], plpgsql=False)
     try:
@@ -162,6 +174,9 @@ class _Result:
 
     def first(self) -> tuple[int]:
         return (1,)
+
+    def close(self) -> None:
+        pass
 
 
 class RecordingConnection:
@@ -208,9 +223,11 @@ def test_first_time_compiled_without_server(backend: str, url: str) -> None:
     except ImportError as exc:
         pytest.skip(f"{backend}: driver or backend not importable: {exc}")
     # The store reads server-decided features once, on its first connection: not part of any request's count.
-    store.backend.live_features(RecordingConnection(engine))  # type: ignore[arg-type]
+    store.claim(RecordingConnection(engine), scope="account:1", operation="debit:v1", key="warm",  # type: ignore
+                request={})
     conn = RecordingConnection(engine)
-    with store.backend.transaction(conn):  # type: ignore[arg-type]
+    with store.backend.transaction(conn, Begin.STORE):  # type: ignore[arg-type]
+        store.drive(store.backend.begin(Begin.STORE), conn)  # type: ignore[arg-type]
         outcome = store.claim(conn, scope="account:1", operation="debit:v1", key="k",  # type: ignore[arg-type]
                               request={"amount": 100})
         assert isinstance(outcome, Claimed)

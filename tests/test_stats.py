@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -108,6 +109,7 @@ def test_stats_errors_are_short(args: list[str], status: int, expected: list[str
 
 
 def test_stats_on_missing_tables_says_how_to_create_them(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "empty.db").close()  # a database without the store's tables
     done = cli(f"sqlite:///{tmp_path / 'empty.db'}")
     assert done.returncode == EXIT_CONFIG and "idem-dialects init URL" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2

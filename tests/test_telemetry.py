@@ -138,7 +138,10 @@ def test_counters_read_exactly_what_happened(otel: Sdk, database: tuple[str, str
     assert otel.tally("idempotency.effect.duration", op) == {"None": 10}  # the effect ran once per key
     points = [(name, attrs) for name, attrs, _ in otel.points() if attrs.get("idempotency.operation") == op]
     assert {attrs["db.system.name"] for _, attrs in points} == {backend}
-    assert {attrs["db.namespace"] for _, attrs in points} == {make_url(url).database}
+    database = make_url(url).database
+    assert database is not None
+    # The database's name; on SQLite the file's name, not where it lives.
+    assert {attrs["db.namespace"] for _, attrs in points} == {Path(database).name if backend == "sqlite" else database}
 
     runs = [s for s in otel.spans() if s.name == "idempotency run" and s.attributes["idempotency.operation"] == op]
     assert Counter(s.attributes["idempotency.outcome"] for s in runs) == EXPECTED
@@ -186,13 +189,13 @@ def test_takeover_lease_lost_retries_messages_and_purge_are_counted(otel: Sdk, t
     # Rare outcomes are events on the current span: the takeover on its run's, the lost lease on none (no span).
     assert [[e.attributes["idempotency.outcome"] for e in s.events] for s in runs] == [["takeover"], []]
     retried = Counter({attrs["idempotency.retry.cause"]: p.value for name, attrs, p in otel.points()
-                       if name == "idempotency.retries" and attrs.get("db.namespace") == str(tmp_path / "x.db")})
+                       if name == "idempotency.retries" and attrs.get("db.namespace") == "x.db"})
     assert retried == {RetryCause.CLAIM_RACE.value: 1}
     messages = Counter({attrs["idempotency.outcome"]: p.value for name, attrs, p in otel.points()
                         if name == "idempotency.messages" and attrs["idempotency.subscriber"] == subscriber})
     assert messages == {"accepted": 2, "duplicate": 1, "mismatch": 1}
     purged = Counter({attrs["db.collection.name"]: p.value for name, attrs, p in otel.points()
-                      if name == "idempotency.purge.rows" and attrs.get("db.namespace") == str(tmp_path / "x.db")})
+                      if name == "idempotency.purge.rows" and attrs.get("db.namespace") == "x.db"})
     assert purged == {"x_records": 2, "x_messages": 2}
 
 
@@ -291,6 +294,34 @@ def test_no_key_scope_or_payload_in_any_span_or_metric_attribute(otel: Sdk, tmp_
     assert any("ValueError" in text for _, text in found)  # the failure is there, by its type only
     assert any("projection" in text for _, text in found) or api == "async"
     assert [where for where, text in found if secret in text] == []
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_sqlite_telemetry_names_the_database_file_never_its_path(otel: Sdk, tmp_path: Path, api: str) -> None:
+    """db.namespace on SQLite is the file's name: the directory it sits in appears in no span or metric."""
+    where = tmp_path / f"private-{uuid.uuid4().hex[:8]}"
+    where.mkdir()
+    op = f"ns-{uuid.uuid4().hex[:6]}"
+    if api == "sync":
+        with IdempotencyStore.from_url(f"sqlite:///{where / 'ns.db'}") as store:
+            store.create_tables()
+            store.run(scope="s", operation=op, key="k", request={}, effect=lambda conn: 1)
+    else:
+        async def main() -> None:
+            async with async_store_class().from_url(f"sqlite+aiosqlite:///{where / 'ns.db'}") as store:
+                await store.create_tables()
+
+                async def effect(conn: Any) -> int:
+                    return 1
+
+                await store.run(scope="s", operation=op, key="k", request={}, effect=effect)
+
+        asyncio.run(main())
+    spans = [s for s in otel.spans() if s.attributes.get("idempotency.operation") == op]
+    points = [attrs for _, attrs, _ in otel.points() if attrs.get("idempotency.operation") == op]
+    assert spans and points
+    assert {s.attributes["db.namespace"] for s in spans} | {a["db.namespace"] for a in points} == {"ns.db"}
+    assert [place for place, text in every_attribute(otel) if where.name in text] == []
 
 
 def test_consumed_messages_are_counted_where_every_consumer_form_is(otel: Sdk, tmp_path: Path) -> None:

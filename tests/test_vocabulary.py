@@ -15,9 +15,11 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.pool import StaticPool
 
 import idem_dialects as idem
+from idem_dialects.cli.bench.workload import call_with_retry
+from idem_dialects.conformance.support import StatementLog
 from idem_dialects.dialects import load, names
 from idem_dialects.dialects.base import configured_isolation
-from idem_dialects.retry import RetryPolicy, call_with_retry
+from idem_dialects.retry import RetryPolicy
 
 
 def test_http_statuses() -> None:
@@ -53,8 +55,9 @@ def test_every_exported_class_is_in_all() -> None:
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql", "mariadb", "mssql", "oracle"])
 def test_every_backend_classifies_the_library_transient_errors(backend: str) -> None:
     cls = load(backend)
+    classifier = cls.classifier(cls.__new__(cls))
     for exc in (idem.ClaimRaced("x"), idem.WinnerNotVisible("t")):
-        assert cls.retry_cause(cls.__new__(cls), exc) is exc.cause
+        assert classifier.retry_cause(exc) is exc.cause
 
 
 def test_unknown_feature_names_the_known_ones() -> None:
@@ -109,10 +112,11 @@ def test_driver_autocommit_on_a_callers_connection_refused_before_sql(tmp_path: 
     """The step-by-step API on a connection whose sqlite3 connection was put in autocommit mode directly (no
     SQLAlchemy isolation level): refused before any SQL, naming the setting; inside `store.transaction()`, where
     the backend itself sets isolation_level=None to issue its own BEGIN, the claim proceeds."""
-    with idem.IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'x.db'}") as store:
+    log = StatementLog()
+    with idem.IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'x.db'}", statement_hook=log) as store:
         store.create_tables()
-        statements: list[str] = []
-        event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        statements = log.sql
+        statements.clear()
         with store.engine.connect() as conn:
             conn.connection.dbapi_connection.isolation_level = None  # type: ignore[union-attr]
             with pytest.raises(idem.UnsupportedIsolation) as err:

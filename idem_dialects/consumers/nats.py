@@ -2,7 +2,8 @@
 committed, and asks for a redelivery with a delay (``Nak`` with delay) when the database cannot be reached::
 
     consumer = IdempotentConsumer(store, handle, subscriber="billing")
-    await js.subscribe("orders.*", durable="billing", cb=consumer, manual_ack=True)
+    # nats-py wants a coroutine function as the callback: the consumer's bound __call__ is one
+    await js.subscribe("orders.*", durable="billing", cb=consumer.__call__, manual_ack=True)
     # or, pulling: for msg in await sub.fetch(10): await consumer(msg)
 
 The message id is the ``Nats-Msg-Id`` header by default, the one JetStream's own publish deduplication uses (within
@@ -22,28 +23,33 @@ from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..aio import AsyncIdempotencyStore
+from ..inbox import OnMismatch
 from ..outcomes import Disposition
-from ..protocol import OnMismatch
-from .base import ConsumerBase, MessageId, header, log, text
+from ..sharding.aio import AsyncShardedStore
+from .base import ConsumerBase, MessageId, MessageScope, header, log, text
+
+__all__ = ["MSG_ID_HEADER", "IdempotentConsumer", "nats_msg_id"]  # public: the API reference documents each
 
 Handler = Callable[[AsyncConnection, Msg], Awaitable[Any]]
 REASON_HEADER = "Idem-Dead-Letter-Reason"
 _BROKER_ERRORS = (nats.errors.Error, ConnectionError)
 MSG_ID_HEADER = "Nats-Msg-Id"
-nats_msg_id = header(MSG_ID_HEADER)  # the publisher's id, which JetStream's own deduplication uses
+"""The header JetStream's own deduplication reads the publisher's message id from."""
+nats_msg_id = header(MSG_ID_HEADER)
+"""The default `message_id`: the publisher's id in the Nats-Msg-Id header, which JetStream's deduplication uses."""
 
 
 class IdempotentConsumer(ConsumerBase):
     """`await handler(conn, msg)` once per message id, in the transaction that records the id; `msg.ack()` after
     the commit. `message_id` finds the id (default: the ``Nats-Msg-Id`` header)."""
 
-    def __init__(self, store: AsyncIdempotencyStore, handler: Handler, *, subscriber: str,
+    def __init__(self, store: AsyncIdempotencyStore | AsyncShardedStore, handler: Handler, *, subscriber: str,
                  message_id: MessageId[Msg] = nats_msg_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
                  retry_delay: float = 1.0, compare_payload: bool = True, jetstream: JetStreamContext | None = None,
-                 dead_letter_subject: str | None = None) -> None:
+                 dead_letter_subject: str | None = None, scope: MessageScope | None = None) -> None:
         super().__init__(subscriber=subscriber, on_mismatch=on_mismatch, max_deliveries=max_deliveries,
-                         retry_delay=retry_delay, compare_payload=compare_payload)
+                         retry_delay=retry_delay, compare_payload=compare_payload, scope=scope)
         if (jetstream is None) != (dead_letter_subject is None):
             raise ValueError("give jetstream and dead_letter_subject together: dead-lettered messages are published"
                              " through that JetStream context to that subject")
@@ -56,7 +62,7 @@ class IdempotentConsumer(ConsumerBase):
         async def handle(conn: AsyncConnection) -> Any:
             return await self.handler(conn, msg)
 
-        disposition = await self.aprocess(self.store, message_id, msg.data, handle, msg.metadata.num_delivered)
+        disposition = await self.aprocess(self.store, message_id, msg.data, handle, msg.metadata.num_delivered, msg)
         try:
             if disposition is Disposition.ACK:
                 await msg.ack()

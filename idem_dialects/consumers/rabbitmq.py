@@ -22,9 +22,12 @@ from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..aio import AsyncIdempotencyStore
+from ..inbox import OnMismatch
 from ..outcomes import Disposition
-from ..protocol import OnMismatch
-from .base import ConsumerBase, MessageId, log
+from ..sharding.aio import AsyncShardedStore
+from .base import ConsumerBase, MessageId, MessageScope, log
+
+__all__ = ["IdempotentConsumer", "amqp_message_id"]  # public: the API reference documents each
 
 Handler = Callable[[AsyncConnection, AbstractIncomingMessage], Awaitable[Any]]
 _REMEMBERED_FAILURES = 10_000  # message ids whose failures a classic queue's consumer tallies itself
@@ -41,12 +44,12 @@ class IdempotentConsumer(ConsumerBase):
     acknowledged after the commit. `message_id` finds the id (default: the AMQP message-id property; `header(name)`
     for a header). A changed payload (body) under a known id gets `on_mismatch`'s disposition."""
 
-    def __init__(self, store: AsyncIdempotencyStore, handler: Handler, *, subscriber: str,
+    def __init__(self, store: AsyncIdempotencyStore | AsyncShardedStore, handler: Handler, *, subscriber: str,
                  message_id: MessageId[AbstractIncomingMessage] = amqp_message_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
-                 retry_delay: float = 1.0, compare_payload: bool = True) -> None:
+                 retry_delay: float = 1.0, compare_payload: bool = True, scope: MessageScope | None = None) -> None:
         super().__init__(subscriber=subscriber, on_mismatch=on_mismatch, max_deliveries=max_deliveries,
-                         retry_delay=retry_delay, compare_payload=compare_payload)
+                         retry_delay=retry_delay, compare_payload=compare_payload, scope=scope)
         self.store, self.handler, self.message_id = store, handler, message_id
         self._failures: OrderedDict[str, int] = OrderedDict()
 
@@ -57,7 +60,7 @@ class IdempotentConsumer(ConsumerBase):
         async def handle(conn: AsyncConnection) -> Any:
             return await self.handler(conn, message)
 
-        disposition = await self.aprocess(self.store, message_id, message.body, handle, deliveries)
+        disposition = await self.aprocess(self.store, message_id, message.body, handle, deliveries, message)
         self._remember(message_id, disposition)
         try:
             if disposition is Disposition.ACK:

@@ -23,10 +23,13 @@ import redis
 import redis.exceptions
 from sqlalchemy.engine import Connection
 
+from ..inbox import OnMismatch
 from ..outcomes import Disposition
-from ..protocol import OnMismatch
+from ..sharding.sync import ShardedStore
 from ..store import IdempotencyStore
-from .base import ConsumerBase, MessageId, log
+from .base import ConsumerBase, MessageId, MessageScope, log
+
+__all__ = ["Entry", "StreamConsumer", "field"]  # public: the API reference documents each
 
 REASON_FIELD = "idem-dead-letter-reason"
 ORIGIN_FIELD = "idem-origin-id"
@@ -77,13 +80,13 @@ class StreamConsumer(ConsumerBase):
     `subscriber` defaults to the group's name; `consumer` is this reader's name in the group (keep it stable across
     restarts: the entries it had read are read again first)."""
 
-    def __init__(self, store: IdempotencyStore, client: redis.Redis, handler: Handler, *, stream: str, group: str,
-                 consumer: str, subscriber: str | None = None, message_id: MessageId[Entry] = entry_id,
+    def __init__(self, store: IdempotencyStore | ShardedStore, client: redis.Redis, handler: Handler, *, stream: str,
+                 group: str, consumer: str, subscriber: str | None = None, message_id: MessageId[Entry] = entry_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
                  claim_idle: float = 30.0, batch: int = 10, block: float = 1.0, compare_payload: bool = True,
-                 dead_letter_stream: str | None = None) -> None:
+                 dead_letter_stream: str | None = None, scope: MessageScope | None = None) -> None:
         super().__init__(subscriber=subscriber or group, on_mismatch=on_mismatch, max_deliveries=max_deliveries,
-                         retry_delay=claim_idle, compare_payload=compare_payload)
+                         retry_delay=claim_idle, compare_payload=compare_payload, scope=scope)
         if batch < 1 or block < 0:
             raise ValueError(f"batch must be >= 1 and block >= 0 seconds, got batch={batch!r}, block={block!r}")
         self.store, self.client, self.handler, self.message_id = store, client, handler, message_id
@@ -150,7 +153,7 @@ class StreamConsumer(ConsumerBase):
     def _handle(self, entry: Entry) -> None:
         message_id = self.message_id(entry)
         disposition = self.process(self.store, message_id, fields_payload(entry.fields),
-                                   lambda conn: self.handler(conn, entry), entry.deliveries)
+                                   lambda conn: self.handler(conn, entry), entry.deliveries, entry)
         try:
             if disposition is Disposition.ACK:
                 self.client.xack(self.stream, self.group, entry.id)

@@ -1,94 +1,72 @@
-"""MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, duplicates by error 1062, locking reads for the loser.
+"""MySQL 8.4 and MariaDB (InnoDB): byte-exact keys, a claim that reports a duplicate without raising where the server
+has RETURNING (MariaDB), else duplicates by error 1062 and a locking read for the loser.
 
 Why it looks like this (the engine page of the docs has the whole story): collations merge keys (even
 ``utf8mb4_bin`` is PAD SPACE), so identities are VARBINARY UTF-8; REPEATABLE READ snapshots hide the winner, so the
-loser reads with a locking read; INSERT IGNORE / ON DUPLICATE KEY also silence other errors, so the claim is a plain
-INSERT whose 1062 is confirmed against the primary key. The two engines differ only where this module says so
-(locking read syntax, MariaDB's extra retryable 1020); Galera nodes are detected from the live server.
+loser reads the latest committed version (a current read). On MariaDB the claim is ``INSERT ... ON DUPLICATE KEY
+UPDATE <key> = <key> RETURNING <winner>``: one statement, no 1062 through the driver and SQLAlchemy, no second read.
+INSERT IGNORE was measured and not taken (it downgrades truncation and NOT NULL errors to warnings, and asyncmy
+fetches and logs every warning, the duplicate's key included). On MySQL (no RETURNING) the claim is a plain INSERT
+whose 1062 is confirmed against the primary key. The two engines differ only where this module says so (RETURNING,
+locking read syntax, MariaDB's extra retryable 1020); Galera nodes are detected from the live server.
 on_in_flight="conflict" claims with the session's innodb_lock_wait_timeout at 0 (MySQL's floor is 1 s), put back
 after the claim statement: InnoDB has no NOWAIT for a duplicate INSERT's wait.
 """
-
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.util import find_spec
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import Engine, Select, UniqueConstraint, event, func, literal, literal_column, select, text, type_coerce
+from sqlalchemy import (
+    Engine,
+    Insert,
+    UniqueConstraint,
+    and_,
+    case,
+    event,
+    func,
+    literal,
+    literal_column,
+    null,
+    select,
+    text,
+    type_coerce,
+)
 from sqlalchemy import column as sql_column
 from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.mysql import limit as mysql_limit
-from sqlalchemy.engine import URL, Connection, ExceptionContext
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import Pool, PoolResetState
 from sqlalchemy.pool.base import ResetStyle  # not re-exported; tests/test_statement_counts.py fails if it moves
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
-from sqlalchemy.types import TypeEngine
 
-from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
+from ..drivers import asyncmy, mariadbconnector, mysqlconnector, mysqldb, pymysql
 from ..features import Features
-from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH
+from ..steps import Begin, Flow, Shape, execute, rowcount
 from . import options
-from .base import Backend
-from .drivers import Driver
-from .network import socket_problem
+from .base import Backend, Columns, binds, insert_values, key_is, params, replay_columns, statement
+from .mysql_errors import MariaDBErrors, MySQLErrors
+from .mysql_maintenance import MySQLMaintenance
 from .types import Utf8Bytes
-
-# Server error codes (the first argument of PyMySQL's and mysqlclient's exceptions).
-ER_DUP_ENTRY = 1062
-ER_TABLE_EXISTS = 1050  # a concurrent CREATE TABLE of one name (DDL commits at once: the loser sees it)
-ER_DUP_KEYNAME = 1061  # a concurrent CREATE INDEX of one name
-ER_LOCK_WAIT_TIMEOUT = 1205
-ER_LOCK_DEADLOCK = 1213
-ER_CHECKREAD = 1020  # MariaDB: "Record has changed since last read" (innodb_snapshot_isolation)
-CR_SERVER_GONE_ERROR = 2006
-CR_SERVER_LOST = 2013
-ER_NO_SUCH_TABLE = 1146
-ER_ACCESS_DENIED = 1045
-ER_BAD_DB = 1049
-CR_CONN_HOST_ERROR = 2003
-CR_UNKNOWN_HOST = 2005
-ER_DBACCESS_DENIED = 1044
-ER_TABLEACCESS_DENIED = 1142  # also "CREATE command denied"
-
-ER_UNKNOWN_COM_ERROR = 1047  # Galera: "WSREP has not yet prepared node for application use" (node not ready)
-ER_SERVER_SHUTDOWN = 1053  # the server is shutting down
-ER_QUERY_INTERRUPTED = 1317  # KILL QUERY
-ER_CONNECTION_KILLED = 1927  # MariaDB: KILL [CONNECTION] of this session
-ER_STATEMENT_TIMEOUT = 1969  # MariaDB: max_statement_time exceeded
-ER_QUERY_TIMEOUT = 3024  # MySQL: max_execution_time exceeded
-# Opening a connection: what a retry can fix (nothing ran) and what only a changed configuration can.
-_CONNECT_TRANSIENT = frozenset({
-    2002, 2003,  # CR_CONNECTION_ERROR (socket), CR_CONN_HOST_ERROR (refused, unreachable)
-    CR_SERVER_GONE_ERROR, CR_SERVER_LOST,  # dropped during the handshake (server starting or stopping)
-    1040,  # ER_CON_COUNT_ERROR: too many connections
-    1203,  # ER_TOO_MANY_USER_CONNECTIONS: the account's max_user_connections
-    ER_UNKNOWN_COM_ERROR, ER_SERVER_SHUTDOWN,
-})
-_CONNECT_CONFIG = {
-    1045: ("access denied for user {user!r}", "check the user and password in the URL"),
-    1698: ("access denied for user {user!r}",
-           "check the user and password in the URL (the account may need a password)"),
-    1044: ("user {user!r} may not use database {database!r}", "grant the user access or use another database"),
-    1049: ("the database {database!r} does not exist", "check the URL's database name or create it"),
-    CR_UNKNOWN_HOST: ("the host name in the URL does not resolve", "check the URL's host"),  # mysqlclient
-    2059: ("the authentication plugin cannot be loaded", "install PyMySQL[rsa] or change the account's plugin"),
-}
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
 _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB clock, independent of the session time zone
 # The claim's lock wait, refused (on_in_flight="conflict"): the session's value saved in a user variable, then back.
 _NOWAIT_ON = text("SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
 _NOWAIT_OFF = text("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
+# SHOW: MySQL has no wsrep_on, MariaDB without Galera says OFF. max_allowed_packet (the session's, fixed when it
+# connected) bounds one statement: a larger one fails with 1153 or, mid-send, drops the connection.
+_SERVER_FACTS = text("SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'max_allowed_packet')")
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
-_STRICT_CHECKED = "idem_dialects.strict_sql_mode"  # per-DBAPI-connection flag in Connection.info
 # Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
 # nodes' write sets asynchronously; with these bits a statement first waits until this node has applied every
 # write set committed anywhere before it began, so a claim never misses a record acknowledged on another node
@@ -97,6 +75,7 @@ GALERA_SYNC_WAIT = 1 | 2 | 4
 # Set in Connection.info (the pool record's) once the store's COMMIT succeeded; the pool's reset hook pops it.
 _COMMITTED_CLEAN = "idem_dialects.committed_clean"
 SERVER_STATUS_IN_TRANS = 1  # the server's status flag (OK/EOF packets): a transaction is open on the session
+_SEP = b"|"  # between the fields of a claim's packed winner (`_winner`)
 
 
 def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
@@ -119,38 +98,82 @@ def resets_by_hook(pool: Pool) -> bool:
     return getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none
 
 
-def _client_side_disconnect(context: ExceptionContext) -> None:
-    """mysql-connector-python raises client-side errors with errno -1, among them "MySQL Connection not available"
-    after the server or the network dropped the socket, which SQLAlchemy's disconnect test (matching older wording)
-    misses. For such an error ask the driver whether the connection still lives; if not, SQLAlchemy invalidates it
-    and `run` retries on a fresh one, as for any lost connection."""
-    if context.is_disconnect or getattr(context.original_exception, "errno", None) != -1:
-        return
-    conn = context.connection
-    driver = None if conn is None or conn.closed or conn.invalidated else conn.connection.driver_connection
-    is_connected = getattr(driver, "is_connected", None)
-    if callable(is_connected) and not is_connected():
-        context.is_disconnect = True
-
-
-def error_code(exc: BaseException) -> int | None:
-    """The server/client error number of a wrapped DBAPI error (PyMySQL, mysqlclient, mysql-connector)."""
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
-        return args[0]
-    errno = getattr(orig, "errno", None)
-    return errno if isinstance(errno, int) else None
-
-
 def _primary_key_is_only_unique_key(table: Table) -> bool:
     """Then any 1062 on `table` is a duplicate primary key (true of the record tables this library creates)."""
     return not any(isinstance(c, UniqueConstraint) for c in table.constraints) and not any(
         index.unique for index in table.indexes)
 
 
-# The connect_args with which these drivers open their connections in autocommit mode (refused by the store).
-_AUTOCOMMIT = {"autocommit": True}
+class Winner(NamedTuple):
+    """The record a claim lost to, as `Backend.claim` answers it."""
+
+    fingerprint: str
+    claim_token: str
+    locked_until: datetime
+    completed_at: datetime | None
+    status: int | None
+    response: bytes | None
+    db_now: datetime
+
+
+def _returning(backend: Backend) -> bool:
+    """Whether `backend`'s server has INSERT ... RETURNING (known once its features are refined)."""
+    features = backend.features
+    return isinstance(features, MySQLFeatures) and features.insert_returning
+
+
+def _claim_statement(backend: Backend, table: Table, values: Mapping[str, Any], clock: Mapping[str, float]) -> Insert:
+    """``INSERT ... ON DUPLICATE KEY UPDATE <key> = <key> RETURNING <winner>``. The no-op update changes no row
+    (InnoDB skips it; a Galera node replicates nothing for it) but is a current read under an exclusive lock: it
+    waits for an uncommitted winner as a failed INSERT does, sees the latest committed version whatever the
+    snapshot, and holds the lock to the end of the transaction (concurrent replays of one key take turns; see
+    `not_waiting`). The RETURNING value is NULL when the row is ours (this request's claim token, not complete:
+    just inserted, or a leased claim of ours that committed), else the winner's columns packed in one value for
+    `_winner`: one column description for the driver to parse instead of seven. No other error is silenced: strict
+    sql_mode still refuses NOT NULL and over-long values, and the caller checks that the primary key is the only
+    unique key (ON DUPLICATE KEY fires on any)."""
+    c = table.c
+    ours = and_(c.claim_token == binds(table, ("claim_token",))["claim_token"], c.completed_at.is_(None))
+    pk = table.primary_key.columns[0]
+    return (mysql_insert(table).values(**insert_values(backend, table, values, clock))
+            .on_duplicate_key_update({pk.name: pk})
+            .returning(type_coerce(case((ours, null()), else_=_packed(table)), LONGBLOB()).label("winner")))
+
+
+def _packed(table: Table) -> ColumnElement[Any]:
+    """The record's columns a loser needs, and the database's clock, as one binary value (see `_winner`)."""
+    c = table.c
+    empty: ColumnElement[Any] = literal_column("''")
+    fields = (c.fingerprint, c.claim_token, c.locked_until, func.ifnull(c.completed_at, empty), _UTC_NOW,
+              func.ifnull(c.status, empty), func.ifnull(c.response, empty))
+    sep: ColumnElement[Any] = literal_column(f"'{_SEP.decode()}'")
+    return type_coerce(func.concat(*[part for f in fields for part in (f, sep)][:-1]), LONGBLOB())
+
+
+def _winner(packed: bytes) -> Winner:
+    """The winner from `_claim_statement`'s value: six ASCII fields (hex, DATETIME(6) text, digits; none holds the
+    separator), then the stored response's exact bytes. An empty completed_at is NULL, and so then is the response
+    (a completed record's response is never NULL, and may be empty)."""
+    fingerprint, token, locked, completed, now, status, response = bytes(packed).split(_SEP, 6)
+    return Winner(fingerprint.decode(), token.decode(), datetime.fromisoformat(locked.decode()),
+                  datetime.fromisoformat(completed.decode()) if completed else None,
+                  int(status) if status else None, response if completed else None,
+                  datetime.fromisoformat(now.decode()))
+
+
+def _completed(backend: Backend, table: Table, key: Mapping[str, str]) -> Flow[Winner | None]:
+    """The record of `key` if it is complete, by a consistent read that waits for no lock (a completed record
+    stays complete); None if absent, in flight, or locked from this read too (SERIALIZABLE reads lock)."""
+    stmt = backend.prepared(("completed", table, tuple(key)), lambda: statement(
+        select(_packed(table).label("winner")).where(*key_is(table, key)), Shape.ROW, table))
+    try:
+        row = yield from execute(stmt, params(key, "k_"))
+    except DBAPIError as exc:
+        if backend.errors.is_lock_busy(exc):
+            return None
+        raise
+    winner = None if row is None else _winner(row.winner)
+    return winner if winner is not None and winner.completed_at is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,44 +183,33 @@ class MySQLFeatures(Features):
     share_lock: str = "FOR SHARE"
     # A Galera node (wsrep_on): claims certify at commit, so two nodes can both hold a claim until one commits.
     wsrep: bool = False
+    # FOR UPDATE SKIP LOCKED: MySQL 8.0.1+, MariaDB 10.6+. Older servers' relays take turns (FOR UPDATE waits).
+    skip_locked: bool = True
+    # INSERT ... RETURNING (MariaDB 10.5+; the live server decides): the claim answers with the winner itself.
+    insert_returning: bool = False
 
 
 class MySQLBackend(Backend):
     name = "mysql"
+    drivers = (pymysql.DRIVER, asyncmy.DRIVER, mysqlconnector.DRIVER, mysqldb.DRIVER, mariadbconnector.DRIVER)
+    classifier = MySQLErrors
+    maintainer = MySQLMaintenance
     base_features: ClassVar[Features] = MySQLFeatures()
-    extra = "mysql"
-    drivers = (
-        Driver("pymysql", "pymysql", "idem-dialects[mysql]", autocommit_args=_AUTOCOMMIT),
-        # Not aiomysql: 0.3.2 cannot bind bytes (the key columns) under PyMySQL 1.2 ("'str' object is not callable").
-        Driver("asyncmy", "asyncmy", "idem-dialects[async]", sync=False, asynchronous=True,
-               autocommit_args=_AUTOCOMMIT),
-        Driver("mysqlconnector", "mysql.connector", "mysql-connector-python", autocommit_args=_AUTOCOMMIT),
-        Driver("mysqldb", "MySQLdb", "mysqlclient", autocommit_args=_AUTOCOMMIT),
-        Driver("mariadbconnector", "mariadb", "mariadb"),
-    )
-    provision = "idem_dialects.dialects.mysql_provision:MySQLProvision"
     url_options = frozenset({options.FAILOVER_WINDOW, options.WRITERS})
-    retryable: ClassVar[Mapping[int, RetryCause]] = {
-        ER_LOCK_DEADLOCK: RetryCause.DEADLOCK,
-        ER_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
-        CR_SERVER_GONE_ERROR: RetryCause.CONNECTION,
-        CR_SERVER_LOST: RetryCause.CONNECTION,
-        ER_SERVER_SHUTDOWN: RetryCause.CONNECTION,
-        ER_CONNECTION_KILLED: RetryCause.CONNECTION,
-        ER_UNKNOWN_COM_ERROR: RetryCause.CONNECT,  # the node refused the statement: nothing ran
-        # A protocol statement cancelled while waiting on a key is contention (never retried for the effect's own).
-        ER_STATEMENT_TIMEOUT: RetryCause.CANCELLED,
-        ER_QUERY_TIMEOUT: RetryCause.CANCELLED,
-        ER_QUERY_INTERRUPTED: RetryCause.CANCELLED,
-    }
+    # Hex tokens in ASCII: padding cannot matter. BLOB stops at 64 KB; responses may be megabytes. InnoDB's primary
+    # key is always named PRIMARY: a name in CREATE TABLE draws warning 1280 (which asyncmy logs). SQLAlchemy reads
+    # table options under its dialect's name: mysql_* for mysql://, mariadb_* for mariadb://.
+    columns = Columns(key=Utf8Bytes(VARBINARY(KEY_BYTES)), token=VARCHAR(64, charset="ascii", collation="ascii_bin"),
+                      timestamp=DATETIME(fsp=6), blob=LONGBLOB(),
+                      table_options={f"{prefix}_{k}": v for prefix in ("mysql", "mariadb") for k, v in
+                                     {"engine": "InnoDB", "charset": "utf8mb4", "row_format": "DYNAMIC"}.items()},
+                      named_primary_key=False)
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         pool = getattr(engine, "pool", None)
-        if pool is not None and resets_by_hook(pool):
+        if pool is not None and resets_by_hook(pool) and not event.contains(pool, "reset", _reset_unless_clean):
             event.listen(pool, "reset", _reset_unless_clean)
-        if isinstance(engine, Engine):
-            event.listen(engine, "handle_error", _client_side_disconnect)
 
     @classmethod
     def engine_options(cls, url: URL, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -213,77 +225,22 @@ class MySQLBackend(Backend):
             return url.set(drivername=f"{cls.name}+pymysql")
         return url
 
-    # --- column types ----------------------------------------------------------------------------------------
-
-    def key_type(self) -> TypeEngine[str]:
-        return Utf8Bytes(VARBINARY(KEY_BYTES))
-
-    def token_type(self) -> TypeEngine[str]:
-        return VARCHAR(64, charset="ascii", collation="ascii_bin")  # hex only: padding cannot matter
-
-    def timestamp_type(self) -> TypeEngine[datetime]:
-        return DATETIME(fsp=6)
-
-    def blob_type(self) -> TypeEngine[bytes]:
-        return LONGBLOB()  # BLOB stops at 64 KB; responses may be megabytes
-
-    def table_kwargs(self) -> dict[str, Any]:
-        options = {"engine": "InnoDB", "charset": "utf8mb4", "row_format": "DYNAMIC"}
-        # SQLAlchemy reads table options under its dialect's name: mysql_* for mysql://, mariadb_* for mariadb://.
-        return {f"{prefix}_{k}": v for prefix in ("mysql", "mariadb") for k, v in options.items()}
-
-    def primary_key_name(self, name: str) -> str | None:
-        # InnoDB's primary key is always named PRIMARY: a name in CREATE TABLE draws warning 1280 ("Name ... ignored
-        # for PRIMARY key"), which asyncmy logs on every create_tables.
-        return None
-
-    # --- transactions and the clock --------------------------------------------------------------------------
-
-    @contextmanager
-    def transaction(self, conn: Connection) -> Iterator[None]:
-        conn.info.pop(_COMMITTED_CLEAN, None)
-        if not conn.info.get(_STRICT_CHECKED) and not conn.in_transaction():
-            # Session settings first, outside the transaction: Galera waits for other nodes' commits (wsrep_sync_wait)
-            # only at a transaction's first statement, which should be the claim itself.
-            self.ensure_strict(conn)
-            conn.commit()
-        with conn.begin():
-            self.ensure_strict(conn)
-            yield
-        conn.info[_COMMITTED_CLEAN] = True  # reached only once the COMMIT succeeded
-
-    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
-        micros = round(seconds * 1_000_000)
-        expr = _UTC_NOW if micros == 0 else func.timestampadd(text("MICROSECOND"), micros, _UTC_NOW)
-        return type_coerce(expr, DATETIME(fsp=6))
-
-    def ensure_strict(self, conn: Connection) -> None:
-        """Make this connection's sql_mode strict (once per DBAPI connection), so a value that does not fit
-        raises instead of being truncated with a warning. Adds STRICT_ALL_TABLES only if neither strict mode is
-        set; the rest of the caller's sql_mode is kept."""
-        if conn.info.get(_STRICT_CHECKED):
-            return
-        mode = conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar()
-        if not _STRICT_MODES & {m.strip().upper() for m in str(mode or "").split(",")}:
-            conn.exec_driver_sql(
-                "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
-            )
-        if getattr(self.live_features(conn), "wsrep", False):  # keeps whatever bits the session already has
-            conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | {GALERA_SYNC_WAIT}")
-        conn.info[_STRICT_CHECKED] = True
-
-    def refine_features(self, conn: Connection, features: Features) -> Features:
-        dialect = conn.dialect
+    def refine_features(self, features: Features) -> Flow[Features]:
+        dialect = self.engine.dialect
         version = tuple(getattr(dialect, "server_version_info", None) or ())
         old = getattr(dialect, "is_mariadb", False) or version[:3] < (8, 0, 1)
-        refined = super().refine_features(conn, features).replace(share_lock="LOCK IN SHARE MODE" if old else
-                                                                  "FOR SHARE")
-        # SHOW, not @@wsrep_on: MySQL has no such variable (and would raise), MariaDB without Galera says OFF.
-        began = not conn.in_transaction()
-        row = conn.exec_driver_sql("SHOW VARIABLES LIKE 'wsrep_on'").first()
-        if began:  # end the transaction this read autobegan: the caller begins its own the way it needs
-            conn.rollback()
-        if row is not None and str(row[1]).upper() == "ON":
+        mariadb = getattr(dialect, "is_mariadb", False)
+        skip_locked = version[:2] >= (10, 6) if mariadb else version[:3] >= (8, 0, 1)
+        refined = (yield from super().refine_features(features)).replace(
+            share_lock="LOCK IN SHARE MODE" if old else "FOR SHARE", skip_locked=skip_locked,
+            insert_returning=bool(getattr(dialect, "insert_returning", False)))
+        facts = yield from execute(self.prepared("server facts", lambda: statement(_SERVER_FACTS, Shape.ROWS)))
+        found = {str(name).lower(): str(value) for name, value in facts}
+        if found.get("max_allowed_packet", "").isdigit():
+            packet = int(found["max_allowed_packet"])
+            refined = refined.replace(max_statement_bytes=packet,
+                                      statement_limit=f"the server's max_allowed_packet, {packet:,} bytes")
+        if found.get("wsrep_on", "").upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
             # effect callable may run on several nodes for one key; its database writes still land once. Unless
             # the URL says one node takes every session (a load balancer with backup servers): then the claim's
@@ -292,53 +249,141 @@ class MySQLBackend(Backend):
             refined = refined.replace(wsrep=True, exclusive_claim=single, multi_primary=True)
         return refined
 
-    def share_lock(self, conn: Connection) -> str:
-        """The locking-read clause this server understands (a feature the live server decides)."""
-        features = self.live_features(conn)
-        assert isinstance(features, MySQLFeatures)
-        return features.share_lock
+    def session_setup(self, dbapi_connection: Any) -> None:
+        """A strict sql_mode (a value that does not fit raises instead of being truncated with a warning):
+        STRICT_ALL_TABLES added only if neither strict mode is set, the rest of the session's sql_mode kept. On a
+        Galera node, the sync-wait bits (whatever bits the session already has kept). Outside any transaction,
+        since Galera waits for other nodes' commits only at a transaction's first statement, the claim itself."""
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT @@SESSION.sql_mode")
+            mode = cursor.fetchone()[0]
+            if not _STRICT_MODES & {m.strip().upper() for m in str(mode or "").split(",")}:
+                cursor.execute("SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
+                               " 'STRICT_ALL_TABLES')")
+            cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+            row = cursor.fetchone()
+            if row is not None and str(row[1]).upper() == "ON":
+                cursor.execute(f"SET SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | {GALERA_SYNC_WAIT}")
+        finally:
+            cursor.close()
+
+    # --- transactions and the clock --------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, conn: Connection, begin: Begin) -> Iterator[None]:
+        conn.info.pop(_COMMITTED_CLEAN, None)
+        if begin is Begin.PURGE:
+            # A purge batch at REPEATABLE READ takes next-key locks on the index ranges it scans, which are the
+            # ranges new claims insert into: measured, claims fell from 801/s to 34/s during a purge. At READ
+            # COMMITTED it locks only the rows it deletes (no gap locks). SQLAlchemy sets the level for this
+            # checkout and puts the connection's own back when it returns to the pool.
+            conn.execution_options(isolation_level="READ COMMITTED")
+        with conn.begin():
+            yield
+        conn.info[_COMMITTED_CLEAN] = True  # reached only once the COMMIT succeeded
+
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]:
+        micros = round(seconds * 1_000_000)
+        expr = _UTC_NOW if micros == 0 else func.timestampadd(text("MICROSECOND"), micros, _UTC_NOW)
+        return type_coerce(expr, DATETIME(fsp=6))
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(
-        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
-    ) -> bool:
-        self.ensure_strict(conn)
-        stmt = self.prepared_insert(table, values, clock, lambda v: table.insert().values(**v))
+    def claim(self, table: Table, values: Mapping[str, Any], clock: Mapping[str, float], key: Mapping[str, str],
+              fresh: bool) -> Flow[tuple[bool, Any]]:
+        """Where the server has INSERT ... RETURNING (MariaDB), the claim and the committed winner in one statement
+        that reports a duplicate without raising (`_claim_statement`); elsewhere (MySQL), and on a table with
+        another unique index, the plain INSERT and its 1062, then the locking read."""
+        returning = _returning(self)
+        stmt = self.prepared(("claim", table, tuple(values), tuple(sorted(clock.items())), returning), lambda: (
+            statement(_claim_statement(self, table, values, clock), Shape.ROW, table)
+            if returning and _primary_key_is_only_unique_key(table) else None))
+        if stmt is None:
+            return (yield from super().claim(table, values, clock, key, fresh))
+        row = yield from execute(stmt, params(values))
+        if row is None:  # not an answer the statement gives; the protocol claims again
+            return False, None
+        return (True, None) if row.winner is None else (False, _winner(row.winner))
+
+    def insert_if_absent(self, table: Table, values: Mapping[str, Any],
+                         clock: Mapping[str, float] | None = None) -> Flow[bool]:
+        stmt = self.prepared(("insert", table, tuple(values), tuple(sorted((clock or {}).items()))), lambda: (
+            statement(table.insert().values(**insert_values(self, table, values, clock)), Shape.NOTHING,
+                           table)))
         try:
-            conn.execute(stmt, self.params(values))  # a duplicate rolls back this statement only
-        except IntegrityError as exc:
-            if self.is_duplicate(exc) and (
-                _primary_key_is_only_unique_key(table) or self._primary_key_exists(conn, table, values)
-            ):
+            yield from execute(stmt, params(values))  # a duplicate rolls back this statement only
+        except DBAPIError as exc:
+            if self.errors.is_duplicate(exc) and (
+                    _primary_key_is_only_unique_key(table) or (yield from self._primary_key_exists(table, values))):
                 return False
             raise
         return True
 
-    def _primary_key_exists(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    def _primary_key_exists(self, table: Table, values: Mapping[str, Any]) -> Flow[bool]:
         # 1062 names no index by code; the row with our primary key existing is what makes it our duplicate.
         # InnoDB checks the clustered (primary) index first, and the failed insert left a shared lock on the
         # duplicate record, so the row cannot vanish before this read.
         pk = [c.name for c in table.primary_key.columns]
+        lock = self._share_lock()
+        stmt = self.prepared(("pk exists", table, lock), lambda: statement(
+            select(literal(1)).select_from(table).where(*key_is(table, pk)).suffix_with(lock), Shape.ROW, table))
+        return (yield from execute(stmt, params({name: values[name] for name in pk}, "k_"))) is not None
 
-        def build() -> Any:
-            where = [table.c[name] == bind for name, bind in self.binds(table, pk, "k_").items()]
-            return select(literal(1)).select_from(table).where(*where).suffix_with(self.share_lock(conn))
-
-        stmt = self.prepared(("pk exists", table), build)
-        return conn.execute(stmt, self.params({name: values[name] for name in pk}, "k_")).first() is not None
-
-    def read_statement(self, conn: Connection, table: Table, key: Iterable[str]) -> Select[Any]:
+    def read(self, table: Table, key: Mapping[str, str]) -> Flow[Any]:
         # A locking read returns the latest committed version, not the transaction's REPEATABLE READ snapshot.
-        return super().read_statement(conn, table, key).suffix_with(self.share_lock(conn))
+        lock = self._share_lock()
+        stmt = self.prepared(("read", table, tuple(key), lock), lambda: statement(
+            select(*replay_columns(table, key), self.now().label("db_now")).where(*key_is(table, key))
+            .suffix_with(lock), Shape.ROW, table))
+        return (yield from execute(stmt, params(key, "k_")))
 
-    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+    def _share_lock(self) -> str:
+        """The locking-read clause this server understands (a feature the live server decides)."""
+        features = self.features
+        assert isinstance(features, MySQLFeatures)
+        return features.share_lock
+
+    def not_waiting(self, table: Table, key: Mapping[str, str], claim: Flow[Any]) -> Flow[Any]:
+        on = self.prepared("nowait on", lambda: statement(_NOWAIT_ON, Shape.NOTHING))
+        off = self.prepared("nowait off", lambda: statement(_NOWAIT_OFF, Shape.NOTHING))
+        yield from execute(on)
+        try:
+            result = yield from claim
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            # The one-statement claim locks a completed record exclusively, so a concurrent replay of the same key
+            # is busy too: a record already complete is replayed, not answered in flight.
+            done = None
+            if isinstance(exc, DBAPIError) and self.errors.is_lock_busy(exc) and _returning(self):
+                done = yield from _completed(self, table, key)
+            yield from execute(off)  # session state: the pool would hand the 0 on otherwise
+            if done is None:
+                raise
+            return False, done
+        yield from execute(off)
+        return result
+
+    def lock_batch(self, table: Table, columns: Sequence[ColumnElement[Any]], condition: ColumnElement[bool],
+                   order_by: Sequence[ColumnElement[Any]], limit: int) -> Flow[list[Any]]:
+        """FOR UPDATE SKIP LOCKED where the server has it (MySQL 8.0.1+, MariaDB 10.6+); before, FOR UPDATE, whose
+        wait makes relays take turns (still never one command twice: the lease is written before the commit)."""
+        features = self.features
+        skip = isinstance(features, MySQLFeatures) and features.skip_locked
+        stmt = self.prepared(("lock batch", table, condition, limit, skip), lambda: statement(
+            select(*columns).where(condition).order_by(*order_by).limit(limit).with_for_update(skip_locked=skip),
+            Shape.ROWS, table))
+        return list((yield from execute(stmt)))
+
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
         # Single-table DELETE ... LIMIT: one statement, no key list round trip.
-        return conn.execute(table.delete().where(condition).ext(mysql_limit(limit))).rowcount
+        return (yield from rowcount(self.prepared(("purge", table, condition, limit), lambda: statement(
+            table.delete().where(condition).ext(mysql_limit(limit)), Shape.ROWCOUNT, table))))
 
     # --- operations ------------------------------------------------------------------------------------------
 
-    def size_statement(self, table: Table) -> Select[Any]:
+    def size_statement(self, table: Table) -> Any:
         # InnoDB's estimates (the clustered primary key is the data; INDEX_LENGTH the secondary indexes), refreshed
         # with its persistent statistics; MySQL 8 caches them up to information_schema_stats_expiry (a day).
         tables = sql_table("TABLES", sql_column("TABLE_SCHEMA"), sql_column("TABLE_NAME"), sql_column("DATA_LENGTH"),
@@ -346,82 +391,9 @@ class MySQLBackend(Backend):
         return select(tables.c.DATA_LENGTH, tables.c.INDEX_LENGTH).where(
             tables.c.TABLE_SCHEMA == func.database(), tables.c.TABLE_NAME == table.name)
 
-    # --- error classification --------------------------------------------------------------------------------
-
-    def is_duplicate(self, exc: DBAPIError) -> bool:
-        return error_code(exc) == ER_DUP_ENTRY
-
-    def is_already_created(self, exc: DBAPIError) -> bool:
-        return error_code(exc) in (ER_TABLE_EXISTS, ER_DUP_KEYNAME)
-
-    @contextmanager
-    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
-        conn.execute(_NOWAIT_ON)
-        try:
-            yield
-        finally:
-            conn.execute(_NOWAIT_OFF)  # session state: the pool would hand the 0 on otherwise
-
-    def is_lock_busy(self, exc: DBAPIError) -> bool:
-        return error_code(exc) == ER_LOCK_WAIT_TIMEOUT
-
-
-    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
-        code = error_code(exc)
-        if code == ER_NO_SUCH_TABLE:
-            return MISSING_TABLE
-        return NO_PRIVILEGE if code in (ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED) else None
-
-    def autocommit_setting(self, conn: Connection) -> str | None:
-        dbapi = conn.connection.dbapi_connection
-        # mysql-connector's `autocommit` property asks the server (a round trip); it keeps the value it set here.
-        own = getattr(dbapi, "_autocommit", None) if conn.dialect.driver == "mysqlconnector" else None
-        if isinstance(own, bool):
-            return self.autocommit_name(conn.dialect.driver) if own else None
-        return super().autocommit_setting(conn)
-
-    def connect_error(self, exc: BaseException) -> IdemError | None:
-        code = error_code(exc)
-        if code in _CONNECT_CONFIG:
-            what, fix = _CONNECT_CONFIG[code]
-            what = what.format(user=self.engine.url.username, database=self.engine.url.database)
-            return ConnectionConfigError(self.name, f"{what} (error {code})", fix)
-        # 2003 (refused, unreachable) is also PyMySQL's and asyncmy's code for a host name that does not resolve:
-        # the socket error under it tells them apart.
-        problem = socket_problem(self.name, exc)
-        if problem is not None:
-            return problem
-        if code in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
-            return CannotConnect(self.name, exc)
-        return super().connect_error(exc)
-
-    @classmethod
-    def pool_reset_round_trip(cls, pool: Pool) -> bool:
-        # The drivers send ROLLBACK even with no transaction open, unless `_reset_unless_clean` does the reset.
-        return not resets_by_hook(pool)
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        if not isinstance(exc, DBAPIError):
-            return super().retry_cause(exc)  # the library's own transient errors
-        code = error_code(exc)
-        galera = getattr(getattr(self, "features", self.base_features), "wsrep", False)
-        if galera and code in (ER_LOCK_DEADLOCK, ER_UNKNOWN_COM_ERROR):
-            # Galera reports a lost certification (another node's commit of the same key won) and a brute-force
-            # abort by an applier as 1213, and a node outside the primary component (joining, partitioned) as 1047.
-            return RetryCause.CERTIFICATION if code == ER_LOCK_DEADLOCK else RetryCause.NODE_NOT_READY
-        cause = None if code is None else self.retryable.get(code)
-        # Otherwise only a connection SQLAlchemy invalidated (its own disconnect detection): a fresh one is safe.
-        return cause or super().retry_cause(exc)
-
 
 class MariaDBBackend(MySQLBackend):
     name = "mariadb"
+    classifier = MariaDBErrors
     aliases = ("maria",)
-    provision = "idem_dialects.dialects.mysql_provision:MariaDBProvision"
     base_features: ClassVar[Features] = MySQLFeatures(share_lock="LOCK IN SHARE MODE")
-    retryable: ClassVar[Mapping[int, RetryCause]] = {
-        **MySQLBackend.retryable,
-        # With innodb_snapshot_isolation=ON (default from 11.6), a locking read or write of a row committed
-        # after the transaction's snapshot fails with 1020 instead of reading it: retry in a new transaction.
-        ER_CHECKREAD: RetryCause.SERIALIZATION,
-    }

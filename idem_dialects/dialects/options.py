@@ -8,6 +8,7 @@ writer. The URL says so, and the backend turns that into its `Features` and into
   ``RetryPolicy.total`` is shorter warns once (its callers would get RetriesExhausted during a failover).
 - ``pooler=transaction`` (PostgreSQL): PgBouncer (or another pooler) in transaction mode, so a client's next
   transaction may run on another server session: server-side prepared statements are turned off on every driver.
+  Without it the backend asks the first connection whether a pooler is in front (`pooler.py`).
   ``pooler=session`` says a session-mode pooler is there (nothing to change).
 - ``writers=single`` (MariaDB Galera): a load balancer sends every session to one node (HAProxy with backup
   servers), so an atomic claim excludes other claimers as on a single server; ``writers=all`` is the default.
@@ -27,7 +28,7 @@ from typing import Any
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL
 
-from ..errors import InvalidURLOption
+from ..errors import ConnectionConfigError, InvalidURL, InvalidURLOption
 
 FAILOVER_WINDOW = "failover_window"
 POOLER = "pooler"
@@ -73,8 +74,18 @@ def failover_window(url: URL, accepted: Collection[str]) -> float | None:
     return seconds
 
 
+def check_port(url: URL) -> None:
+    """InvalidURL for a port outside 1-65535, which drivers would take for a server that does not answer (and so
+    retry) or refuse with an error of their own."""
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise InvalidURL(f"the port in the URL, {url.port}, is not a TCP port (1 to 65535)",
+                         "give the server's port, or leave it out for the engine's default")
+
+
 def check(url: URL, accepted: Collection[str]) -> None:
-    """InvalidURLOption for the first option in `url` that is not `accepted`, repeated, or has a wrong value."""
+    """InvalidURLOption for the first option in `url` that is not `accepted`, repeated, or has a wrong value;
+    InvalidURL for a port that cannot be one (also for an engine the caller built)."""
+    check_port(url)
     for name in ALL:
         if name in CHOICES:
             choice(url, name, accepted)
@@ -82,14 +93,35 @@ def check(url: URL, accepted: Collection[str]) -> None:
             failover_window(url, accepted)
 
 
+def driver_options(url: URL) -> list[str]:
+    """The names of the URL's query options that reach the driver's connect() (not this module's, not the repeated
+    ``host`` of a multi-host URL)."""
+    return [name for name in url.query if name not in ALL and name != "host"]
+
+
+def refused(backend: str, url: URL, exc: BaseException) -> ConnectionConfigError | None:
+    """The driver refused the URL's own query options as arguments (an unknown name, a value of the wrong type:
+    ``?connect_timeout=abc``) before any server could answer: no retry changes that. None when the URL has no driver
+    option to blame. The driver's words are kept (without the URL's password), the option names said."""
+    names = driver_options(url)
+    if not names:
+        return None
+    orig = getattr(exc, "orig", None) or exc
+    said = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    if url.password:
+        said = said.replace(url.password, "***")
+    return ConnectionConfigError(backend, f"the driver refused the URL's options ({', '.join(names)}): {said}",
+                                 "give each ?name=value a name the driver's connect() takes and a value of its type")
+
+
 def driver_url(url: URL) -> URL:
     """`url` without the options of this module: what a plain driver connection (no store) accepts."""
     return url.difference_update_query(ALL)
 
 
-def install(engine: Engine, adjust: Callable[[dict[str, Any]], None]) -> None:
-    """Remove the options from every connect() of `engine`, then let `adjust` set the driver's own arguments
-    (once per engine: several stores may share one)."""
+def install(engine: Engine, adjust: Callable[[dict[str, Any], Any], None]) -> None:
+    """Remove the options from every connect() of `engine`, then let `adjust` set the driver's own arguments (it gets
+    them and the pool's record of the connection being opened); once per engine: several stores may share one."""
     if engine in _installed:
         return
     _installed.add(engine)
@@ -98,7 +130,7 @@ def install(engine: Engine, adjust: Callable[[dict[str, Any]], None]) -> None:
     def consume(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
         for name in ALL:
             cparams.pop(name, None)
-        adjust(cparams)
+        adjust(cparams, record)
 
 
 def budget_warning(total: float, window: float | None) -> str | None:

@@ -22,8 +22,7 @@ how text compares, and SERIALIZABLE reads from the transaction's start.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -48,28 +47,22 @@ from sqlalchemy import (
 from sqlalchemy import column as sql_column
 from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.oracle import RAW
-from sqlalchemy.engine import Connection, Dialect, ExceptionContext
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
-from sqlalchemy.types import TypeDecorator, TypeEngine
+from sqlalchemy.types import TypeDecorator
 
-from ..errors import CannotConnect, ConnectionConfigError, IdemError, InvalidPayload, RetryCause, WinnerNotVisible
+from ..drivers import cx_oracle, oracledb
+from ..errors import InvalidPayload, WinnerNotVisible
 from ..features import Features
-from ..guard import MISSING_TABLE, NO_PRIVILEGE
 from ..keys import MAX_LENGTH, check_identifier
-from .base import AnyRow, Backend, configured_isolation
-from .drivers import Driver
-from .network import socket_problem
+from ..steps import Flow, Shape, execute, rowcount
+from .base import Backend, Columns, configured_isolation, insert_values, params, statement
+from .oracle_errors import OracleErrors
 from .types import Utf8Bytes
 
-# Oracle error numbers (``_Error.code``), as the server sends them.
-ORA_UNIQUE_VIOLATED = 1  # ORA-00001: unique constraint violated -- the only duplicate
-ORA_RESOURCE_BUSY = 54  # ORA-00054: resource busy and acquire with NOWAIT specified or timeout expired
-ORA_DEADLOCK = 60  # ORA-00060: deadlock detected; only the one statement was rolled back
-ORA_CANNOT_SERIALIZE = 8177  # ORA-08177: can't serialize access for this transaction
-ORA_LOCK_WAIT_TIMEOUT = 30006  # ORA-30006: resource busy; acquire with WAIT timeout expired
 # The user lock of on_in_flight="conflict": ORA_HASH of the table and key (NUL-separated) as the lock id, in
 # DBMS_LOCK's range for user locks; result 1 (timeout) raised as ORA-00054, 0 (granted) and 4 (already ours) pass.
 _NOWAIT_LOCK = text(
@@ -79,55 +72,8 @@ _NOWAIT_LOCK = text(
     " release_on_commit => TRUE);"
     " IF result = 1 THEN RAISE busy; ELSIF result NOT IN (0, 4) THEN"
     " RAISE_APPLICATION_ERROR(-20054, 'DBMS_LOCK.REQUEST returned ' || result); END IF; END;")
-ORA_NAME_USED = 955  # ORA-00955: name is already used by an existing object (a concurrent CREATE TABLE/INDEX)
-ORA_NO_TABLE = 942  # ORA-00942: table or view does not exist
-ORA_NO_PRIVILEGE = 1031  # ORA-01031: insufficient privileges
-# Not duplicates, and not retryable: ORA-01400 (NOT NULL), ORA-02290 (CHECK), ORA-02291/02292 (foreign key).
-_RETRYABLE = {
-    ORA_CANNOT_SERIALIZE: RetryCause.SERIALIZATION,
-    ORA_DEADLOCK: RetryCause.DEADLOCK,
-    ORA_RESOURCE_BUSY: RetryCause.BUSY,
-    ORA_LOCK_WAIT_TIMEOUT: RetryCause.LOCK_TIMEOUT,
-}
-
-# Opening a connection: ORA numbers only a changed configuration fixes, and ones a retry may outlast.
-_CONNECT_CONFIG = {
-    1017: ("invalid user name or password (ORA-01017)", "check the user and password in the URL"),
-    28000: ("the account is locked (ORA-28000)", "unlock it or use another account"),
-    12514: ("the listener does not know the service (ORA-12514)", "check ?service_name= in the URL"),
-    12505: ("the listener does not know the SID (ORA-12505)", "check the SID or use ?service_name="),
-}
-_CONNECT_TRANSIENT = frozenset({
-    1033, 1034, 1089,  # starting up or shutting down, not available, immediate shutdown in progress
-    12170, 12516, 12519, 12520, 12528, 12537, 12541, 12543,  # timeouts, no handler, blocked, closed, no listener
-})
-# python-oracledb thin's own connect errors (code 0, full_code DPY-...): cannot connect, listener refused, closed;
-# and its spelling of ORA-12514/ORA-12505 (thin mode asks the listener itself).
-_DPY_CONNECT = frozenset({"DPY-6005", "DPY-6000", "DPY-4011"})
-_DPY_CONFIG = {"DPY-6001": _CONNECT_CONFIG[12514], "DPY-6003": _CONNECT_CONFIG[12505]}
-
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per code point
 _FIELDS = {"idem_key": "key"}  # column name -> the name InvalidKey reports (the API's)
-
-
-def ora_code(exc: BaseException) -> int | None:
-    """The Oracle error number of a driver error (wrapped by SQLAlchemy or not), or None if it has none."""
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    args = getattr(orig, "args", None)
-    if not args:
-        return None
-    code = getattr(args[0], "code", None)  # oracledb raises Error(_Error): the number comes from the wire
-    if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
-        return None
-    return code
-
-
-def dpy_code(exc: BaseException) -> str | None:
-    """python-oracledb's own error code (``DPY-NNNN``, errors raised by the driver rather than the server)."""
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    args = getattr(orig, "args", None) or (None,)
-    code = getattr(args[0], "full_code", None)
-    return code if isinstance(code, str) and code.startswith("DPY-") else None
 
 
 class NonEmptyString(TypeDecorator[str]):
@@ -163,28 +109,16 @@ def _guard_identity(table: Table, values: Mapping[str, Any]) -> None:
 
 class OracleBackend(Backend):
     name = "oracle"
-    aliases = ("oracledb",)
-    extra = "oracle"
     # python-oracledb serves both; create_async_engine picks its async mode.
-    drivers = (Driver("oracledb", "oracledb", "idem-dialects[oracle]", asynchronous=True),
-               Driver("cx_oracle", "cx_Oracle", "cx_Oracle"))
-    provision = "idem_dialects.dialects.oracle_provision:OracleProvision"
+    drivers = (oracledb.DRIVER, cx_oracle.DRIVER)
+    classifier = OracleErrors
+    aliases = ("oracledb",)
     base_features = Features(isolation_levels=("READ COMMITTED", "SERIALIZABLE"))  # the only two Oracle has
-
-    # --- column types ----------------------------------------------------------------------------------------
-
-    def key_type(self) -> TypeEngine[str]:
-        return Utf8Bytes(RAW(KEY_BYTES))
-
-    def token_type(self) -> TypeEngine[str]:
-        # Lower-case hex: equal under every NLS sort exactly when equal byte for byte, so VARCHAR2 is safe here.
-        return NonEmptyString(64)
-
-    def timestamp_type(self) -> TypeEngine[datetime]:
-        return TIMESTAMP()  # DateTime would be DATE on Oracle: whole seconds only
-
-    def blob_type(self) -> TypeEngine[bytes]:
-        return NonEmptyBlob()  # BLOB: responses may exceed RAW's 2000 bytes
+    # Tokens are lower-case hex: equal under every NLS sort exactly when equal byte for byte, so VARCHAR2 is safe
+    # there. TIMESTAMP: DateTime would be DATE on Oracle, whole seconds only. BLOB: responses may exceed RAW's 2000
+    # bytes.
+    columns = Columns(key=Utf8Bytes(RAW(KEY_BYTES)), token=NonEmptyString(64), timestamp=TIMESTAMP(),
+                      blob=NonEmptyBlob())
 
     # --- the clock -------------------------------------------------------------------------------------------
 
@@ -197,39 +131,64 @@ class OracleBackend(Backend):
 
     # --- the protocol's statements ---------------------------------------------------------------------------
 
-    def insert_if_absent(
-        self, conn: Connection, table: Table, values: Mapping[str, Any], clock: Mapping[str, float] | None = None
-    ) -> bool:
+    def insert_if_absent(self, table: Table, values: Mapping[str, Any],
+                         clock: Mapping[str, float] | None = None) -> Flow[bool]:
         _guard_identity(table, values)
-        stmt = self.prepared_insert(table, values, clock, lambda v: table.insert().values(**v))
+        stmt = self.prepared(("insert", table, tuple(values), tuple(sorted((clock or {}).items()))), lambda: (
+            statement(table.insert().values(**insert_values(self, table, values, clock)), Shape.NOTHING,
+                           table)))
         try:
-            conn.execute(stmt, self.params(values))
-        except IntegrityError as exc:
-            if self.is_duplicate(exc):
+            yield from execute(stmt, params(values))
+        except DBAPIError as exc:
+            if self.errors.is_duplicate(exc):
                 return False  # only the INSERT was rolled back; the transaction goes on
             raise
         return True
 
-    def read_row(self, conn: Connection, table: Table, key: Mapping[str, str]) -> AnyRow | None:
+    def read(self, table: Table, key: Mapping[str, str]) -> Flow[Any]:
         """A plain consistent read: under READ COMMITTED each statement sees the latest committed row, so the
         loser sees the winner. No FOR UPDATE: it would make the loser hold the winner's row lock until its own
         transaction ends, and it finds nothing more than the snapshot does. Under SERIALIZABLE a winner that
         committed after our snapshot is invisible: raise WinnerNotVisible (retried like ORA-08177) when the
-        level is known from SQLAlchemy; otherwise the store's claim loop ends in a ClaimRaced, also retried.
-        (SELECT ... FOR UPDATE does not help: it only locks rows the snapshot finds.)"""
-        row = super().read_row(conn, table, key)
-        if row is None and configured_isolation(conn) == "SERIALIZABLE":
+        engine's level is known from SQLAlchemy; otherwise the store's claim loop ends in a ClaimRaced, also
+        retried. (SELECT ... FOR UPDATE does not help: it only locks rows the snapshot finds.)"""
+        row = yield from super().read(table, key)
+        if row is None and configured_isolation(self.engine) == "SERIALIZABLE":
             raise WinnerNotVisible(table.name)
         return row
 
-    def purge_batch(self, conn: Connection, table: Table, condition: ColumnElement[bool], limit: int) -> int:
+    def not_waiting(self, table: Table, key: Mapping[str, str], claim: Flow[Any]) -> Flow[Any]:
+        lock = self.prepared("nowait", lambda: statement(_NOWAIT_LOCK, Shape.NOTHING))
+        yield from execute(lock, {"idem_lock_name": "\x00".join([table.name, *key.values()])})
+        return (yield from claim)  # the user lock is released when the transaction ends
+
+    def lock_batch(self, table: Table, columns: Sequence[ColumnElement[Any]], condition: ColumnElement[bool],
+                   order_by: Sequence[ColumnElement[Any]], limit: int) -> Flow[list[Any]]:
+        """``SELECT ... FROM t WHERE ROWID IN (SELECT rid FROM (SELECT ROWID rid ... ORDER BY ...) WHERE ROWNUM <= n)
+        FOR UPDATE SKIP LOCKED``: Oracle refuses FOR UPDATE beside FETCH FIRST or an ordered inline view (ORA-02014),
+        so the first n are chosen inside and the outer query, a plain one on the table, locks them, skipping those
+        another relay holds (which may leave fewer than n: the next claim takes the rest)."""
+        def build() -> Any:
+            rowid: ColumnElement[Any] = literal_column("ROWID")
+            ordered = (select(rowid.label("rid")).select_from(table).where(condition).order_by(*order_by)
+                       .correlate(None).subquery("due"))
+            first = select(ordered.c.rid).where(literal_column("ROWNUM") <= bindparam(None, limit, type_=Integer()))
+            return statement(select(*columns).where(rowid.in_(first)).with_for_update(skip_locked=True),
+                             Shape.ROWS, table)
+
+        return list((yield from execute(self.prepared(("lock batch", table, condition, limit), build))))
+
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
         """One statement: delete by ROWID the first `limit` rows matching `condition` (ROWNUM works on every
         version, unlike FETCH FIRST before 12c). `condition` is repeated outside so that a row changed by another
         transaction in between is re-checked (write consistency restarts on the columns it names)."""
-        rowid: ColumnElement[Any] = literal_column("ROWID")
-        batch = select(rowid).select_from(table).where(condition, literal_column("ROWNUM") <= bindparam(
-            None, limit, type_=Integer()))
-        return conn.execute(delete(table).where(and_(rowid.in_(batch), condition))).rowcount
+        def build() -> Any:
+            rowid: ColumnElement[Any] = literal_column("ROWID")
+            batch = select(rowid).select_from(table).where(condition, literal_column("ROWNUM") <= bindparam(
+                None, limit, type_=Integer()))
+            return statement(delete(table).where(and_(rowid.in_(batch), condition)), Shape.ROWCOUNT, table)
+
+        return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
 
     # --- operations ------------------------------------------------------------------------------------------
 
@@ -253,46 +212,3 @@ class OracleBackend(Backend):
         own_indexes = select(indexes.c.index_name).where(indexes.c.table_name == name)
         return select(total(or_(segments.c.segment_name == name, segments.c.segment_name.in_(own_lobs))),
                       total(segments.c.segment_name.in_(own_indexes)))
-
-    # --- error classification --------------------------------------------------------------------------------
-
-    def is_duplicate(self, exc: DBAPIError) -> bool:
-        return ora_code(exc) == ORA_UNIQUE_VIOLATED
-
-    def is_already_created(self, exc: DBAPIError) -> bool:
-        return ora_code(exc) == ORA_NAME_USED
-
-    @contextmanager
-    def not_waiting(self, conn: Connection, table: Table, key: Mapping[str, str]) -> Iterator[None]:
-        conn.execute(_NOWAIT_LOCK, {"idem_lock_name": "\x00".join([table.name, *key.values()])})
-        yield  # the user lock is released when the transaction ends
-
-    def is_lock_busy(self, exc: DBAPIError) -> bool:
-        return ora_code(exc) == ORA_RESOURCE_BUSY
-
-
-    def config_problem(self, exc: DBAPIError, context: ExceptionContext, tables: Sequence[str]) -> str | None:
-        return {ORA_NO_TABLE: MISSING_TABLE, ORA_NO_PRIVILEGE: NO_PRIVILEGE}.get(ora_code(exc) or 0)
-
-    def connect_error(self, exc: BaseException) -> IdemError | None:
-        code, dpy = ora_code(exc), dpy_code(exc)
-        config = _CONNECT_CONFIG.get(code or 0) or _DPY_CONFIG.get(dpy or "")
-        if config is not None:
-            return ConnectionConfigError(self.name, *config)
-        if code in _CONNECT_TRANSIENT or dpy in _DPY_CONNECT:
-            problem = socket_problem(self.name, exc)  # DPY-6005 also wraps a host name that does not resolve
-            return problem if problem is not None else CannotConnect(self.name, exc)
-        return super().connect_error(exc)
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        """ORA-08177, ORA-00060, ORA-00054, ORA-30006 and lost connections. After ORA-00060 Oracle has rolled
-        back only the one statement and the session still holds its locks: `run` retries in a new transaction,
-        and the failed one is rolled back explicitly when its `conn.begin()` block exits with the error."""
-        cause = super().retry_cause(exc)
-        if cause is not None:
-            return cause
-        if isinstance(exc, DBAPIError):
-            code = ora_code(exc)
-            if code is not None:
-                return _RETRYABLE.get(code)
-        return None

@@ -3,7 +3,8 @@ startup (unknown database or role, wrong password, too many clients, starting up
 the server once more with a bare startup message and reads the code of its ErrorResponse. Only on the failure path;
 where the server asks for a password, the probe answers with the URL's (the one the driver just sent: cleartext, MD5
 or SCRAM-SHA-256, without channel binding), so a wrong password reads as 28P01 and an unknown database behind password
-authentication as 3D000. Without a password, or for another method (GSSAPI, SSPI), the answer stays unknown."""
+authentication as 3D000. Without a password, the answer is that one is needed (PASSWORD_REQUIRED); for another
+method (GSSAPI, SSPI) it stays unknown."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ import struct
 from sqlalchemy.engine import URL
 
 _SSL_REQUEST = struct.pack("!ii", 8, 80877103)
+# What `startup_sqlstate` answers when the server asks for a password and neither the URL nor PGPASSWORD has one
+# (libpq says "fe_sendauth: no password supplied", without a SQLSTATE: the server sent none, it only asked).
+PASSWORD_REQUIRED = "password required"
+# What it answers when the server accepts the startup (so a failure was the client's: its options, its TLS settings).
+ACCEPTED = "accepted"
+_PASSWORD_REQUESTS = (3, 5, 10)  # cleartext, MD5, SASL (SCRAM)
 _PROTOCOL_3 = 196608
 _TIMEOUT = 3.0
 
@@ -113,8 +120,9 @@ def _answer(request: int, data: bytes, user: str, password: str | None, scram: l
 
 def startup_sqlstate(url: URL) -> str | OSError | None:
     """The SQLSTATE the server of `url` refuses a startup for `url`'s user, password and database with; the socket
-    error if it cannot be reached (a name that does not resolve, refused); None if it accepts the startup or cannot be
-    asked (several hosts; a password it wants and the URL lacks; an authentication method spoken here)."""
+    error if it cannot be reached (a name that does not resolve, refused); PASSWORD_REQUIRED if it asks for a password
+    the URL (and PGPASSWORD) lacks; ACCEPTED if it accepts the startup; None if it cannot be asked (several hosts; an
+    authentication method not spoken here)."""
     target = _address(url)
     if target is None:
         return None
@@ -143,11 +151,13 @@ def startup_sqlstate(url: URL) -> str | OSError | None:
                 fields = body.split(b"\0")
                 return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
             if kind == b"Z":  # in: the startup itself is accepted
-                return None
+                return ACCEPTED
             if kind == b"R":
                 request = struct.unpack("!i", body[:4])[0]
                 if request in (0, 12):  # AuthenticationOk; SASL final (the server's signature, then Ok or E)
                     continue
+                if password is None and request in _PASSWORD_REQUESTS:
+                    return PASSWORD_REQUIRED
                 reply = _answer(request, body[4:], user, password, scram)
                 if reply is None:
                     return None

@@ -7,7 +7,12 @@
         "POLICY": {"methods": ["POST", "PATCH"]},     # IdempotencyPolicy's other keyword arguments
         "RETRY": None,                           # an idem_dialects.RetryPolicy
         "RETENTION": timedelta(hours=24),        # how long completed records replay; what idem_purge deletes after
+        "SHARDS": None,                          # several aliases: each scope's keys on the one Django's routers pick
     }
+
+With SHARDS (a list of database aliases), the store is a ShardedStore over one DjangoStore per alias, and the alias
+for a key is ``django.db.router.db_for_write(IdempotencyRecord, scope=scope)``: your DATABASE_ROUTERS decide, as they
+do for the models whose rows the view writes (route both by the tenant, so the record commits with them).
 
 Every key is optional. Callables in it (SCOPE, and POLICY's ``operation`` when it is one) receive the Django request
 (the DRF ``Request`` when the decorator sits on a DRF view), never the WSGI environ.
@@ -27,14 +32,15 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from ..errors import ConfigurationError, IdemError
-from ..http.core import HttpRequest, IdempotencyPolicy
+from ..http.policy import HttpRequest, IdempotencyPolicy
 from ..limits import check_retention
 from ..retention import DEFAULT_RETENTION
 from ..retry import RetryPolicy
+from ..sharding.sync import ShardedStore
 from .connection import DjangoStore
 
 SETTING = "IDEMPOTENCY"
-_KEYS = ("DATABASE", "TABLE_PREFIX", "SCOPE", "POLICY", "RETRY", "RETENTION")
+_KEYS = ("DATABASE", "TABLE_PREFIX", "SCOPE", "POLICY", "RETRY", "RETENTION", "SHARDS")
 _POLICY_KEYS = frozenset(f.name for f in fields(IdempotencyPolicy) if f.init) - {"scope"}
 
 Scope = Callable[[Any], object]
@@ -62,6 +68,7 @@ class Config:
     policy: Mapping[str, Any] = field(default_factory=dict)
     retry: RetryPolicy | None = None
     retention: timedelta = DEFAULT_RETENTION
+    shards: tuple[str, ...] = ()
 
     def make_policy(self, scope: Scope | str | None = None, **overrides: Any) -> IdempotencyPolicy:
         """The policy of POLICY with `overrides`; `scope` (or SCOPE) and a callable `operation` take the Django
@@ -109,7 +116,12 @@ def _read() -> Config:
     if unknown:
         raise ImproperlyConfigured(f"unknown key(s) {', '.join(unknown)} in settings.{SETTING}; the keys are"
                                    f" {', '.join(_KEYS)}")
-    config = Config(**{k.lower(): v for k, v in raw.items() if v is not None})
+    given: dict[str, Any] = {k.lower(): tuple(v) if k == "SHARDS" else v for k, v in raw.items() if v is not None}
+    config = Config(**given)
+    unknown_shards = [alias for alias in config.shards if alias not in settings.DATABASES]
+    if unknown_shards:
+        raise ImproperlyConfigured(f"settings.{SETTING}['SHARDS'] names {', '.join(map(repr, unknown_shards))}, not"
+                                   f" in DATABASES ({', '.join(settings.DATABASES)})")
     if config.database not in settings.DATABASES:
         raise ImproperlyConfigured(f"settings.{SETTING}['DATABASE'] is {config.database!r}, which is not in"
                                    f" DATABASES ({', '.join(settings.DATABASES)})")
@@ -138,10 +150,27 @@ def get_config() -> Config:
         return _config
 
 
-def get_store(using: str | None = None) -> DjangoStore:
-    """The store for the alias `using` (default: IDEMPOTENCY['DATABASE']), made once per alias."""
+def get_store(using: str | None = None) -> DjangoStore | ShardedStore:
+    """The store for the alias `using` (default: IDEMPOTENCY['DATABASE']), made once per alias; with SHARDS and no
+    `using`, the ShardedStore over every shard's, Django's routers choosing each key's alias."""
     config = get_config()
-    alias = using or config.database
+    if config.shards and using is None:
+        return ShardedStore({alias: get_alias_store(alias) for alias in config.shards}, router_chooser)
+    return get_alias_store(using or config.database)
+
+
+def router_chooser(scope: str) -> str:
+    """The shard of a scope: what Django's database routers answer for the records' model, given the scope."""
+    from django.db import router
+
+    from .models import IdempotencyRecord
+
+    return str(router.db_for_write(IdempotencyRecord, scope=scope))
+
+
+def get_alias_store(alias: str) -> DjangoStore:
+    """The DjangoStore of one database alias, made once."""
+    config = get_config()
     with _lock:
         store = _stores.get((alias, config.table_prefix))
         if store is None:

@@ -1,40 +1,43 @@
 """The store on Django's own connection: the protocol's SQL runs on the DBAPI connection Django holds for a database
 alias, inside Django's transaction, so the record commits or rolls back with the ORM's writes.
 
-How: the flows are driven by the sync store's loop (`IdempotencyStore.drive`); only a `Transaction` step is executed
-differently. It is Django's `transaction.atomic(using=alias)` (a savepoint when the caller is already in an atomic
-block), and its `Sql` steps get an SQLAlchemy `Connection` wrapped around Django's DBAPI connection for that alias,
-not a second connection: SQLAlchemy compiles and executes the backend's statements on it, and its commit and
-rollback there are no-ops, because the transaction is Django's. The SQLAlchemy engine is only a dialect and its
-event listeners (the guard); its pool never connects.
+How: the flows are driven by the sync store's loop (`SyncStore.drive`); a `Transaction` step is Django's
+`transaction.atomic(using=alias)` (a savepoint when the caller is already in an atomic block), and the store's
+statements run natively on Django's DBAPI connection for that alias, not a second connection. An SQLAlchemy
+`Connection` is still wrapped around that DBAPI connection (`BorrowedConnection`), because effects get SQLAlchemy's
+Connection and the schema's DDL and the dialect's first-connection setup need one; its commit and rollback are
+no-ops, since the transaction is Django's. The SQLAlchemy engine is only a dialect and its listeners; its pool never
+connects.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from django.db import DatabaseError as DjangoDatabaseError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import create_engine
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
-from ..errors import ConfigurationError, RetryCause
+from ..core import Core
+from ..errors import ConfigurationError
+from ..execution.sync import execute_native
 from ..fingerprint import Encoder
-from ..limits import check_retention
-from ..protocol import Core
-from ..retention import DEFAULT_RETENTION
+from ..limits import DEFAULT_RETENTION, check_retention
 from ..retry import RetryPolicy
-from ..steps import Begin
-from ..store import IdempotencyStore
+from ..steps import Begin, Statement
+from ..store import SyncStore
 from ..telemetry import MeterProvider, TracerProvider
+
+T = TypeVar("T")
 
 
 class BorrowedConnection(PoolProxiedConnection):
@@ -119,39 +122,11 @@ def engine_url(wrapper: BaseDatabaseWrapper) -> URL:
                              f" through the {module} driver module, so idem-dialects cannot run its statements there")
 
 
-class DjangoCore(Core):
-    """The protocol for one Django database alias."""
-
-    def __init__(self, using: str, engine: Engine, table_prefix: str, retry: RetryPolicy | None,
-                 encoder: Encoder | None, retention: timedelta, *, tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None) -> None:
-        super().__init__(engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
-                         meter_provider=meter_provider)
-        self.using = using
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        # Classified after our atomic block ended: one still open is the caller's (ATOMIC_REQUESTS, an outer atomic),
-        # in which our block was a savepoint. An error there (a deadlock, a lost connection) may have ended or doomed
-        # the caller's transaction, so the attempt is not run again inside it; the error goes to the caller.
-        if connections[self.using].in_atomic_block:
-            return None
-        return super().retry_cause(self._as_sqlalchemy(exc))
-
-    def _as_sqlalchemy(self, exc: BaseException) -> BaseException:
-        """A database error Django raised (its BEGIN, COMMIT or ROLLBACK, the view's ORM) as SQLAlchemy raises the
-        same driver error, so the backend classifies it by the driver's code as it classifies its own statements'."""
-        dialect = self.engine.dialect
-        orig = exc.__cause__
-        if not isinstance(exc, DjangoDatabaseError) or not isinstance(orig, dialect.loaded_dbapi.Error):
-            return exc
-        return DBAPIError.instance(None, None, orig, dialect.loaded_dbapi.Error, dialect=dialect,
-                                   connection_invalidated=dialect.is_disconnect(orig, None, None))
-
-
-class DjangoStore(IdempotencyStore):
-    """An `IdempotencyStore` on Django's connection for the database alias `using`: every transaction the protocol
-    runs is a Django atomic block there, so a record commits with the ORM's writes or not at all. Thread-safe (Django
-    gives each thread its own connection); share one per alias (`idem_dialects.django.get_store`)."""
+class DjangoStore(SyncStore[Connection]):
+    """A store on Django's connection for the database alias `using`, with IdempotencyStore's API: every transaction
+    the protocol runs is a Django atomic block there, so a record commits with the ORM's writes or not at all.
+    Thread-safe (Django gives each thread its own connection); share one per alias (`idem_dialects.django.get_store`).
+    Effects get an SQLAlchemy Connection on Django's connection."""
 
     def __init__(self, using: str = "default", *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
@@ -163,15 +138,25 @@ class DjangoStore(IdempotencyStore):
         self._borrowed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, BorrowedConnection] = weakref.WeakKeyDictionary()
         self._initialized = False
         self._lock = threading.Lock()
-        self._adopt(DjangoCore(using, self.engine, table_prefix, retry, encoder, check_retention(retention),
-                               tracer_provider=tracer_provider, meter_provider=meter_provider))
+        self._adopt(Core(self.engine, table_prefix, retry, encoder, check_retention(retention),
+                         tracer_provider=tracer_provider, meter_provider=meter_provider, own_transactions=False,
+                         retry_filter=self._retryable))
 
-    @classmethod
-    def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
-                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
-                 **engine_options: Any) -> NoReturn:
-        raise ConfigurationError("DjangoStore uses a Django database alias, not a URL: DjangoStore(using='default')")
+    def _retryable(self, exc: BaseException) -> BaseException | None:
+        """What the backend is shown of `exc` to classify for a retry. Classified after our atomic block ended: one
+        still open is the caller's (ATOMIC_REQUESTS, an outer atomic), in which our block was a savepoint. An error
+        there (a deadlock, a lost connection) may have ended or doomed the caller's transaction, so the attempt is
+        not run again inside it: the error goes to the caller. A database error Django raised (its BEGIN, COMMIT or
+        ROLLBACK, the view's ORM) is shown as SQLAlchemy raises the same driver error, so the backend classifies it
+        by the driver's code as it classifies its own statements'."""
+        if connections[self.using].in_atomic_block:
+            return None
+        dialect = self.engine.dialect
+        orig = exc.__cause__
+        if not isinstance(exc, DjangoDatabaseError) or not isinstance(orig, dialect.loaded_dbapi.Error):
+            return exc
+        return DBAPIError.instance(None, None, orig, dialect.loaded_dbapi.Error, dialect=dialect,
+                                   connection_invalidated=dialect.is_disconnect(orig, None, None))
 
     def __repr__(self) -> str:
         return f"DjangoStore(using={self.using!r}, table_prefix={self.table_prefix!r})"
@@ -184,6 +169,7 @@ class DjangoStore(IdempotencyStore):
         borrowed = self._borrowed.get(wrapper)
         if borrowed is None or borrowed.dbapi_connection is not wrapper.connection or not borrowed.is_valid:
             borrowed = self._borrowed[wrapper] = BorrowedConnection(wrapper)
+            self.backend.session_setup(wrapper.connection)  # a new DBAPI connection: Django's transaction ends it
         conn = Connection(self.engine, connection=borrowed)
         try:
             if not self._initialized:
@@ -206,7 +192,8 @@ class DjangoStore(IdempotencyStore):
         # (e.g. SQLite's OPTIONS {"transaction_mode": "IMMEDIATE"}).
         try:
             with transaction.atomic(using=self.using), self.connection() as conn:
-                self.backend.live_features(conn)
+                if not self._core.refined:
+                    self.drive(self._core.refine(), conn)
                 yield conn
         except (DjangoDatabaseError, DBAPIError):
             # A connection that died under Django's BEGIN or COMMIT is closed only at the request's end; close it now
@@ -215,6 +202,18 @@ class DjangoStore(IdempotencyStore):
             if not wrapper.in_atomic_block:
                 wrapper.close_if_unusable_or_obsolete()
             raise
+
+
+
+    def _statement(self, conn: Connection, statement: Statement, params: dict[str, Any]) -> Any:
+        return execute_native(conn, self.backend, statement, params)
+
+    def _ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
+        return action(conn)
+
+    def _check(self, conn: Connection) -> None:
+        if not self._core.refined:
+            self.drive(self._core.refine(), conn)
 
 
 def _never_connects() -> NoReturn:

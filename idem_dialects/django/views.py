@@ -1,6 +1,11 @@
 """The Django adapter of the HTTP layer: a middleware and a view decorator that run the one request flow
 (`idem_dialects.http.exchange`) on a `DjangoStore`. They only translate: a Django (or DRF) request into the core's
-`HttpRequest`, and the view's response into the core's `HttpResponse` and back."""
+`HttpRequest`, and the view's response into the core's `HttpResponse` and back.
+
+Both take part only in the requests the policy selects (its methods and paths; a keyless one only if keys are
+required), and both treat an HTTP exception the view raises (`Http404`, `PermissionDenied`, `BadRequest`,
+`SuspiciousOperation`, DRF's `APIException`) as the view's answer: the middleware gets Django's response for it, and
+the decorator makes the same one (DRF's, on a DRF view), stored by its status."""
 
 from __future__ import annotations
 
@@ -9,16 +14,19 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied, SuspiciousOperation
+from django.core.handlers.exception import response_for_exception
 from django.db import connections
+from django.http import Http404, HttpResponseBase
 from django.http import HttpRequest as DjangoRequest
 from django.http import HttpResponse as DjangoResponse
-from django.http import HttpResponseBase
 from sqlalchemy.engine import Connection
 
-from ..http.core import HttpRequest, IdempotencyPolicy, ResponseTooLarge
+from ..http.core import Buffer, response_body
+from ..http.policy import HttpRequest, IdempotencyPolicy
 from ..http.problems import HttpResponse
 from ..http.runner import Idempotency
+from ..sharding.sync import ShardedStore
 from .conf import Config, Scope, get_config, get_store
 from .connection import DjangoStore
 
@@ -45,19 +53,13 @@ def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
     """The view's response, complete (a streaming one is buffered and handed on as one chunk); ResponseTooLarge past
     `limit` bytes, since the record must hold all of it."""
     if response.streaming:
-        chunks: list[bytes] = []
-        size = 0
+        buffer = Buffer(limit)
         for chunk in response.streaming_content:  # type: ignore[attr-defined]
-            size += len(chunk)
-            if size > limit:
-                raise ResponseTooLarge(size)
-            chunks.append(bytes(chunk))
-        body = b"".join(chunks)
+            buffer.keep(chunk)
+        body = buffer.body()
         response.streaming_content = [body]  # type: ignore[attr-defined]
     else:
-        body = response.content  # type: ignore[attr-defined]
-        if len(body) > limit:
-            raise ResponseTooLarge(len(body))
+        body = response_body(response.content, limit)  # type: ignore[attr-defined]
     return HttpResponse(response.status_code, list(response.items()), body)
 
 
@@ -73,14 +75,16 @@ def django_response(answer: HttpResponse) -> DjangoResponse:
     return out
 
 
-def respond(store: DjangoStore, policy: IdempotencyPolicy, request: Any,
+def respond(store: DjangoStore | ShardedStore, policy: IdempotencyPolicy, request: Any,
             view: Callable[[], HttpResponseBase], route: bool = False) -> HttpResponseBase:
     """Answer `request` under `policy`: the view's own response (run at most once per key, in atomic mode inside the
     record's transaction), a replay, or a problem. The view's exceptions propagate unchanged."""
-    if policy.lease is not None and connections[store.using].in_atomic_block:
+    aliases = [store.using] if isinstance(store, DjangoStore) else list(store.shards)
+    held = [alias for alias in aliases if connections[alias].in_atomic_block]
+    if policy.lease is not None and held:
         raise ImproperlyConfigured(
             "external-call (lease) mode commits the claim before the view runs, which cannot happen inside an atomic"
-            f" block on {store.using!r}: turn ATOMIC_REQUESTS off for this view (@transaction.non_atomic_requests)")
+            f" block on {held[0]!r}: turn ATOMIC_REQUESTS off for this view (@transaction.non_atomic_requests)")
     ran: list[tuple[HttpResponseBase, HttpResponse]] = []
 
     def handler(conn: Connection | None) -> HttpResponse:
@@ -94,6 +98,31 @@ def respond(store: DjangoStore, policy: IdempotencyPolicy, request: Any,
     if ran and answer is ran[0][1]:
         return ran[0][0]  # the view's response object itself: cookies, streaming and all
     return django_response(answer)
+
+
+def answered(exc: Exception, request: Any, view_self: Any) -> Any:
+    """The response for an HTTP exception the view raised, as the framework would make it (DRF's view handles its
+    own and Django's; Django's `response_for_exception` the others); None for any other exception."""
+    view = _drf_view(request, view_self)
+    if view is not None and isinstance(exc, (Http404, PermissionDenied, *_drf_exceptions())):
+        return view.handle_exception(exc)
+    if isinstance(exc, (Http404, PermissionDenied, BadRequest, SuspiciousOperation)):
+        return response_for_exception(getattr(request, "_request", request), exc)
+    return None
+
+
+def _drf_view(request: Any, view_self: Any) -> Any:
+    if hasattr(view_self, "handle_exception"):
+        return view_self
+    return (getattr(request, "parser_context", None) or {}).get("view")  # @api_view's view
+
+
+def _drf_exceptions() -> tuple[type[Exception], ...]:
+    try:
+        from rest_framework.exceptions import APIException  # type: ignore[import-untyped]
+    except ImportError:  # DRF is optional
+        return ()
+    return (APIException,)
 
 
 def finished(response: Any, request: Any, view_self: Any, args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
@@ -121,10 +150,15 @@ class IdempotencyMiddleware:
 
     def __call__(self, request: DjangoRequest) -> HttpResponseBase:
         policy = _policy(get_config(), None, _NO_OVERRIDES)
-        if not policy.applies(str(request.method), request.path) or (
-                not policy.require_key and policy.header not in request.headers):
+        if not takes_part(policy, request):
             return self.get_response(request)
         return respond(get_store(), policy, request, lambda: self.get_response(request))
+
+
+def takes_part(policy: IdempotencyPolicy, request: Any) -> bool:
+    """Whether the policy selects a Django (or DRF) request; the others go to the view untouched."""
+    django: DjangoRequest = getattr(request, "_request", request)
+    return policy.takes_part(str(django.method), django.path, policy.header in django.headers)
 
 
 def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **policy: Any) -> Callable[[View], View]:
@@ -141,9 +175,17 @@ def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             view_self, request, rest = _split(args)
             chosen = _policy(get_config(), scope, policy)
+            if not takes_part(chosen, request):
+                return view(*args, **kwargs)
 
             def call() -> HttpResponseBase:
-                return finished(view(*args, **kwargs), request, view_self, rest, kwargs)  # type: ignore[no-any-return]
+                try:
+                    response = view(*args, **kwargs)
+                except Exception as exc:
+                    response = answered(exc, request, view_self)
+                    if response is None:
+                        raise  # the view's own error, unchanged
+                return finished(response, request, view_self, rest, kwargs)  # type: ignore[no-any-return]
 
             return respond(get_store(using), chosen, request, call, route=True)
 

@@ -6,8 +6,9 @@ This package imports no web framework: the adapters do, when imported themselves
 
 from __future__ import annotations
 
-from .core import DEFAULT_REPLAY_HEADERS, Call, HttpRequest, IdempotencyPolicy, current_connection, prepare
+from .core import Call, current_connection, prepare
 from .keyheader import KeyHeaderError, parse_key_header
+from .policy import DEFAULT_REPLAY_HEADERS, HttpRequest, IdempotencyPolicy
 from .problems import PROBLEM_TYPE, HttpResponse, error_problem, problem
 
 __all__ = [

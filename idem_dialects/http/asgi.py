@@ -9,12 +9,17 @@ In atomic mode the handler finds the record's AsyncConnection in `request.state.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import Any
 
 from ..aio import AsyncIdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
+from ..sharding.aio import AsyncShardedStore
+from .core import Buffer, Entry, declared_too_large, entry, wire_headers
+from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
+
+__all__ = ["IdempotencyMiddleware"]  # public: the API reference documents each
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,30 +33,32 @@ def decode_headers(raw: Any) -> list[tuple[str, str]]:
     return [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in raw]
 
 
+def has_key(policy: IdempotencyPolicy, headers: list[tuple[str, str]]) -> bool:
+    name = policy.header.lower()
+    return any(k == name for k, _ in headers)
+
+
 class Disconnected(Exception):
     """The client went away before its request body was complete: nothing to claim, nothing to answer."""
 
 
 async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
     """The request body, or (b"", True) once it is over `limit` (the request is then refused)."""
-    chunks: list[bytes] = []
-    size = 0
+    buffer = Buffer(limit)
     while True:
         message = await receive()
         if message["type"] != "http.request":
             raise Disconnected
-        chunk = bytes(message.get("body", b""))
-        size += len(chunk)
-        if size > limit:
+        if not buffer.add(message.get("body", b"")):
             return b"", True
-        chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks), False
+            return buffer.body(), False  # one message, most bodies: its bytes as they came
 
 
-async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, conn: Any, limit: int
+async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, limit: int, conn: Any
                    ) -> HttpResponse:
-    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`)."""
+    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`); the
+    middleware's handler, `conn` last (a partial of it: no closure per request)."""
     inner = dict(scope)
     if conn is not None:
         inner["state"] = dict(scope.get("state") or {}, **{STATE_KEY: conn})
@@ -65,38 +72,36 @@ async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, co
         return await receive()  # after the body, only http.disconnect can come
 
     start: dict[str, Any] = {}
-    chunks: list[bytes] = []
-    size = 0
+    buffer = Buffer(limit)
 
     async def capture(message: Message) -> None:
-        nonlocal size
         if message["type"] == "http.response.start":
             start.update(message)
         elif message["type"] == "http.response.body":
-            chunk = bytes(message.get("body", b""))
-            size += len(chunk)
-            if size > limit:
-                raise ResponseTooLarge(size)
-            chunks.append(chunk)
+            buffer.keep(message.get("body", b""))
 
     await app(inner, replay_receive, capture)
     if not start:
         raise RuntimeError("the ASGI application returned without starting a response")
-    return HttpResponse(int(start["status"]), decode_headers(start.get("headers", [])), b"".join(chunks))
+    return captured(int(start["status"]), start.get("headers", []), buffer.body())
+
+
+def captured(status: int, raw: Any, body: bytes) -> HttpResponse:
+    """An app's response as the core sees it, its head kept as the app sent it too (lower-cased), to go out as is."""
+    wire = [(bytes(k).lower(), bytes(v)) for k, v in raw]
+    return HttpResponse(status, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in wire], body, raw=wire)
 
 
 async def send_response(resp: HttpResponse, send: Send) -> None:
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers]
-    if resp.header("content-length") is None:
-        headers.append((b"content-length", str(len(resp.body)).encode("ascii")))
-    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    await send({"type": "http.response.start", "status": resp.status, "headers": wire_headers(resp)})
     await send({"type": "http.response.body", "body": resp.body, "more_body": False})
 
 
 class IdempotencyMiddleware:
     """Wrap an ASGI app: requests the policy selects are claimed, run once, stored and replayed."""
 
-    def __init__(self, app: ASGIApp, store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, app: ASGIApp, store: AsyncIdempotencyStore | AsyncShardedStore,
+                 policy: IdempotencyPolicy) -> None:
         self.app = app
         self.policy = policy
         self.idempotency = AsyncIdempotency(store, policy)
@@ -104,14 +109,13 @@ class IdempotencyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         policy = self.policy
         if scope["type"] != "http" or not policy.applies(scope["method"], scope["path"]):
-            return await self.app(scope, receive, send)
-        if claimed_outside(scope, self.idempotency.identity):
-            return await self.app(scope, receive, send)  # an outer layer on this store claimed it
+            return await self.app(scope, receive, send)  # most requests: decided before the headers are decoded
         headers = decode_headers(scope.get("headers", []))
-        if not policy.require_key and all(k != policy.header.lower() for k, _ in headers):
-            return await self.app(scope, receive, send)
-        declared = next((v for k, v in headers if k == "content-length"), "0")
-        too_large = declared.isdigit() and int(declared) > policy.max_request_bytes
+        if entry(policy, self.idempotency.identity, scope["method"], scope["path"], has_key(policy, headers),
+                 scope) is not Entry.CLAIM:
+            return await self.app(scope, receive, send)  # not this layer's, or an outer layer on this store has it
+        scope = dict(scope)  # the caller's scope stays as it was (ASGI); this layer's notes go in the copy
+        too_large = declared_too_large(policy, next((v for k, v in headers if k == "content-length"), None))
         try:
             body, over = (b"", True) if too_large else await read_body(receive, policy.max_request_bytes)
         except Disconnected:
@@ -119,8 +123,5 @@ class IdempotencyMiddleware:
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
                           body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"),
                           context=scope)
-
-        async def handler(conn: Any) -> HttpResponse:
-            return await run_asgi(self.app, scope, receive, body, conn, policy.max_response_bytes)
-
+        handler = partial(run_asgi, self.app, scope, receive, body, policy.max_response_bytes)
         await send_response(await self.idempotency.handle(req, handler), send)

@@ -3,29 +3,29 @@
 The adapters (WSGI, ASGI, Flask, FastAPI) turn their native request into an `HttpRequest`, ask `prepare` what to do,
 and run the handler through a sync or async driver; everything about HTTP semantics lives here, once.
 
-**Fingerprint.** The store compares a request's fingerprint, SHA-256 over the RFC 8785 canonical JSON of:
-
-    {"method": "POST", "path": "/payments?a=1", "headers": {"<name>": "<value>"}, "body": {"<kind>": "<sha256 hex>"}}
-
-where `body` is `{"json": sha256(JCS(parsed body))}` when the content type is JSON (`application/json`, `*+json`) and
-the body parses and canonicalizes (so key order and whitespace do not matter), else `{"bytes": sha256(raw body)}`;
-`path` carries the query string when there is one; `headers` holds only the policy's `fingerprint_headers`
-(lower-cased; repeated lines joined with ", "). Leave out the method or path (and query) with
-`fingerprint_method=False` / `fingerprint_path=False`.
+What a request is fingerprinted as: `identity`.
 
 **Stored and replayed.** Status, body bytes exactly, and the headers in `replay_headers` (an allow-list; default
 Content-Type, Content-Language, Content-Location, Location, ETag, Last-Modified, Link). Only what a retry should see
 is stored: a response the handler made, whose status `store_status(status)` accepts (default 2xx-4xx except 408, 425
 and 429; never a 5xx). Any other is answered as is and leaves no record: the transaction rolls back in atomic mode,
-the claim is released in external-call mode. Whether the handler made it: the route integrations (FastAPI route
+the claim is released in external-call mode. Content-Encoding is always kept, whatever `replay_headers` says: it
+describes the stored bytes (a compression middleware inside this one compressed them), so a replay without it would
+not decode. Whether the handler made it: the route integrations (FastAPI route
 class, Flask decorator, Django decorator) know; under plain middleware, a status `framework_status(status)` accepts
 (default 3xx, 404, 405, 422: redirects, no route, wrong method, request validation, which a framework answers before
-any handler runs) is taken as the framework's and not stored. A replay carries the marker header
-(`Idempotent-Replayed: true` by default).
+any handler runs) is taken as the framework's and not stored. A framework's HTTP exception the handler raises
+(FastAPI/Starlette `HTTPException`, Flask/Werkzeug `abort`, Django `Http404`/`PermissionDenied`, DRF `APIException`)
+is an answer it made, under every integration alike: the route integrations turn it into the framework's response
+for it, as middleware sees it, and store it by its status (in atomic mode its writes commit with it, as with a
+returned answer). Any other exception is not an answer: it rolls back and reaches the server unchanged. A replay
+carries the marker header (`Idempotent-Replayed: true` by default).
 
 **Layers on one request** (`Passage`, in the ASGI scope / WSGI environ): a layer that claims a request notes its
-store there; a layer further in on the same store passes the request through instead of claiming it again (which
-would wait on the outer layer's own claim), and a route integration notes that the handler ran.
+store and the key it claimed there; a layer further in on the same store, or about to claim the same key (scope,
+operation, key) through another store object (the same database under another spelling of its URL, say), passes the
+request through instead of claiming it again (which would wait on the outer layer's own claim), and a route
+integration notes that the handler ran.
 
 **Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. A response, streamed
 or not, is buffered until it is complete (the record must hold all of it before the first byte leaves); one over
@@ -34,138 +34,27 @@ or not, is buffered until it is complete (the record must hold all of it before 
 claim is completed with that problem, which every retry receives instead of a second run. Routes that stream
 (server-sent events, large downloads) should not be idempotency routes: leave them out with `paths` / `methods`.
 """
-
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable, Collection, Iterator, MutableMapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import MutableMapping
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from datetime import timedelta
+from enum import Enum
+from types import TracebackType
 from typing import Any
 
-import rfc8785
-
-from ..errors import ConfigurationError, IdemError
-from ..limits import ON_IN_FLIGHT, OnInFlight
+from ..errors import ConfigurationError, IdemError, RequestInFlight
+from ..features import Features
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
+from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
-from .problems import PROBLEM_BASE, HttpResponse, error_problem, problem
-
-DEFAULT_REPLAY_HEADERS = ("content-type", "content-language", "content-location", "location", "etag",
-                          "last-modified", "link")
-
-
-@dataclass(frozen=True, slots=True)
-class HttpRequest:
-    """A request as the core sees it: headers are (lower-case name, value) pairs; `native` is the framework's
-    own request (ASGI scope, WSGI environ, flask.Request, starlette Request) for the scope callable."""
-
-    method: str
-    path: str
-    headers: list[tuple[str, str]]
-    native: Any = None
-    body: bytes = b""
-    query: str = ""  # the raw query string, part of the fingerprinted target
-    body_too_large: bool = False  # the adapter saw a Content-Length over the limit and did not read the body
-    # The ASGI scope / WSGI environ, shared by the layers on this request: where they leave their `Passage`.
-    context: MutableMapping[str, Any] | None = None
-    # The adapter's handler is the route's own handler (a route class, a view decorator): what it answers, the
-    # handler made; False for middleware, which cannot tell a framework's own answers from the handler's.
-    route: bool = False
-
-    def header_values(self, name: str) -> list[str]:
-        name = name.lower()
-        return [v for k, v in self.headers if k == name]
-
-    def header(self, name: str) -> str | None:
-        values = self.header_values(name)
-        return ", ".join(values) if values else None
-
-
-# Answers that mean "not done, try again": never a result a retry should get back.
-RETRYABLE_STATUSES = frozenset({408, 425, 429})
-# Answers a framework gives before any handler runs: a redirect (FastAPI's redirect_slashes 307, Flask's 308), no
-# route (404), wrong method (405), request validation (FastAPI's 422).
-FRAMEWORK_STATUSES = frozenset({404, 405, 422})
-
-
-def default_store_status(status: int) -> bool:
-    """Store 2xx, 3xx and 4xx (a 303 after a POST is a result too), except 408, 425 and 429; never a 5xx."""
-    return 200 <= status < 500 and status not in RETRYABLE_STATUSES
-
-
-def default_framework_status(status: int) -> bool:
-    """The statuses a framework answers on its own (3xx, 404, 405, 422): under plain middleware, not stored."""
-    return 300 <= status < 400 or status in FRAMEWORK_STATUSES
-
-
-@dataclass(frozen=True)
-class IdempotencyPolicy:
-    """How requests take part. `scope` (who owns the key, from authentication) is required unless `global_scope`.
-
-    `lease` set: external-call mode (claim committed first under that lease, handler outside any transaction, then
-    complete; the lease is renewed while the handler runs). None: atomic mode (claim, handler and record in one
-    transaction; the handler gets its connection).
-
-    `on_in_flight`, atomic mode: what a request does while another with its key is still being handled (its claim
-    not committed): "wait" (default) for it, then replay its response; "conflict": answer 409 `request-in-flight` with
-    Retry-After at once (the store's `run(on_in_flight=...)`). External-call mode always answers 409."""
-
-    scope: Callable[[HttpRequest], object] | None = None
-    global_scope: bool = False
-    operation: str | Callable[[HttpRequest], str] = "http"
-    header: str = "Idempotency-Key"
-    allow_token: bool = True  # False: the draft's strict syntax, a quoted Structured Field string only
-    methods: Collection[str] = ("POST", "PATCH")
-    paths: Callable[[str], bool] | Collection[str] | None = None
-    require_key: bool = True
-    fingerprint_method: bool = True
-    fingerprint_path: bool = True
-    fingerprint_headers: Collection[str] = ()
-    replay_headers: Collection[str] = DEFAULT_REPLAY_HEADERS
-    store_status: Callable[[int], bool] = default_store_status
-    framework_status: Callable[[int], bool] = default_framework_status
-    replay_marker: tuple[str, str] = ("Idempotent-Replayed", "true")
-    problem_base: str = PROBLEM_BASE
-    max_request_bytes: int = 1 << 20
-    max_response_bytes: int = 1 << 20
-    lease: timedelta | None = None
-    on_in_flight: OnInFlight = "wait"
-    _methods: frozenset[str] = field(init=False, repr=False)
-    _replay: frozenset[str] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.scope is None and not self.global_scope:
-            raise ConfigurationError(
-                "IdempotencyPolicy needs scope=callable(request) -> owner id (e.g. the authenticated account), so"
-                " one client's key never replays another's response; pass global_scope=True only if keys are"
-                " unique across all clients")
-        if self.scope is not None and self.global_scope:
-            raise ConfigurationError("IdempotencyPolicy: give scope= or global_scope=True, not both")
-        if self.lease is not None and (not isinstance(self.lease, timedelta) or self.lease <= timedelta(0)):
-            raise ConfigurationError(f"IdempotencyPolicy: lease must be a positive timedelta, got {self.lease!r}")
-        if self.on_in_flight not in ON_IN_FLIGHT:
-            raise ConfigurationError(f"IdempotencyPolicy: on_in_flight must be 'wait' or 'conflict', got"
-                                     f" {self.on_in_flight!r}")
-        object.__setattr__(self, "_methods", frozenset(m.upper() for m in self.methods))
-        object.__setattr__(self, "_replay", frozenset(h.lower() for h in self.replay_headers))
-
-    def applies(self, method: str, path: str) -> bool:
-        """Whether a request with this method and path takes part (decided before its body is read)."""
-        if method.upper() not in self._methods:
-            return False
-        if self.paths is None:
-            return True
-        if callable(self.paths):
-            return bool(self.paths(path))
-        return path in self.paths
-
-    def problem(self, slug: str, status: int, detail: str, retry_after: float | None = None) -> HttpResponse:
-        return problem(slug, status, detail, base=self.problem_base, retry_after=retry_after)
-
+from .policy import (
+    BODY_HEADERS,
+    HttpRequest,
+    IdempotencyPolicy,
+)
+from .problems import HttpResponse, error_problem
 
 PASSAGE_KEY = "idem_dialects.passage"
 
@@ -176,6 +65,7 @@ class Passage:
     adapters copy shallowly, so every layer sees the same object)."""
 
     claimed: set[str] = field(default_factory=set)  # stores (`store_identity`) holding this request's claim
+    keys: set[tuple[str, str, str]] = field(default_factory=set)  # (scope, operation, key) claimed for it
     routed: bool = False  # a route integration received the request
     began: bool = False  # ... and its handler produced the response
 
@@ -194,17 +84,31 @@ def store_identity(engine_url: Any, table_prefix: str) -> str:
     return f"{engine_url}|{table_prefix}"
 
 
-def claimed_outside(context: MutableMapping[str, Any] | None, store: str) -> bool:
-    """Whether a layer further out already claimed this request on `store`: then this one passes it through."""
+def claimed_outside(context: MutableMapping[str, Any] | None, store: str, call: Call | None = None) -> bool:
+    """Whether a layer further out already claimed this request on `store`, or the key of `call` on any store: then
+    this one passes it through. A store's URL may be spelled several ways (127.0.0.1 and localhost), so the key is
+    what tells one claim for sure: a second claim of it would wait on the first, held by this same request."""
     found = None if context is None else context.get(PASSAGE_KEY)
-    return isinstance(found, Passage) and store in found.claimed
+    if not isinstance(found, Passage):
+        return False
+    return store in found.claimed or (call is not None and call.identity in found.keys)
+
+
+def note_claim(context: MutableMapping[str, Any] | None, store: str, call: Call) -> None:
+    """Before the handler runs: the layers inside it pass the request through (see `claimed_outside`)."""
+    found = passage(context)
+    if found is not None:
+        found.claimed.add(store)
+        found.keys.add(call.identity)
 
 
 def routed(context: MutableMapping[str, Any] | None) -> Passage | None:
-    """A route integration marks that it received the request (returns the passage to mark `began` on later)."""
-    found = passage(context)
-    if found is not None:
-        found.routed = True
+    """A route integration marks that it received the request (returns the passage to mark `began` on later). Only
+    a passage an outer layer made is marked: without one, nobody further out asks."""
+    found = None if context is None else context.get(PASSAGE_KEY)
+    if not isinstance(found, Passage):
+        return None
+    found.routed = True
     return found
 
 
@@ -231,6 +135,11 @@ class Call:
     operation: str
     key: str
     request: dict[str, Any]
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """The record's identity: one claim of it per request, however many layers it passes."""
+        return (self.scope, self.operation, self.key)
 
 
 def prepare(policy: IdempotencyPolicy, req: HttpRequest) -> Call | HttpResponse | None:
@@ -260,50 +169,47 @@ def prepare(policy: IdempotencyPolicy, req: HttpRequest) -> Call | HttpResponse 
     return Call(scope, operation, key, request_identity(policy, req))
 
 
-def request_identity(policy: IdempotencyPolicy, req: HttpRequest) -> dict[str, Any]:
-    """The JSON value the store fingerprints (see the module docstring)."""
-    ident: dict[str, Any] = {}
-    if policy.fingerprint_method:
-        ident["method"] = req.method.upper()
-    if policy.fingerprint_path:
-        ident["path"] = f"{req.path}?{req.query}" if req.query else req.path
-    if policy.fingerprint_headers:
-        ident["headers"] = {h.lower(): req.header(h) or "" for h in policy.fingerprint_headers}
-    ident["body"] = body_digest(req.header("content-type"), req.body)
-    return ident
-
-
-def body_digest(content_type: str | None, body: bytes) -> dict[str, str]:
-    if _is_json(content_type):
-        try:
-            canonical = rfc8785.dumps(json.loads(body))
-        except (ValueError, RecursionError):
-            pass  # not JSON after all, or beyond what JCS represents (ints over 2**53, NaN): compare the bytes
-        else:
-            return {"json": hashlib.sha256(canonical).hexdigest()}
-    return {"bytes": hashlib.sha256(body).hexdigest()}
-
-
-def _is_json(content_type: str | None) -> bool:
-    if not content_type:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
 # --- what is stored and replayed ---------------------------------------------------------------------------------
 
 def encode_stored(policy: IdempotencyPolicy, resp: HttpResponse) -> bytes:
     """The record's response: one JSON line of allow-listed headers, a newline, then the body bytes untouched."""
-    headers = [[k.lower(), v] for k, v in resp.headers if k.lower() in policy._replay]
+    headers = [[k.lower(), v] for k, v in resp.headers if k.lower() in policy._replay or k.lower() in BODY_HEADERS]
     return json.dumps(headers, ensure_ascii=True, separators=(",", ":")).encode("ascii") + b"\n" + resp.body
 
 
 def decode_stored(policy: IdempotencyPolicy, stored: bytes, status: int) -> HttpResponse:
-    head, _, body = stored.partition(b"\n")
-    headers = [(str(k), str(v)) for k, v in json.loads(head)]
-    headers.append(policy.replay_marker)
-    return HttpResponse(status, headers, body)
+    """A record's response as sent again: the body is the stored bytes after the head; the head (with the replay
+    marker) is decoded once per distinct head and marker, as text and as the wire's bytes (`wire_headers`)."""
+    cut = stored.find(b"\n")
+    head, body = (stored, b"") if cut < 0 else (stored[:cut], stored[cut + 1:])
+    found = _heads.get((head, policy.replay_marker))
+    if found is None:
+        headers = [(str(k), str(v)) for k, v in json.loads(head)]
+        headers.append(policy.replay_marker)
+        found = (tuple(headers), tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers))
+        if len(head) <= _HEAD_CACHED:  # most records of a route share their head; a large one is decoded each time
+            if len(_heads) >= _HEADS:
+                _heads.clear()
+            _heads[(head, policy.replay_marker)] = found
+    return HttpResponse(status, list(found[0]), body, raw=found[1])
+
+
+# Stored heads decoded (head, marker) -> (text headers, wire headers): a bounded cache, emptied when full.
+_heads: dict[tuple[bytes, tuple[str, str]], tuple[tuple[tuple[str, str], ...], tuple[tuple[bytes, bytes], ...]]] = {}
+_HEADS = 256
+_HEAD_CACHED = 1024
+
+
+def wire_headers(resp: HttpResponse) -> list[tuple[bytes, bytes]]:
+    """The response's header lines for an ASGI server (lower-case latin-1 bytes), with a Content-Length: the raw
+    ones an adapter kept (the app's own head, a replay's) as they are, others encoded."""
+    if resp.raw is not None:
+        headers = list(resp.raw)
+    else:
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers]
+    if not any(k == b"content-length" for k, _ in headers):
+        headers.append((b"content-length", b"%d" % len(resp.body)))
+    return headers
 
 
 def replay_response(policy: IdempotencyPolicy, call: Call, response: Any, status: int) -> HttpResponse:
@@ -342,33 +248,104 @@ class ResponseTooLarge(Exception):
     """An adapter met more response bytes than the policy stores."""
 
 
+class Buffer:
+    """A body collected whole up to `limit` bytes (the record must hold all of a response before its first byte
+    leaves; a request body over the limit is refused): every adapter's reading and capturing."""
+
+    __slots__ = ("_chunks", "limit", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._chunks: list[bytes] = []
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep `chunk`; False once the body is over the limit (nothing more is kept)."""
+        self.size += len(chunk)
+        if self.size > self.limit:
+            return False
+        self._chunks.append(chunk if type(chunk) is bytes else bytes(chunk))  # a bytearray or view may change
+        return True
+
+    def keep(self, chunk: bytes) -> None:
+        """`add` for a response: ResponseTooLarge once it is over the limit."""
+        if not self.add(chunk):
+            raise ResponseTooLarge(self.size)
+
+    def body(self) -> bytes:
+        chunks = self._chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def response_body(body: bytes, limit: int) -> bytes:
+    """A response body already whole, if the policy stores one that large (else ResponseTooLarge)."""
+    if len(body) > limit:
+        raise ResponseTooLarge(len(body))
+    return body
+
+
+class Entry(Enum):
+    """What a layer does with a request, decided before its body is read (`entry`)."""
+
+    PASS = "pass"  # not the layer's (method, path, no key where none is required): the handler, untouched
+    OUTSIDE = "outside"  # a layer further out on this store holds its claim: the handler, the outer layer stores
+    CLAIM = "claim"  # this layer's to claim
+
+
+def entry(policy: IdempotencyPolicy, store: str, method: str, path: str, has_key: bool,
+          context: MutableMapping[str, Any] | None) -> Entry:
+    """Every integration's first question about a request, asked one way (the key claimed further out through another
+    store object is only known once the request is prepared: `exchange` asks that)."""
+    if not policy.takes_part(method, path, has_key):
+        return Entry.PASS
+    return Entry.OUTSIDE if claimed_outside(context, store) else Entry.CLAIM
+
+
+def declared_too_large(policy: IdempotencyPolicy, content_length: str | None) -> bool:
+    """A request whose Content-Length is over `max_request_bytes`: refused without reading its body."""
+    declared = str(content_length or "")
+    return declared.isdigit() and int(declared) > policy.max_request_bytes
+
+
 class HandlerErrors:
     """The handler's own exceptions: re-raised unchanged, never turned into problems (even an IdemError of its own)."""
 
+    __slots__ = ("_conn", "_token", "raised")
+
     def __init__(self) -> None:
         self.raised: list[BaseException] = []
+        self._conn: Any = None
+        self._token: Token[Any] | None = None
 
-    @contextmanager
-    def noting(self, conn: Any = None) -> Iterator[None]:
-        """Around one call of the handler: its own exceptions are noted, so `answer` re-raises them unchanged; in
-        atomic mode `conn`, the record's transaction, is its `current_connection()` meanwhile."""
-        token = None if conn is None else _connection.set(conn)
-        try:
-            yield
-        except BaseException as exc:
-            if not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
-                self.raised.append(exc)
-            raise
-        finally:
-            if token is not None:
-                _connection.reset(token)
+    def noting(self, conn: Any = None) -> HandlerErrors:
+        """Around one call of the handler (``with errors.noting(conn):``): its own exceptions are noted, so `answer`
+        re-raises them unchanged; in atomic mode `conn`, the record's transaction, is its `current_connection()`
+        meanwhile. The object is its own context manager: no generator per request."""
+        self._conn = conn
+        return self
 
-    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
-        """The problem for an error of the layer or the store; re-raises the handler's own."""
+    def __enter__(self) -> None:
+        self._token = None if self._conn is None else _connection.set(self._conn)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
+        if exc is not None and not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
+            self.raised.append(exc)
+        if self._token is not None:
+            _connection.reset(self._token)
+            self._token = None
+
+    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError, features: Features | None = None
+               ) -> HttpResponse:
+        """The problem for an error of the layer or the store (whose `features` it is); re-raises the handler's
+        own."""
         if any(exc is e for e in self.raised):
             raise exc
         if isinstance(exc, ResponseTooLarge):
             return too_large(policy)
+        if (isinstance(exc, RequestInFlight) and policy.lease is None and policy.on_in_flight == "conflict"
+                and features is not None and features.writers == 1):
+            return write_lock_held(policy, exc.retry_after)
         return error_problem(exc, base=policy.problem_base)
 
 
@@ -376,13 +353,24 @@ class HandlerErrors:
 _connection: ContextVar[Any] = ContextVar("idem_dialects_http_connection", default=None)
 
 
-def current_connection() -> Any:
-    """The idempotency record's transaction connection, for the handler's business writes (atomic mode only)."""
+def current_connection(*, required: bool = True) -> Any:
+    """The idempotency record's transaction connection, for the handler's business writes (atomic mode only).
+    Where there is none (external-call mode, a request passed through untouched): RuntimeError, or None if not
+    `required`."""
     conn = _connection.get()
-    if conn is None:
+    if conn is None and required:
         raise RuntimeError("no idempotency transaction here: current_connection() works inside a handler run by"
                            " the idempotency middleware/decorator in atomic mode (a request with a key)")
     return conn
+
+
+def write_lock_held(policy: IdempotencyPolicy, retry_after: float) -> HttpResponse:
+    """Atomic "conflict" mode on a database with one write lock (SQLite): the claim found the lock held, by a
+    request with this key or with any other; which one, nothing can tell before that transaction ends."""
+    return policy.problem("request-in-flight", 409, "Another request is still being handled and holds this"
+                          " database's single write lock (it takes one writing transaction at a time), so this one was"
+                          " not started: that request may have this idempotency key or another one. Retry after the"
+                          " Retry-After delay.", retry_after=retry_after)
 
 
 def too_large(policy: IdempotencyPolicy) -> HttpResponse:

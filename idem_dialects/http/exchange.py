@@ -7,127 +7,136 @@ response is stored in a short transaction of its own, or the claim is released i
 is not one a retry should see. Once the handler has returned, nothing releases the claim: a response too large to
 store is completed as the `response-too-large` problem, so a retry gets that instead of running the handler again.
 
-A request a layer further out already claimed on the same store passes through untouched: claiming it again would
-wait on that layer's own claim (see `core.Passage`).
+A request a layer further out already claimed on the same store, or whose key it claimed through any store, passes
+through untouched: claiming it again would wait on that layer's own claim (see `core.Passage`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..claims import Claims, Reply
 from ..errors import IdemError
 from ..outcomes import Claimed
-from ..protocol import Core, Reply
+from ..sharding.routing import ShardedClaims
 from ..steps import Begin, Effect, Flow, transaction
 from ..telemetry import REQUEST_SPAN
 from .core import (
     Call,
     HandlerErrors,
-    HttpRequest,
-    IdempotencyPolicy,
     NotStored,
     ResponseTooLarge,
     claimed_outside,
     encode_stored,
     keeps,
+    note_claim,
     outcome_response,
-    passage,
     prepare,
     replay_response,
     routed,
-    store_identity,
     too_large_after_acting,
 )
+from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 
+AnyClaims = Claims | ShardedClaims  # a store's, or a sharded store's (routed to the shard of each scope)
 
-def exchange(core: Core, policy: IdempotencyPolicy, req: HttpRequest, errors: HandlerErrors) -> Flow[HttpResponse]:
-    """The answer to `req`: the handler's response (an `Effect` step), a replay, or a problem. `errors` holds what
-    the handler raised, which is re-raised unchanged, never turned into a problem."""
-    store = store_identity(core.engine.url, core.table_prefix)
-    if claimed_outside(req.context, store):
+
+def exchange(claims: AnyClaims, store: str, policy: IdempotencyPolicy, req: HttpRequest,
+             errors: HandlerErrors) -> Flow[HttpResponse]:
+    """The answer to `req`: the handler's response (an `Effect` step), a replay, or a problem, on the store whose
+    `claims` these are and whose identity is `store` (`core.store_identity`). `errors` holds what the handler raised,
+    which is re-raised unchanged, never turned into a problem."""
+    outside = claimed_outside(req.context, store)
+    prepared = None if outside else prepare(policy, req)
+    if outside or (isinstance(prepared, Call) and claimed_outside(req.context, store, prepared)):
         marks = routed(req.context) if req.route else None
         inner: HttpResponse = yield Effect()  # an outer layer holds the claim and stores what this returns
         if marks is not None:
             marks.began = True  # the route's own handler answered it
         return inner
-    prepared = prepare(policy, req)
     if prepared is None:
         passed: HttpResponse = yield Effect()  # not an idempotent request: the handler, untouched
         return passed
     if isinstance(prepared, HttpResponse):
         return prepared
-    marks = passage(req.context)
-    if marks is not None:
-        marks.claimed.add(store)  # before the handler runs: the layers inside it pass the request through
+    note_claim(req.context, store, prepared)  # before the handler runs: the layers inside it pass it through
     # A span per idempotent request: a child of the server span the framework's instrumentation made current.
-    answer = _answer(core, policy, req, prepared, errors)
-    return (yield from core.telemetry.span(REQUEST_SPAN, prepared.operation, answer, _described))
-
-
-def _answer(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Call, errors: HandlerErrors
-            ) -> Flow[HttpResponse]:
-    try:
-        if policy.lease is None:
-            return (yield from _atomic(core, policy, req, call))
-        return (yield from _external(core, policy, req, call))
-    except (ResponseTooLarge, IdemError) as exc:
-        return errors.answer(policy, exc)
+    answer = (_atomic if policy.lease is None else _external)(claims, policy, req, prepared, errors)
+    return (yield from claims.span(REQUEST_SPAN, prepared.operation, answer, _described))
 
 
 def _described(resp: HttpResponse) -> dict[str, Any]:
     return {"http.response.status_code": resp.status}
 
 
-def _identity(call: Call) -> dict[str, Any]:
-    return {"scope": call.scope, "operation": call.operation, "key": call.key, "request": call.request}
+class _Kept:
+    """The atomic effect's `on_effect`: what is stored for the handler's response (NotStored rolls it back)."""
 
+    __slots__ = ("policy", "req", "response")
 
-def _atomic(core: Core, policy: IdempotencyPolicy, req: HttpRequest, call: Call) -> Flow[HttpResponse]:
-    handled: list[HttpResponse] = []  # this request's own response, answered as the handler made it
+    def __init__(self, policy: IdempotencyPolicy, req: HttpRequest) -> None:
+        self.policy, self.req = policy, req
+        self.response: HttpResponse | None = None  # this request's own, answered as the handler made it
 
-    def stored(resp: HttpResponse) -> Reply:
-        if not keeps(policy, req, resp.status):
+    def __call__(self, resp: HttpResponse) -> Reply:
+        if not keeps(self.policy, self.req, resp.status):
             raise NotStored(resp)  # rolls the claim and the handler's writes back
-        handled[:] = [resp]
-        return Reply(encode_stored(policy, resp), resp.status)
+        self.response = resp
+        return Reply(encode_stored(self.policy, resp), resp.status)
 
+
+def _atomic(claims: AnyClaims, policy: IdempotencyPolicy, req: HttpRequest, call: Call, errors: HandlerErrors
+            ) -> Flow[HttpResponse]:
+    kept = _Kept(policy, req)
     try:
-        result = yield from core.run(**_identity(call), on_effect=stored, on_in_flight=policy.on_in_flight)
+        result = yield from claims.run(scope=call.scope, operation=call.operation, key=call.key,
+                                       request=call.request, on_effect=kept, on_in_flight=policy.on_in_flight)
+        if result.replayed:
+            return replay_response(policy, call, result.response, result.status)
     except NotStored as ns:
         return ns.response
-    if result.replayed:
-        return replay_response(policy, call, result.response, result.status)
-    return handled[0]
+    except (ResponseTooLarge, IdemError) as exc:
+        return errors.answer(policy, exc, claims.features)
+    assert kept.response is not None
+    return kept.response
 
 
-def _external(core: Core, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
-    req = core.request(call.scope, call.operation, call.key, call.request, policy.lease)
-    outcome = yield from core.retrying(lambda: transaction(core.claim(req), Begin.CLAIM))
+def _external(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, call: Call, errors: HandlerErrors
+              ) -> Flow[HttpResponse]:
+    try:
+        return (yield from _leased(claims, policy, http, call))
+    except (ResponseTooLarge, IdemError) as exc:
+        return errors.answer(policy, exc, claims.features)
+
+
+def _leased(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
+    req = claims.request(call.scope, call.operation, call.key, call.request, policy.lease)
+    outcome = yield from claims.retrying(lambda: transaction(claims.claim(req, fresh=True), Begin.CLAIM))
     if not isinstance(outcome, Claimed):
         answer = outcome_response(policy, call, outcome)
         assert answer is not None
         return answer
     try:
         assert req.lease is not None
-        resp: HttpResponse = yield Effect(core.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
+        resp: HttpResponse = yield Effect(claims.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
     except ResponseTooLarge:
         # The handler returned (it has acted); only its answer is too large to keep: keep this one instead.
         resp = too_large_after_acting(policy)
     except BaseException as exc:
-        yield from core.release_after(outcome, exc)
+        yield from claims.release_after(outcome, exc)
         raise  # the handler's own error, unchanged
     else:
         if not keeps(policy, http, resp.status):
-            yield from _release(core, outcome)
+            yield from _release(claims, outcome)
             return resp
     body = encode_stored(policy, resp)
-    yield from core.retrying(lambda: transaction(core.complete(outcome, body, resp.status)))
+    yield from claims.retrying(lambda: transaction(claims.complete(outcome, body, resp.status)))
     return resp
 
 
-def _release(core: Core, claimed: Claimed) -> Flow[None]:
+def _release(claims: AnyClaims, claimed: Claimed) -> Flow[None]:
     try:
-        yield from core.retrying(lambda: transaction(core.release(claimed)))
+        yield from claims.retrying(lambda: transaction(claims.release(claimed)))
     except Exception:  # the lease ends on its own; the handler's outcome matters more
         pass

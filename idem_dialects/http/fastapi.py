@@ -1,10 +1,12 @@
-"""FastAPI forms on the async store (imports FastAPI; install the [http] extra).
+"""FastAPI forms on the async store (imports FastAPI; install the [fastapi] extra, and an async driver).
 
 - `IdemConnection`: a dependency giving the handler the record's AsyncConnection (atomic mode), so the business
-  write and the idempotency record commit together. Works under the ASGI middleware and under `idempotent_route`.
+  write and the idempotency record commit together; None where there is no record transaction (external-call mode,
+  a request the layer passes through). Works under the ASGI middleware and under `idempotent_route`.
 - `idempotent_route(store, policy)`: an `APIRoute` class making only the routes of one router idempotent:
-  `APIRouter(route_class=idempotent_route(store, policy))`. An `HTTPException` raised by such an endpoint rolls back
-  and is answered by FastAPI as usual, unstored; so is a request-validation 422 (the endpoint never ran: the
+  `APIRouter(route_class=idempotent_route(store, policy))`. An `HTTPException` raised by such an endpoint (or its
+  dependencies) is its answer, as under the ASGI middleware: the app's handler for it makes the response, stored by
+  its status (see `idem_dialects.http.core`). A request-validation 422 is not stored (the endpoint never ran: the
   corrected request may use the same key). The route's OpenAPI operation documents the `Idempotency-Key` header
   (required or optional, as the policy says) and the 400/409/422 problem responses.
   Under the ASGI middleware on the same store, the route class passes the request through (the middleware holds the
@@ -20,38 +22,57 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Request, Response
 from fastapi.params import Depends as DependsParam
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from ..aio import AsyncIdempotencyStore
-from .asgi import STATE_KEY, decode_headers
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside, current_connection, routed
+from ..sharding.aio import AsyncShardedStore
+from .asgi import STATE_KEY, captured, decode_headers, has_key
+from .core import Buffer, Entry, current_connection, declared_too_large, entry, response_body, routed, wire_headers
+from .policy import HttpRequest, IdempotencyPolicy
 from .problems import PROBLEM_TYPE, HttpResponse
 from .runner import AsyncIdempotency
 
+__all__ = ["IdemConnection", "idem_connection", "idempotent_route"]  # public: the API reference documents each
 
-def idem_connection(request: Request) -> Any:
-    """The idempotency record's transaction connection for this request (atomic mode)."""
+
+async def idem_connection(request: Request) -> Any:
+    """The idempotency record's transaction connection for this request (atomic mode), else None. An `async def`, so
+    FastAPI calls it on the event loop: a plain `def` dependency is run in its thread pool, a hop per request."""
     conn = getattr(request.state, STATE_KEY, None)
-    return conn if conn is not None else current_connection()
+    return conn if conn is not None else current_connection(required=False)
+
+
+async def answered(request: Request, exc: HTTPException) -> Response:
+    """The response the app gives for an `HTTPException` (its handler for the status or the class, as Starlette's
+    exception middleware picks it); the exception itself if the app has none."""
+    found: tuple[dict[Any, Any], dict[int, Any]] = request.scope.get("starlette.exception_handlers") or ({}, {})
+    handlers, by_status = found
+    handler = by_status.get(exc.status_code) or next(
+        (handlers[cls] for cls in type(exc).__mro__ if cls in handlers), None)
+    if handler is None:
+        raise exc
+    if inspect.iscoroutinefunction(handler):
+        response = await handler(request, exc)
+    else:
+        response = await run_in_threadpool(handler, request, exc)
+    if not isinstance(response, Response):
+        raise exc
+    return response
 
 
 IdemConnection = Annotated[Any, Depends(idem_connection)]
+"""Annotate an endpoint's parameter with it (``conn: IdemConnection``) to get the record's AsyncConnection."""
 
 
 async def _buffer(resp: Response, limit: int) -> bytes:
     body = getattr(resp, "body", None)
     if isinstance(body, bytes):
-        if len(body) > limit:
-            raise ResponseTooLarge(len(body))
-        return body
-    chunks: list[bytes] = []  # a StreamingResponse: buffered up to the limit, since the record needs all of it
-    size = 0
+        return response_body(body, limit)
+    buffer = Buffer(limit)  # a StreamingResponse: buffered up to the limit, since the record needs all of it
     async for chunk in resp.body_iterator:  # type: ignore[attr-defined]
-        data = chunk if isinstance(chunk, bytes) else str(chunk).encode(getattr(resp, "charset", "utf-8"))
-        size += len(data)
-        if size > limit:
-            raise ResponseTooLarge(size)
-        chunks.append(data)
-    return b"".join(chunks)
+        buffer.keep(chunk if isinstance(chunk, bytes) else str(chunk).encode(getattr(resp, "charset", "utf-8")))
+    return buffer.body()
 
 
 _PROBLEM_SCHEMA: dict[str, Any] = {
@@ -75,7 +96,7 @@ def problem_responses(policy: IdempotencyPolicy) -> dict[int | str, dict[str, An
     }
 
 
-def key_parameter(policy: IdempotencyPolicy) -> Callable[..., None]:
+def key_parameter(policy: IdempotencyPolicy) -> Callable[..., Coroutine[Any, Any, None]]:
     """A dependency declaring the key header in the OpenAPI schema. The idempotency layer reads and checks the
     header before FastAPI does (a missing or bad key is its 400 problem), so this only documents it."""
     description = (f"A key chosen once per intent (e.g. a UUID), quoted or bare: {policy.header}: \"8e03978e-...\"."
@@ -88,14 +109,14 @@ def key_parameter(policy: IdempotencyPolicy) -> Callable[..., None]:
         parameter = inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY, default=None,
                                       annotation=Annotated[str | None, header])
 
-    def idempotency_key(**_: Any) -> None:
+    async def idempotency_key(**_: Any) -> None:  # async: FastAPI runs a plain `def` in its thread pool
         return None
 
     idempotency_key.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
     return idempotency_key
 
 
-def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) -> type[APIRoute]:
+def idempotent_route(store: AsyncIdempotencyStore | AsyncShardedStore, policy: IdempotencyPolicy) -> type[APIRoute]:
     """A route class whose endpoints run under `policy` (methods outside `policy.methods` pass through)."""
     idempotency = AsyncIdempotency(store, policy)
     documented = key_parameter(policy)
@@ -112,19 +133,26 @@ def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) ->
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             original = super().get_route_handler()
 
+            async def endpoint(request: Request) -> Response:
+                """The endpoint's answer, a raised HTTPException's included (validation errors propagate)."""
+                try:
+                    return await original(request)
+                except HTTPException as exc:
+                    return await answered(request, exc)
+
             async def handle(request: Request) -> Response:
                 headers = decode_headers(request.scope.get("headers", []))
-                has_key = any(k == policy.header.lower() for k, _ in headers)
-                if not policy.applies(request.method, request.url.path) or (not policy.require_key and not has_key):
+                met = entry(policy, idempotency.identity, request.method, request.url.path, has_key(policy, headers),
+                            request.scope)
+                if met is Entry.PASS:
                     return await original(request)
                 marks = routed(request.scope)  # outer layers learn the route received it ...
-                if claimed_outside(request.scope, idempotency.identity):  # the ASGI middleware holds the claim
-                    passed = await original(request)
+                if met is Entry.OUTSIDE:  # the ASGI middleware holds the claim
+                    passed = await endpoint(request)
                     if marks is not None:
                         marks.began = True  # ... and that the endpoint answered (not validation or an exception)
                     return passed
-                declared = request.headers.get("content-length", "0")
-                too_large = declared.isdigit() and int(declared) > policy.max_request_bytes
+                too_large = declared_too_large(policy, request.headers.get("content-length"))
                 req = HttpRequest(method=request.method, path=request.url.path, headers=headers, native=request,
                                   body=b"" if too_large else await request.body(), body_too_large=too_large,
                                   query=request.url.query, context=request.scope, route=True)
@@ -132,16 +160,13 @@ def idempotent_route(store: AsyncIdempotencyStore, policy: IdempotencyPolicy) ->
                 async def handler(conn: Any) -> HttpResponse:
                     if conn is not None:
                         setattr(request.state, STATE_KEY, conn)
-                    resp = await original(request)
-                    body = await _buffer(resp, policy.max_response_bytes)
-                    return HttpResponse(resp.status_code, decode_headers(resp.raw_headers), body)
+                    resp = await endpoint(request)
+                    return captured(resp.status_code, resp.raw_headers,
+                                    await _buffer(resp, policy.max_response_bytes))
 
                 out = await idempotency.handle(req, handler)
                 response = Response(out.body, status_code=out.status)
-                raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in out.headers]
-                if out.header("content-length") is None:
-                    raw.append((b"content-length", str(len(out.body)).encode("ascii")))
-                response.raw_headers = raw
+                response.raw_headers = wire_headers(out)  # the endpoint's own head, a replay's or a problem's
                 return response
 
             return handle

@@ -1,4 +1,4 @@
-"""A Flask view decorator on the sync IdempotencyStore (imports Flask; install the [http] extra).
+"""A Flask view decorator on the sync IdempotencyStore (imports Flask; install the [flask] extra)::
 
     idempotent = idempotent_view(store, IdempotencyPolicy(scope=lambda r: r.header("x-account")))
 
@@ -8,9 +8,11 @@
         current_connection().execute(...)     # atomic mode: the record's transaction
         return {"id": 7}, 201, {"Location": "/payments/7"}
 
-A view that raises (or calls `abort`) leaves nothing behind: its writes roll back with the claim, and Flask answers
-the error as usual; such responses are not stored. Under the WSGI middleware on the same store, the decorator passes
-the request through (the middleware holds the claim) and tells it the view ran, so what it answers is the view's own.
+A view that raises leaves nothing behind: its writes roll back with the claim, and Flask answers the error as usual.
+An HTTP exception (`abort(402)`, a werkzeug `HTTPException`) is the view's answer, as under the WSGI middleware: the
+app's error handler makes the response, stored by its status (see `idem_dialects.http.core`). Under the WSGI
+middleware on the same store, the decorator passes the request through (the middleware holds the claim) and tells it
+the view ran, so what it answers is the view's own.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import flask
+from werkzeug.exceptions import HTTPException
 
+from ..sharding.sync import ShardedStore
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside, routed
+from .core import Entry, entry, response_body, routed
+from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
+
+__all__ = ["idempotent_view"]  # public: the API reference documents each
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,31 +45,35 @@ def request_from_flask(req: flask.Request, max_bytes: int) -> HttpRequest:
                        context=req.environ, route=True)
 
 
-def idempotent_view(store: IdempotencyStore, policy: IdempotencyPolicy) -> Callable[[F], F]:
+def idempotent_view(store: IdempotencyStore | ShardedStore, policy: IdempotencyPolicy) -> Callable[[F], F]:
     """A decorator making Flask views idempotent under `policy` (methods outside `policy.methods` pass through)."""
     idempotency = Idempotency(store, policy)
 
     def decorate(view: F) -> F:
+        def answer(*args: Any, **kwargs: Any) -> flask.Response:
+            """The view's answer, an HTTP exception's included (as Flask's error handlers make it)."""
+            try:
+                rv = view(*args, **kwargs)
+            except HTTPException as exc:
+                rv = flask.current_app.handle_http_exception(exc)
+            return flask.make_response(rv)
+
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> flask.Response:
             req = flask.request
-            keyless = not policy.require_key and policy.header not in req.headers
-            if not policy.applies(req.method, req.path) or keyless:
+            met = entry(policy, idempotency.identity, req.method, req.path, policy.header in req.headers, req.environ)
+            if met is Entry.PASS:
                 return flask.make_response(view(*args, **kwargs))
-            if claimed_outside(req.environ, idempotency.identity):  # the WSGI middleware on this store holds the claim
+            if met is Entry.OUTSIDE:  # the WSGI middleware on this store holds the claim
                 marks = routed(req.environ)
-                passed = flask.make_response(view(*args, **kwargs))
+                passed = answer(*args, **kwargs)
                 if marks is not None:
                     marks.began = True
                 return passed
 
             def handler(conn: object) -> HttpResponse:
-                rv = flask.make_response(view(*args, **kwargs))
-                if (rv.content_length or 0) > policy.max_response_bytes:
-                    raise ResponseTooLarge(rv.content_length)
-                body = rv.get_data()
-                if len(body) > policy.max_response_bytes:
-                    raise ResponseTooLarge(len(body))
+                rv = answer(*args, **kwargs)
+                body = response_body(rv.get_data(), policy.max_response_bytes)
                 return HttpResponse(rv.status_code, list(rv.headers.items()), body)
 
             resp = idempotency.handle(request_from_flask(req, policy.max_request_bytes), handler)

@@ -17,6 +17,8 @@ import re
 _PARAMS = re.compile(r'(?:;[ ]*[a-z*][a-z0-9_.*-]*(?:=(?:"(?:[^"\\]|\\["\\])*"|[^;"\s]+))?)*')
 # A bare key: visible ASCII (0x21-0x7E) except the double quote, so it can never be mistaken for a quoted one.
 _BARE = re.compile(r"[!#-~]+")
+# What clients send: one quoted string, no escapes, no parameters: one match (the scan below reads the rest).
+_PLAIN = re.compile(r'"([ !#-\[\]-~]*)"')
 
 
 class KeyHeaderError(ValueError):
@@ -37,6 +39,9 @@ def parse_key_header(values: list[str], *, allow_token: bool = True) -> str | No
     if len(values) > 1:
         raise KeyHeaderError("the header appears more than once; send exactly one idempotency key")
     text = values[0].strip(" \t")
+    plain = _PLAIN.fullmatch(text)
+    if plain is not None:
+        return plain.group(1)
     if not text:
         raise KeyHeaderError("the header is empty; send the key, e.g. \"4f1c-...\"")
     if text.startswith('"'):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import (
@@ -59,11 +60,15 @@ SLUGS = tuple(_TITLES)  # every problem type the layer answers with
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
-    """A complete, buffered HTTP response: what a handler produced, a replay, or a problem."""
+    """A complete, buffered HTTP response: what a handler produced, a replay, or a problem.
+
+    `raw`, when an adapter has it: the same header lines as an ASGI server sends them (lower-case latin-1 bytes) --
+    the app's own response head, or a replay's, decoded once per stored head -- so they go out as they are."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    raw: Sequence[tuple[bytes, bytes]] | None = field(default=None, compare=False, repr=False)
 
     def header(self, name: str) -> str | None:
         name = name.lower()

@@ -16,10 +16,14 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..sharding.sync import ShardedStore
 from ..store import IdempotencyStore
-from .core import HttpRequest, IdempotencyPolicy, ResponseTooLarge, claimed_outside
+from .core import Buffer, Entry, entry
+from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
+
+__all__ = ["IdempotencyMiddleware"]  # public: the API reference documents each
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
@@ -46,14 +50,11 @@ def read_body(environ: Environ, max_bytes: int) -> tuple[bytes, bool]:
         return (stream.read(length) if length > 0 else b""), False
     if not environ.get("wsgi.input_terminated"):
         return b"", False
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := stream.read(min(65536, max_bytes + 1 - size)):
-        size += len(chunk)
-        if size > max_bytes:
+    buffer = Buffer(max_bytes)
+    while chunk := stream.read(min(65536, max_bytes + 1 - buffer.size)):
+        if not buffer.add(chunk):
             return b"", True
-        chunks.append(chunk)
-    return b"".join(chunks), False
+    return buffer.body(), False
 
 
 def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
@@ -75,15 +76,9 @@ def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpRes
     env["wsgi.input"] = io.BytesIO(body)
     env["CONTENT_LENGTH"] = str(len(body))
     env.pop("HTTP_TRANSFER_ENCODING", None)  # the buffered body has a length now, chunked or not before
-    chunks: list[bytes] = []
-    size = [0]
+    buffer = Buffer(limit)
     started: list[tuple[str, list[tuple[str, str]]]] = []
-
-    def add(data: bytes) -> None:
-        size[0] += len(data)
-        if size[0] > limit:
-            raise ResponseTooLarge(size[0])
-        chunks.append(bytes(data))
+    add = buffer.keep
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
                        ) -> Callable[[bytes], object]:
@@ -103,7 +98,7 @@ def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpRes
     if not started:
         raise RuntimeError("the WSGI application returned without calling start_response")
     status, headers = started[0]
-    return HttpResponse(int(status.split(" ", 1)[0]), headers, b"".join(chunks))
+    return HttpResponse(int(status.split(" ", 1)[0]), headers, buffer.body())
 
 
 def send(resp: HttpResponse, start_response: StartResponse) -> Iterator[bytes]:
@@ -124,7 +119,7 @@ def status_line(status: int) -> str:
 class IdempotencyMiddleware:
     """Wrap a WSGI app: requests the policy selects are claimed, run once, stored and replayed."""
 
-    def __init__(self, app: WSGIApp, store: IdempotencyStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, app: WSGIApp, store: IdempotencyStore | ShardedStore, policy: IdempotencyPolicy) -> None:
         self.app = app
         self.idempotency = Idempotency(store, policy)
         self.policy = policy
@@ -133,10 +128,8 @@ class IdempotencyMiddleware:
         method = str(environ.get("REQUEST_METHOD", "GET"))
         path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
         header = "HTTP_" + self.policy.header.upper().replace("-", "_")
-        if not self.policy.applies(method, path) or (not self.policy.require_key and header not in environ):
-            return self.app(environ, start_response)
-        if claimed_outside(environ, self.idempotency.identity):
-            return self.app(environ, start_response)  # an outer layer on this store claimed it
+        if entry(self.policy, self.idempotency.identity, method, path, header in environ, environ) is not Entry.CLAIM:
+            return self.app(environ, start_response)  # not this layer's, or an outer layer on this store has it
         req = request_from_environ(environ, self.policy.max_request_bytes)
 
         def handler(conn: Connection | None) -> HttpResponse:

@@ -61,12 +61,6 @@ def _server(alias: str, engine: str, django_engine: str, options: dict[str, Any]
                         "OPTIONS": options, "TEST": {"NAME": f"idem_dj_{RUN}"}}
 
 
-try:  # Django's MySQL backend imports MySQLdb: mysqlclient if installed, else PyMySQL in its place
-    import MySQLdb  # noqa: F401
-except ImportError:
-    import pymysql
-
-    pymysql.install_as_MySQLdb()
 if os.environ.get("IDEM_DJANGO_DATABASES"):  # a server process (gunicorn) on the test run's own databases
     DATABASES = json.loads(os.environ["IDEM_DJANGO_DATABASES"])
 else:
@@ -75,5 +69,10 @@ else:
     DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(STATE, "app.sqlite3"),
                             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
                             "TEST": {"NAME": os.path.join(STATE, "test.sqlite3")}}
+    # A second SQLite database: the other shard of the sharded-store test (Django's routers pick each key's alias).
+    DATABASES["shard_b"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(STATE, "shard_b.sqlite3"),
+                            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
+                            "TEST": {"NAME": os.path.join(STATE, "test_shard_b.sqlite3")}}
     _server("postgresql", "postgresql", "django.db.backends.postgresql", {})
-    _server("mariadb", "mariadb", "django.db.backends.mysql", {"charset": "utf8mb4"})
+    # Django's MySQL backend on PyMySQL, lent to it as MySQLdb for its import only (no global monkey-patching).
+    _server("mariadb", "mariadb", "django_site.pymysql_backend", {"charset": "utf8mb4"})

@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, JsonResponse
 from django.views import View
 from rest_framework import viewsets
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from idem_dialects.django import idempotent
+from idem_dialects import django as idem_django
 
 from .models import Payment
 
@@ -27,6 +29,12 @@ CALLS: Counter[str] = Counter()  # view executions by "alias:view:key" (the live
 _calls_lock = threading.Lock()
 EXPLODED: set[str] = set()
 STARTED, GATE = threading.Event(), threading.Event()  # the gated view has begun / may finish
+
+
+def idempotent(**options: Any) -> Any:
+    """The library's decorator, for every request path: a decorator applies the policy's paths as the middleware
+    does, and settings.IDEMPOTENCY's POLICY confines the middleware to /mw/, away from these views."""
+    return idem_django.idempotent(paths=None, **options)
 
 
 def ran(request: Any, alias: str, name: str) -> None:
@@ -109,6 +117,28 @@ def views_for(alias: str) -> dict[str, Any]:
         ran(request, alias, "function")
         return JsonResponse({"id": pay(request, alias, request.headers["X-Account"]).pk}, status=201)
 
+    @idempotent(using=alias, scope=lambda request: request.headers.get("X-Account"))
+    def ledger(request: HttpRequest) -> JsonResponse:
+        """Serves reads too: only POST and PATCH (the policy's methods) take part."""
+        ran(request, alias, f"ledger-{request.method}")
+        if request.method == "POST":
+            return JsonResponse({"id": pay(request, alias, request.headers["X-Account"]).pk}, status=201)
+        return JsonResponse({"payments": Payment.objects.using(alias).count()})
+
+    @idempotent(using=alias, scope=lambda request: request.headers.get("X-Account"))
+    def refuse(request: HttpRequest) -> JsonResponse:
+        """Answers by raising Django's HTTP exception, after a write."""
+        ran(request, alias, "refuse")
+        pay(request, alias, request.headers["X-Account"])
+        raise PermissionDenied("over the limit")
+
+    class Missing(APIView):
+        @idempotent(using=alias)
+        def post(self, request: Request) -> Response:
+            """Answers by raising DRF's HTTP exception."""
+            ran(request, alias, "missing")
+            raise NotFound("no such order")
+
     class ClassBased(View):
         def post(self, request: HttpRequest) -> JsonResponse:
             ran(request, alias, "class")
@@ -116,7 +146,8 @@ def views_for(alias: str) -> dict[str, Any]:
 
     return {"payments": Payments.as_view(), "explode": Explode.as_view(), "external": External.as_view(),
             "gated": Gated.as_view(), "crash": Crash.as_view(), "viewset": Accounts.as_view({"post": "create"}),
-            "api_view": api_function, "function": function,
+            "api_view": api_function, "function": function, "ledger": ledger, "refuse": refuse,
+            "missing": Missing.as_view(),
             "class": idempotent(using=alias, scope=lambda r: r.headers.get("X-Account"))(ClassBased.as_view())}
 
 

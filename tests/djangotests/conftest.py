@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 django = pytest.importorskip("django", reason="the [django] extra is not installed")
-pytest.importorskip("rest_framework", reason="the [django] extra (djangorestframework) is not installed")
-pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+pytest.importorskip("rest_framework", reason="djangorestframework (the [dev] extra) is not installed")
+pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 # pytest-django sets Django up only for settings it saw before collection: set up here. The variable goes again once
 # the settings are loaded, so subprocesses of other tests (pytest runs of their own) do not inherit this project.
 os.environ["DJANGO_SETTINGS_MODULE"] = "django_site.settings"

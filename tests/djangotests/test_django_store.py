@@ -18,7 +18,7 @@ from django_common import new_key
 from django_site.models import Payment
 from sqlalchemy import create_engine
 
-from idem_dialects import Claimed, ConfigurationError, RetryCause, dialects, engines
+from idem_dialects import Claimed, RetryCause, dialects, engines
 from idem_dialects.django import DjangoStore, get_store, idempotent
 from idem_dialects.django.connection import engine_url
 from idem_dialects.engines import provisioning
@@ -84,9 +84,12 @@ def _transient() -> BaseException:
     return Busy("busy")
 
 
-def test_from_url_and_bad_settings_say_what_to_do() -> None:
-    with pytest.raises(ConfigurationError, match="alias"):
-        DjangoStore.from_url("sqlite://")
+def test_a_django_store_is_a_store_and_bad_settings_say_what_to_do() -> None:
+    # A store with IdempotencyStore's API, on an alias: no URL constructor to refuse (it is not a subclass of one).
+    from idem_dialects.store import IdempotencyStore, SyncStore
+
+    assert issubclass(DjangoStore, SyncStore) and not issubclass(DjangoStore, IdempotencyStore)
+    assert not hasattr(DjangoStore, "from_url")
     for setting, message in [({"NOPE": 1}, "unknown key"), ({"DATABASE": "missing"}, "not in DATABASES"),
                              ({"POLICY": {"colour": "red"}}, "unknown idempotency policy option"),
                              ({"SCOPE": "no.such.callable"}, "cannot import"),
@@ -103,7 +106,7 @@ def view_request(body: bytes = b'{"amount": 1}', key: str | None = None) -> Http
 
 def test_limits_refuse_before_and_after_the_view(alias: str) -> None:
     scope = {"scope": lambda r: r.headers["X-Account"], "using": alias, "max_request_bytes": 64,
-             "max_response_bytes": 64}
+             "max_response_bytes": 64, "paths": None}  # every path: the settings' POLICY has /mw/ only
 
     @idempotent(**scope)
     def big(request: HttpRequest) -> HttpResponse:
@@ -126,7 +129,7 @@ def test_limits_refuse_before_and_after_the_view(alias: str) -> None:
 
 
 def test_lease_mode_inside_an_atomic_block_is_refused(alias: str) -> None:
-    @idempotent(using=alias, scope=lambda r: "s", lease=timedelta(seconds=5))
+    @idempotent(using=alias, scope=lambda r: "s", lease=timedelta(seconds=5), paths=None)
     def external(request: HttpRequest) -> HttpResponse:
         return HttpResponse(status=201)
 
@@ -192,3 +195,28 @@ def test_a_lost_connection_is_retried_on_a_new_one_and_the_effect_runs_once(alia
     result = store.run(scope="s", operation="op", key=new_key(), request={}, effect=paying)
     assert not result.replayed and runs == [1] and count(alias) == 1
     assert store.retries[RetryCause.CONNECTION] == before + 1  # Django's own error on the dead connection, classified
+
+
+def test_the_test_settings_patch_no_driver_mariadb_urls_still_mean_pymysql() -> None:
+    """Django's MySQL backend ran on PyMySQL without `pymysql.install_as_MySQLdb()`: no `MySQLdb` module is left in
+    the process, so a `mariadb://` URL keeps its PyMySQL driver (not the mysqldb dialect on PyMySQL, which passes the
+    deprecated `db` argument on every connect)."""
+    import sys
+    import warnings
+    from importlib.util import find_spec
+
+    from django.conf import settings
+
+    from idem_dialects import IdempotencyStore
+    from idem_dialects.url import target
+
+    if "mariadb" not in settings.DATABASES:
+        pytest.skip(settings.UNAVAILABLE.get("mariadb", "no mariadb database"))
+    assert connections["mariadb"].vendor == "mysql"  # Django's MySQL backend is loaded
+    assert "MySQLdb" not in sys.modules and find_spec("MySQLdb") is None
+    url = engines.get("mariadb").provide().url.set(drivername="mariadb")
+    assert target(url).driver == "pymysql"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyMySQL's "'db' is deprecated" among them
+        with IdempotencyStore.from_url(url) as store, store.engine.connect():
+            pass

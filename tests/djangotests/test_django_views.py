@@ -173,3 +173,38 @@ def test_with_atomic_requests_a_raising_view_still_leaves_neither_row_nor_record
     again = site.post("explode", key)
     assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
     assert site.rows() == 1 and site.records(key) == 1
+
+
+def test_a_decorated_view_serves_methods_outside_the_policy_without_a_key_and_never_stores_them(site: Site) -> None:
+    """GET, HEAD, OPTIONS, PUT and DELETE are not the policy's methods: the view runs for them as if undecorated,
+    with or without a key, and nothing is stored or replayed (a stored GET would replay a stale read)."""
+    account = {"X-Account": "acct-1"}
+    path = f"/{site.alias}/ledger"
+    with site.client(None) as client:
+        for method in ("GET", "HEAD", "OPTIONS", "PUT", "DELETE"):
+            read = client.request(method, path, headers=account)
+            assert read.status_code == 200, (method, read.text)
+            assert calls(site, f"ledger-{method}", "") == 1
+        key = new_key()
+        keyed = dict(account, **{"Idempotency-Key": f'"{key}"'})
+        first = client.get(path, headers=keyed)
+        assert site.post("ledger", key, headers=account).status_code == 201
+        again = client.get(path, headers=keyed)
+    assert first.json() == {"payments": 0} and again.json() == {"payments": 1}  # read anew, not replayed
+    assert "idempotent-replayed" not in again.headers and calls(site, "ledger-GET", key) == 2
+    assert site.records(key) == 1  # the POST's only
+    assert site.post("ledger", None, headers=account).status_code == 400  # POST still requires its key
+
+
+@pytest.mark.parametrize("view", ["refuse", "missing"])
+def test_an_http_exception_a_decorated_view_raises_is_its_answer_stored_once(site: Site, view: str) -> None:
+    """Django's PermissionDenied (after a write) and DRF's NotFound are answered as Django and DRF answer them, and
+    stored like a returned answer, as the middleware stores them (one rule for both integrations)."""
+    key, account = new_key(), {"X-Account": "acct-1"}
+    first = site.post(view, key, headers=account)
+    again = site.post(view, key, headers=account)
+    status = 403 if view == "refuse" else 404
+    assert first.status_code == again.status_code == status, first.text
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content and calls(site, view, key) == 1
+    assert site.records(key) == 1

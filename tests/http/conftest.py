@@ -25,7 +25,7 @@ from idem_dialects import IdempotencyStore
 from idem_dialects.engines import Unavailable, get
 from idem_dialects.http import IdempotencyPolicy, current_connection
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 try:  # at module level: FastAPI resolves the handlers' (string) annotations in this module's globals
     from fastapi import APIRouter, FastAPI, Request, Response
     from fastapi.responses import JSONResponse
@@ -135,7 +135,7 @@ def policies() -> tuple[IdempotencyPolicy, IdempotencyPolicy]:
 
 
 def flask_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], None]]:
-    flask = pytest.importorskip("flask", reason="the [http] extra (flask) is not installed")
+    flask = pytest.importorskip("flask", reason="the [flask] extra is not installed")
     from idem_dialects.http.flask import idempotent_view
     from idem_dialects.http.wsgi import IdempotencyMiddleware
 
@@ -230,7 +230,7 @@ def flask_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], 
 
 def fastapi_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[], None]]:
     if FastAPI is None:
-        pytest.skip("the [http] extra (fastapi) is not installed")
+        pytest.skip("the [fastapi] extra is not installed")
     from idem_dialects.http.asgi import IdempotencyMiddleware
 
     if not hasattr(idem_dialects, "AsyncIdempotencyStore"):
@@ -340,7 +340,7 @@ def fastapi_app(db: Database, form: str, hooks: Hooks) -> tuple[Any, Callable[[]
 @contextmanager
 def werkzeug_server(app: Any) -> Iterator[str]:
     """A real threaded WSGI server on a free loopback port."""
-    serving = pytest.importorskip("werkzeug.serving", reason="the [http] extra (werkzeug) is not installed")
+    serving = pytest.importorskip("werkzeug.serving", reason="the [flask] extra (werkzeug) is not installed")
     server = serving.make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -353,8 +353,8 @@ def werkzeug_server(app: Any) -> Iterator[str]:
 
 def uvicorn_server(app: Any) -> AbstractContextManager[str]:
     """A real uvicorn server on a free loopback port, in a thread of this process (so tests can gate handlers)."""
-    pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
-    from idem_dialects.cli.bench.http import uvicorn_server as serve_uvicorn
+    pytest.importorskip("uvicorn", reason="uvicorn (the [bench] extra) is not installed")
+    from idem_dialects.cli.bench.http_app import uvicorn_server as serve_uvicorn
 
     return serve_uvicorn(app)
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, inspect, text
 from idem_dialects import IdempotencyStore
 from idem_dialects.engines import Unavailable, get
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BOOTS = 10
 WORKERS = 4
@@ -46,8 +46,8 @@ def booted(log: Path) -> str:
 
 
 def test_flask_example_boots_10_times_under_gunicorn_4_workers_on_a_fresh_sqlite(tmp_path: Path) -> None:
-    pytest.importorskip("gunicorn", reason="the [django] extra (gunicorn) is not installed")
-    pytest.importorskip("flask", reason="the [http] extra (flask) is not installed")
+    pytest.importorskip("gunicorn", reason="gunicorn (the [dev] extra) is not installed")
+    pytest.importorskip("flask", reason="the [flask] extra is not installed")
     boots = 0
     for n in range(BOOTS):
         db = tmp_path / f"boot{n}.db"
@@ -67,8 +67,8 @@ def test_flask_example_boots_10_times_under_gunicorn_4_workers_on_a_fresh_sqlite
 
 
 def test_fastapi_example_boots_10_times_under_uvicorn_4_workers_on_a_fresh_postgresql(tmp_path: Path) -> None:
-    pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
-    pytest.importorskip("fastapi", reason="the [http] extra (fastapi) is not installed")
+    pytest.importorskip("uvicorn", reason="uvicorn (the [bench] extra) is not installed")
+    pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
     try:
         sync_url = get("postgresql").provide().url
     except Unavailable as exc:
@@ -102,7 +102,7 @@ def test_fastapi_example_boots_10_times_under_uvicorn_4_workers_on_a_fresh_postg
 
 
 def test_fastapi_example_openapi_documents_the_key_header_and_the_problems(tmp_path: Path) -> None:
-    testclient = pytest.importorskip("fastapi.testclient", reason="the [http] extra (fastapi, httpx) is not installed")
+    testclient = pytest.importorskip("fastapi.testclient", reason="fastapi or httpx is not installed")
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("example_fastapi_openapi", EXAMPLES / "fastapi_postgres.py")

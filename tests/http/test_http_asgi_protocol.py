@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 pytest.importorskip("greenlet", reason="the [async] extra (greenlet) is not installed")
-pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not installed")
+pytest.importorskip("aiosqlite", reason="the [aiosqlite] extra is not installed")
 
 from idem_dialects import AsyncIdempotencyStore
 from idem_dialects.http import IdempotencyPolicy

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-pytest.importorskip("uvicorn", reason="the [http] extra (uvicorn) is not installed")
-pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not installed")
+pytest.importorskip("uvicorn", reason="uvicorn (the [bench] extra) is not installed")
+pytest.importorskip("aiosqlite", reason="the [aiosqlite] extra is not installed")
 
 from idem_dialects.cli import main
 
@@ -26,18 +26,27 @@ def test_http_bench_on_sqlite_checks_exactly_once(capsys: pytest.CaptureFixture[
     assert "server CPU per request, middleware first-time <= 1.6x the bare endpoint's" in out
 
 
-def test_http_bench_json_report(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "sqlite", "--api", "http", "--requests", "8", "--concurrency", "2", "--quiet",
-                 "--format", "json"]) == 0
+@pytest.mark.parametrize("framework", ["starlette", "fastapi"])
+def test_http_bench_json_report(capsys: pytest.CaptureFixture[str], framework: str) -> None:
+    if framework == "fastapi":
+        pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
+    assert main(["bench", "sqlite", "--api", "http", "--requests", "8", "--concurrency", "2", "--repetitions", "2",
+                 "--framework", framework, "--quiet", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "idem-dialects-bench-http/2"
+    assert report["schema"] == "idem-dialects-bench-http/3"
+    assert report["config"]["framework"] == framework and report["config"]["repetitions"] == 2
     assert (report["engine"]["name"], report["engine"]["driver"]) == ("sqlite", "aiosqlite")
-    assert [p["requests"] for p in report["paths"]] == [8, 8, 8, 20, 20]
-    # Effects: 2 x 20 warm-up debits, 8 bare, 8 first-time keys through the middleware (then replayed: no effect).
-    assert report["exactly_once"] == {"verified": True, "effects": 40 + 8 + 8, "records": 40 + 8 + 20}
-    first, replay = report["paths"][1:3]
+    assert [p["requests"] for p in report["paths"]] == [16, 16, 16, 20, 20]
+    # Effects: 20 warm-up debits on each of three debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
+    # middleware (then replayed: no effect), 40 bare and 40 first-time in the pass counting round trips.
+    assert report["exactly_once"] == {"verified": True, "effects": 60 + 16 + 16 + 80, "records": 60 + 16 + 40 + 20}
+    bare, first, replay = report["paths"][:3]
     assert all(p["server_cpu_us_per_request"] > 0 and p["latency_ms"]["p50"] > 0 for p in report["paths"])
-    assert first["cpu_ratio_to_bare"] > 0 and replay["ratio_to_bare"] > 0
+    assert first["cpu_ratio_to_bare"] > 0 and replay["ratio_to_bare"] > 0 and len(first["cpu_ratios"]) == 2
+    # The record's statements ride in the effect's transaction: a first-time request sends more than the bare one,
+    # a replay no more than a first-time one.
+    assert 0 < bare["round_trips_per_request"] < first["round_trips_per_request"]
+    assert 0 < replay["round_trips_per_request"] <= first["round_trips_per_request"]
 
 
 def test_options_of_another_api_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
+import rfc8785
 
 from idem_dialects import ConfigurationError, LeaseLost, RequestInFlight, RequestMismatch, RetriesExhausted
 from idem_dialects.http import HttpRequest, HttpResponse, IdempotencyPolicy, KeyHeaderError, parse_key_header, prepare
-from idem_dialects.http.core import Call, body_digest, decode_stored, encode_stored
+from idem_dialects.http.core import Call, decode_stored, encode_stored
+from idem_dialects.http.identity import body_digest, canonical_json
 from idem_dialects.http.problems import error_problem
 
 POLICY = IdempotencyPolicy(scope=lambda r: r.header("x-account"))
@@ -57,6 +61,79 @@ def test_json_bodies_compare_canonically_and_others_by_bytes() -> None:
     # Beyond what JCS represents: compared as bytes rather than refused.
     assert body_digest("application/json", b'{"n": 18446744073709551617}') == {
         "bytes": body_digest("text/plain", b'{"n": 18446744073709551617}')["bytes"]}
+
+
+def test_forms_compare_by_their_fields_not_their_encoding() -> None:
+    form = "application/x-www-form-urlencoded"
+    assert body_digest(form, b"note=caf%C3%A9+ok&n=5") == body_digest(form, b"note=caf%c3%a9%20ok&n=5") \
+        == body_digest(form, "note=café ok&n=5".encode())
+    assert body_digest(form, b"n=5&note=x") != body_digest(form, b"note=x&n=5")  # field order is the client's
+    assert body_digest(form, b"n=5") != body_digest(form, b"n=6")
+
+    def multipart(boundary: str, amount: bytes) -> tuple[str, bytes]:
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=amount\r\n\r\n".encode() + amount
+                + f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=f; filename=r.txt\r\n"
+                  f"Content-Type: text/plain\r\n\r\n--x\r\n\r\n--{boundary}--\r\n".encode())
+        return f"multipart/form-data; boundary={boundary}", body
+
+    assert body_digest(*multipart("a1", b"5")) == body_digest(*multipart("zz9", b"5"))
+    assert "multipart" in body_digest(*multipart("a1", b"5"))
+    assert body_digest(*multipart("a1", b"5")) != body_digest(*multipart("a1", b"6"))
+    truncated = multipart("a1", b"5")[1][:-12]
+    assert "bytes" in body_digest("multipart/form-data; boundary=a1", truncated)  # does not parse: its bytes
+
+
+@pytest.mark.parametrize("body", [
+    b'{"b":1,"a":[1,2,{"\\u00e9":"x","e":null,"E":true}]}', b'{"\\ud83d\\ude00":1,"\\uffff":2,"\\ue000":3}',
+    '{"😀":1,"\uffff":2}'.encode(), b'{"n": 18446744073709551617}', b'{"n": 9007199254740991}', b'{"x": -0}',
+    b'[NaN]', b'[Infinity]', b'{"a": "\\udc00"}', b' "x\\u2028\\u001f\\t/" ', b'{"a":1,"a":2}', b"1e400",
+    b"[1.0, 0.1, 1e21, -0.0]", b'{"a": 1', b"", b"\xef\xbb\xbf{}", b'{"k":"\x00"}', b"[" * 100_000])
+def test_json_bodies_canonicalize_as_rfc8785_does(body: bytes) -> None:
+    """The standard library's fast form of a JSON body is byte for byte RFC 8785's, or the body goes through rfc8785."""
+    assert _canonical_or_error(canonical_json, body) == _canonical_or_error(_jcs, body)
+
+
+def test_random_json_bodies_canonicalize_as_rfc8785_does() -> None:
+    rnd = random.Random(8785)
+    chars = ["a", "Z", "0", " ", '"', "\\", "\n", "\x01", "\x7f", "é", "中", "\ue000", "\uffff", "😀", "\ud800", "/"]
+
+    def value(depth: int = 0) -> object:
+        kind = rnd.randint(0, 9 if depth < 4 else 5)
+        if kind < 2:
+            return [None, True, False][rnd.randint(0, 2)]
+        if kind == 2:
+            return rnd.choice([0, -1, 7, 2**53 - 1, -(2**53 - 1), 2**53, 10**20, 10**15])
+        if kind == 3:
+            return rnd.choice([0.0, -0.0, 1.5, 1e21, 1e-7, 3.0])
+        if kind < 6:
+            return "".join(rnd.choice(chars) for _ in range(rnd.randint(0, 4)))
+        if kind < 8:
+            return [value(depth + 1) for _ in range(rnd.randint(0, 3))]
+        return {"".join(rnd.choice(chars) for _ in range(rnd.randint(0, 3))): value(depth + 1)
+                for _ in range(rnd.randint(0, 4))}
+
+    for _ in range(3000):
+        text = json.dumps(value(), ensure_ascii=rnd.random() < 0.5, indent=rnd.choice([None, 1]))
+        body = text.encode("utf-8", "surrogatepass")
+        assert _canonical_or_error(canonical_json, body) == _canonical_or_error(_jcs, body), body
+
+
+def _jcs(body: bytes) -> bytes:
+    return rfc8785.dumps(json.loads(body))
+
+
+def _canonical_or_error(canonical: Callable[[bytes], bytes], body: bytes) -> bytes | None:
+    try:
+        return canonical(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def test_content_encoding_is_stored_whatever_the_allow_list() -> None:
+    policy = IdempotencyPolicy(global_scope=True, replay_headers=("content-type",))
+    stored = encode_stored(policy, HttpResponse(201, [("Content-Encoding", "gzip"), ("X-Other", "1")], b"\x1f\x8b"))
+    replay = decode_stored(policy, stored, 201)
+    assert replay.header("content-encoding") == "gzip" and replay.header("x-other") is None
 
 
 def test_the_fingerprint_covers_method_path_and_chosen_headers() -> None:
@@ -137,7 +214,7 @@ def test_importing_the_http_package_imports_no_framework() -> None:
 
 
 def test_default_stored_statuses() -> None:
-    from idem_dialects.http.core import default_framework_status, default_store_status
+    from idem_dialects.http.policy import default_framework_status, default_store_status
 
     assert [s for s in (200, 201, 204, 303, 400, 404, 409, 422) if default_store_status(s)] == \
         [200, 201, 204, 303, 400, 404, 409, 422]

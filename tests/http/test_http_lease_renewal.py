@@ -22,7 +22,7 @@ import idem_dialects
 from idem_dialects import IdempotencyStore
 from idem_dialects.http import IdempotencyPolicy
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 
 PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 Database = Any  # tests/http/conftest.py's, given by its `database` fixture
@@ -42,7 +42,7 @@ def conflict_policy() -> IdempotencyPolicy:
 
 def flask_app(db: Database, form: str, calls: Counter[str], started: threading.Event,
               gate: threading.Event) -> tuple[Any, Callable[[], Any]]:
-    flask = pytest.importorskip("flask", reason="the [http] extra (flask) is not installed")
+    flask = pytest.importorskip("flask", reason="the [flask] extra is not installed")
     from idem_dialects.http.flask import idempotent_view
     from idem_dialects.http.wsgi import IdempotencyMiddleware
 
@@ -74,7 +74,7 @@ def flask_app(db: Database, form: str, calls: Counter[str], started: threading.E
 
 def asgi_app(db: Database, form: str, calls: Counter[str], started: threading.Event,
              gate: threading.Event) -> tuple[Any, Callable[[], Any]]:
-    fastapi = pytest.importorskip("fastapi", reason="the [http] extra (fastapi) is not installed")
+    fastapi = pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
     from idem_dialects.http.asgi import IdempotencyMiddleware
     from idem_dialects.http.fastapi import idempotent_route
 

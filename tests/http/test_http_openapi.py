@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the [http] extra (fastapi) is not installed")
-pytest.importorskip("aiosqlite", reason="the [async] extra (aiosqlite) is not installed")
+pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
+pytest.importorskip("aiosqlite", reason="the [aiosqlite] extra is not installed")
 
 from fastapi import APIRouter, FastAPI
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 # `service` (conftest.Service) comes from tests/http/conftest.py.
 Service = Any
 

@@ -13,7 +13,7 @@ import pytest
 
 import idem_dialects
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # `service` (conftest.Service) and `database` (conftest.Database) come from tests/http/conftest.py.
 Service = Database = Any

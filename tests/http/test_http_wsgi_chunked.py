@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from http_common import gunicorn, server
 
-httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 Database = Any  # conftest.Database
 HERE = Path(__file__).resolve().parent
 LIMIT = 256 * 1024
@@ -25,7 +25,7 @@ def chunks(body: bytes, size: int = 8192) -> Iterator[bytes]:
 
 
 def test_chunked_bodies_reach_the_handler_whole_and_are_compared_whole(database: Database, tmp_path: Path) -> None:
-    pytest.importorskip("gunicorn", reason="the [django] extra (gunicorn) is not installed")
+    pytest.importorskip("gunicorn", reason="gunicorn (the [dev] extra) is not installed")
     env = {"DATABASE_URL": database.sync_url, "TABLE_PREFIX": database.prefix, "MAX_REQUEST_BYTES": str(LIMIT),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     log = tmp_path / "gunicorn.log"

@@ -44,15 +44,17 @@ from .runner import (
     run,
     targets,
 )
-from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
+from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
 from .sync import Bench, SyncBenchmark
 from .sync_report import RATIO_TARGETS, SCHEMA
 from .workload import Workload, plpgsql_ddl
 
 APIS = ("sync", "async", "http", "consumer")
 # What a run measures: the debit workload through an API, or an operation's cost on the sync store.
-MEASURES = ("workload", "telemetry", "purge")
-_MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"), "purge": ("rows", "batch_size", "workers")}
+MEASURES = ("workload", "telemetry", "purge", "outbox")
+_MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"),
+                    "purge": ("rows", "batch_size", "workers", "recent", "purge_mode"),
+                    "outbox": ("rows", "batch_size", "workers")}
 
 
 LEVELS = ("workers", "concurrency")  # the options that may list several levels (1,8,32), each measured in turn
@@ -106,6 +108,10 @@ def measurement(name: str, api: str, **options: Any) -> Benchmark:
         from .telemetry import TelemetryBenchmark
 
         return TelemetryBenchmark(**given)
+    if name == "outbox":
+        from .outbox import OutboxBenchmark
+
+        return OutboxBenchmark(**given)
     from .purge import PurgeBenchmark
 
     return PurgeBenchmark(**given)
@@ -127,6 +133,7 @@ __all__ = [
     "CannotMeasure",
     "Config",
     "ExactlyOnceViolation",
+    "Recorder",
     "Slice",
     "StatementLog",
     "SyncBenchmark",

@@ -1,7 +1,9 @@
 """`idem-dialects bench --api async`: what AsyncIdempotencyStore costs, and whether it keeps the event loop free.
 
 Modes, each run by `concurrency` tasks at once on one event loop, a 10 ms heartbeat task beside them recording its
-worst delay (the event-loop lag a `/health` probe would see):
+worst delay (the event-loop lag a `/health` probe would see); with `repetitions` above 1 the modes below run in turn
+that many times (keys new to each repetition), and the report gives each mode's median throughput and its median
+ratio to the bare effect of the same repetition (paired):
 
 - ``bare``: the effect alone on the AsyncEngine (UPDATE an account, SELECT its balance) in one transaction;
 - ``first`` / ``replay`` / ``contention``: through `AsyncIdempotencyStore.run` (contention: pairs of tasks send the
@@ -31,12 +33,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ...aio import AsyncIdempotencyStore
 from ...dialects.base import Backend
 from ...errors import MissingDriver
-from ...store import IdempotencyStore
+from ...store import IdempotencyStore, connect
 from ...url import async_url as url_async_url
 from ...url import target
 from .report import engine_info, machine_info, new_prefix, percentiles
 from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
-from .statements import StatementLog, implicit_begin, record_statements, reset_reaches_server
+from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server
 
 SCHEMA = "idem-dialects-bench-async/1"
 INITIAL = 10**15
@@ -52,6 +54,27 @@ class ModeResult:
     cpu_s: float = 0.0
     statements: StatementLog | None = None
     extra_round_trips: int = 0  # per statement: the driver's own BEGIN; per reset: a ROLLBACK sent to the server
+    throughputs: list[float] = field(default_factory=list)  # requests/s of each repetition's slice
+
+    def __post_init__(self) -> None:
+        if not self.throughputs and self.wall_s:
+            self.throughputs.append(self.requests / self.wall_s)
+
+    def add(self, other: ModeResult) -> None:
+        """Another repetition's slice of the same mode: totals add up, the worst lag is the worse of the two."""
+        self.requests += other.requests
+        self.wall_s += other.wall_s
+        self.latencies.extend(other.latencies)
+        self.worst_lag_ms = max(self.worst_lag_ms, other.worst_lag_ms)
+        self.replayed += other.replayed
+        self.cpu_s += other.cpu_s
+        self.extra_round_trips += other.extra_round_trips
+        self.throughputs.extend(other.throughputs)
+        if self.statements is not None and other.statements is not None:
+            log, more = self.statements, other.statements
+            log.statements.extend(more.statements)
+            log.commits, log.rollbacks, log.resets = (log.commits + more.commits, log.rollbacks + more.rollbacks,
+                                                      log.resets + more.resets)
 
     def as_dict(self) -> dict[str, Any]:
         lat = self.latencies
@@ -62,7 +85,9 @@ class ModeResult:
                 "statements_per_request": None if log is None else round(len(log.statements) / n, 2),
                 "round_trips_per_request": None if log is None else round(
                     (len(log.statements) + log.commits + self.extra_round_trips) / n, 2),
-                "throughput_per_s": round(self.requests / self.wall_s, 1) if self.wall_s else None,
+                # The median over repetitions (one repetition: its slice's requests/s).
+                "throughput_per_s": round(statistics.median(self.throughputs), 1) if self.throughputs else None,
+                "throughput_per_repetition": [round(t, 1) for t in self.throughputs],
                 "latency_ms": {**percentiles(lat), "mean": round(statistics.fmean(lat) * 1000, 3) if lat else 0.0},
                 "heartbeat_worst_lag_ms": round(self.worst_lag_ms, 2), "replayed": self.replayed}
 
@@ -108,6 +133,8 @@ class AsyncBench:
     requests: int
     sleep: float
     log: Callable[[str], None]
+    recorder: Recorder  # the stores' statement_hook
+    repetitions: int = 1
     results: dict[str, ModeResult] = field(default_factory=dict)
     keys_sent: set[str] = field(default_factory=set)
 
@@ -161,13 +188,17 @@ class AsyncBench:
                 latencies.append(time.perf_counter() - started)
 
         engine = self.sync_store.engine if name.startswith("sync_") else self.store.engine.sync_engine
-        with record_statements(engine) as log:
+        with record_statements(engine, self.recorder) as log:
             async with Heartbeat() as beat:
                 started, cpu = time.perf_counter(), time.process_time()
                 await asyncio.gather(*(worker(t) for t in range(self.concurrency)))
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         extra = (len(latencies) if implicit_begin(engine) else 0) + (log.resets if reset_reaches_server(engine) else 0)
-        self.results[name] = ModeResult(len(latencies), wall, latencies, beat.worst * 1000, replayed, cpu, log, extra)
+        result = ModeResult(len(latencies), wall, latencies, beat.worst * 1000, replayed, cpu, log, extra)
+        if name in self.results:
+            self.results[name].add(result)
+        else:
+            self.results[name] = result
         self.log(f"{name}: {len(latencies)} requests in {wall:.2f}s, worst heartbeat lag {beat.worst * 1000:.1f} ms")
 
     async def run_key(self, key: str, acct: int, sleep: float = 0.0) -> bool:
@@ -186,6 +217,16 @@ class AsyncBench:
                                      effect=lambda conn: self.sync_effect(conn, acct, sleep))
         return result.replayed
 
+    async def repetition(self, r: str, per: int, bare: Callable[[int, int], Awaitable[bool]],
+                         in_thread: Callable[[str, int], Awaitable[bool]]) -> None:
+        """One slice of each throughput mode; `r` makes the keys new to this repetition."""
+        await self.timed("bare", per, bare)
+        await self.timed("first", per, lambda t, i: self.run_key(f"f{r}-{t}-{i}", 1 + t))
+        await self.timed("replay", per, lambda t, i: self.run_key(f"f{r}-{t}-{i}", 1 + t))
+        await self.timed("contention", per, lambda t, i: self.run_key(f"c{r}-{t // 2}-{i}", 200 + t // 2))
+        await self.timed("sync_first", per, lambda t, i: in_thread(f"s{r}-{t}-{i}", 100 + t))
+        await self.timed("sync_replay", per, lambda t, i: in_thread(f"s{r}-{t}-{i}", 100 + t))
+
     async def run(self) -> None:
         n, per = self.concurrency, max(1, self.requests // self.concurrency)
         executor = ThreadPoolExecutor(max_workers=n)
@@ -196,16 +237,11 @@ class AsyncBench:
                     await self.effect(conn, 900 + task % 50)
                 return False
 
-            await self.timed("bare", per, bare)
-            await self.timed("first", per, lambda t, i: self.run_key(f"f-{t}-{i}", 1 + t))
-            await self.timed("replay", per, lambda t, i: self.run_key(f"f-{t}-{i}", 1 + t))
-            await self.timed("contention", per, lambda t, i: self.run_key(f"c-{t // 2}-{i}", 200 + t // 2))
-
             def in_thread(key: str, acct: int) -> Awaitable[bool]:
                 return loop.run_in_executor(executor, self.sync_run_key, key, acct)
 
-            await self.timed("sync_first", per, lambda t, i: in_thread(f"s-{t}-{i}", 100 + t))
-            await self.timed("sync_replay", per, lambda t, i: in_thread(f"s-{t}-{i}", 100 + t))
+            for rep in range(self.repetitions):  # every mode in turn, so drift hits them alike
+                await self.repetition("" if rep == 0 else str(rep), per, bare, in_thread)
 
             # The figure: `concurrency` requests at once, each effect also waiting `sleep` seconds.
             async def sync_in_loop(t: int, i: int) -> bool:
@@ -229,8 +265,12 @@ class AsyncBench:
     def report(self, info: dict[str, Any], elapsed: float) -> dict[str, Any]:
         modes = {name: r.as_dict() for name, r in self.results.items()}
         bare = modes["bare"]["throughput_per_s"] or 1.0
-        for m in modes.values():
+        bare_reps = self.results["bare"].throughputs
+        for name, m in modes.items():
             m["ratio_to_bare"] = round((m["throughput_per_s"] or 0) / bare, 3)
+            if not name.startswith("sleep_"):  # the throughput modes: one slice per repetition, beside bare's
+                paired = [t / b for t, b in zip(self.results[name].throughputs, bare_reps, strict=True)]
+                m["ratio_to_bare_paired"] = round(statistics.median(paired), 3)
         figure = {}
         for name in ("sleep_async", "sleep_sync_in_loop", "sleep_sync_to_thread"):
             r = self.results[name]
@@ -238,7 +278,8 @@ class AsyncBench:
                             "heartbeat_worst_lag_ms": round(r.worst_lag_ms, 1)}
         fig = figure["sleep_async"]
         return {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
-                "config": {"concurrency": self.concurrency, "requests": self.requests, "sleep_s": self.sleep},
+                "config": {"concurrency": self.concurrency, "requests": self.requests, "sleep_s": self.sleep,
+                           "repetitions": self.repetitions},
                 "modes": modes, "sleep_figure": figure,
                 "targets": [{"target": f"{self.concurrency} concurrent {self.sleep * 1000:.0f} ms requests < 2x the"
                                        " effect time", "met": fig["x_effect_time"] < 2, "value": fig["x_effect_time"]},
@@ -289,10 +330,11 @@ class AsyncBenchmark:
     requests: int = 1000
     sleep: float = 0.2
     driver: str | None = None
+    repetitions: int = 1
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.requests < 1 or self.sleep <= 0:
-            raise ValueError("--concurrency and --requests must be at least 1, --sleep above 0")
+        if self.concurrency < 1 or self.requests < 1 or self.repetitions < 1 or self.sleep <= 0:
+            raise ValueError("--concurrency, --requests and --repetitions must be at least 1, --sleep above 0")
 
     def refuse(self, backend: type[Backend]) -> str | None:
         return None
@@ -300,23 +342,26 @@ class AsyncBenchmark:
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
         n = self.concurrency
         aurl, surl = async_url(url, self.driver), sync_url(url)
+        recorder = Recorder()  # the stores' statement_hook, for the statement counts
         with reaching(url):
-            sync_store = IdempotencyStore.from_url(surl, table_prefix=new_prefix(), **pool_options(surl, n + 2, n))
+            sync_store = IdempotencyStore.from_url(surl, table_prefix=new_prefix(), statement_hook=recorder,
+                                                   **pool_options(surl, n + 2, n))
         try:
-            with reaching(url), sync_store.backend.connect(sync_store.engine) as conn:
+            with reaching(url), connect(sync_store.engine, sync_store.backend) as conn:
                 info = engine_info(sync_store.engine.url, sync_store.engine.dialect, sync_store.backend.name,
                                    conn.dialect.server_version_info)
             info.update(sync_driver=info["driver"], driver=aurl.get_driver_name(),
                         url=aurl.render_as_string(hide_password=True))
-            return asyncio.run(self._measure(aurl, sync_store, info, log))
+            return asyncio.run(self._measure(aurl, sync_store, recorder, info, log))
         finally:
             sync_store.close()
 
-    async def _measure(self, url: URL, sync_store: IdempotencyStore, info: dict[str, Any], log: Log) -> dict[str, Any]:
+    async def _measure(self, url: URL, sync_store: IdempotencyStore, recorder: Recorder, info: dict[str, Any],
+                       log: Log) -> dict[str, Any]:
         n = self.concurrency
-        async with AsyncIdempotencyStore.from_url(url, table_prefix=sync_store.table_prefix,
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=sync_store.table_prefix, statement_hook=recorder,
                                                   **pool_options(url, n + 2, n)) as store:
-            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log)
+            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log, recorder, self.repetitions)
             await bench.setup()
             started = time.perf_counter()
             try:

@@ -1,9 +1,18 @@
-"""What purge costs (`idem-dialects bench URL --measure purge`): rows deleted per second, and what it does to the
-claims running beside it.
+"""What retention costs (`idem-dialects bench URL --measure purge`): how long it takes to remove the old records,
+and what it does to the claims running beside it.
 
-`rows` completed records two days old are inserted, then first-time runs (worker threads, each its own connection)
-are timed twice: alone, and while `purge(older_than=1 day)` deletes the old rows in batches. The report gives purge's
-rows/s and the claims' latency (p50/p99/max) and throughput in both phases: the lock impact on concurrent claims.
+`rows` records completed two days ago and `recent` ones completed now are inserted (server-side, INSERT ... SELECT
+over a digits table, so ten million rows take minutes, not hours), then first-time runs (worker threads, each its
+own connection) are timed twice: alone, and while retention removes the old rows. `mode` says how:
+
+- ``delete``: `purge(older_than=1 day)` as shipped: batches of `batch_size` (MySQL/MariaDB: at READ COMMITTED);
+- ``delete-default-isolation``: the same batches at the server's default isolation, as releases before generations
+  purged (the "before" of MySQL/MariaDB);
+- ``generations``: the old rows are the previous generation (`create_tables(generations=True)`) and `purge` drops
+  it whole.
+
+The report gives the removal's seconds and rows/s and the claims' throughput and latency (p50/p99/max) in both
+phases, and their ratio: the lock and CPU impact on concurrent claims.
 """
 
 from __future__ import annotations
@@ -12,49 +21,82 @@ import secrets
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Column, Integer, LargeBinary, MetaData, String, Table, cast, func, literal, select, true
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import SAWarning
 
 from ...dialects.base import Backend
+from ...retention import purge_targets
+from ...steps import Flow, transaction
 from ...store import IdempotencyStore
 from .runner import BenchFailed, Log, scratch_store
 
-SCHEMA = "idem-dialects-bench-purge/1"
-_AGE = 2 * 86400.0  # the filled records completed two days ago; purge keeps one day
-_FILL_CHUNK = 5000
-BASELINE_SECONDS = 5.0  # how long the claims run alone, for the latencies purge is compared with
+SCHEMA = "idem-dialects-bench-purge/2"
+MODES = ("delete", "delete-default-isolation", "generations")
+_AGE = 2 * 86400.0  # the old records completed two days ago; purge keeps one day
+BASELINE_SECONDS = 10.0  # how long the claims run alone (before and after), for what retention is compared with
+SETTLE_SECONDS = 5.0
+DURING_FLOOR = 2.0
 
 
 class PurgeBenchmark:
-    """The `Benchmark` (runner.py) of purge's cost on one database."""
+    """The `Benchmark` (runner.py) of retention's cost on one database."""
 
-    def __init__(self, rows: int = 100_000, batch_size: int = 1000, workers: int = 2) -> None:
-        self.rows, self.batch_size, self.workers = rows, batch_size, workers
+    def __init__(self, rows: int = 100_000, batch_size: int = 1000, workers: int = 2, recent: int = 0,
+                 purge_mode: str = "delete") -> None:
+        if purge_mode not in MODES:
+            raise ValueError(f"--purge-mode must be one of {', '.join(MODES)}, got {purge_mode!r}")
+        self.rows, self.batch_size, self.workers, self.recent, self.mode = rows, batch_size, workers, recent, \
+            purge_mode
 
     def refuse(self, backend: type[Backend]) -> str | None:
         return None
 
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
         with scratch_store(url, self.workers + 2) as (store, info):
-            return measure(store, self.rows, self.batch_size, self.workers, log) | {"engine": info}
+            return measure(store, self.rows, self.batch_size, self.workers, log, self.recent, self.mode) | {
+                "engine": info}
 
 
-def fill(store: IdempotencyStore, rows: int) -> None:
-    """`rows` records completed `_AGE` seconds ago by the database's clock, in chunks of one transaction each."""
-    t, backend = store.tables.records, store.backend
-    old = backend.now_plus(-_AGE)
-    stmt = t.insert().values(created_at=old, locked_until=old, completed_at=old)
-    token = secrets.token_hex(16)
-    for start in range(0, rows, _FILL_CHUNK):
-        batch = [{"scope": "old", "operation": "fill:v1", "idem_key": f"k{n}", "fingerprint": "0" * 64,
-                  "claim_token": token, "status": 200, "response": b'{"ok":1}'}
-                 for n in range(start, min(rows, start + _FILL_CHUNK))]
-        with store.transaction() as conn:
-            conn.execute(stmt, batch)
+def fill(store: IdempotencyStore, rows: int, table: Table | None = None, age: float = _AGE, scope: str = "old") -> None:
+    """`rows` records of `scope` completed `age` seconds ago by the database's clock, inserted by the server from a
+    cross join of a ten-row digits table, a million rows per statement (portable SQL: SQLAlchemy spells the string
+    concatenation and the cast for each engine)."""
+    t, backend = table if table is not None else store.tables.records, store.backend
+    digits = Table(f"{store.table_prefix}digits", MetaData(),
+                   Column("n", Integer, primary_key=True, autoincrement=False))
+    with store.engine.begin() as conn:
+        digits.create(conn, checkfirst=True)
+        if not conn.execute(select(func.count()).select_from(digits)).scalar_one():
+            conn.execute(digits.insert(), [{"n": n} for n in range(10)])
+    try:
+        width = max(1, len(str(max(rows - 1, 1))))
+        low = min(width, 6)  # a million combinations per statement
+        copies = [digits.alias(f"d{i}") for i in range(low)]
+        joined: Any = copies[0]
+        for other in copies[1:]:
+            joined = joined.join(other, true())  # a cross join, said so
+        old = backend.now_plus(-age)
+        token = secrets.token_hex(16)
+        for high in range(0, rows, 10 ** low):
+            number = literal(high) + sum((c.c.n * 10 ** i for i, c in enumerate(copies)), literal(0))
+            key = literal(f"{scope}-", String) + cast(number, String)
+            query = select(literal(scope, String), literal("fill:v1", String), key, literal("0" * 64, String),
+                           literal(token, String), old, old, old, literal(200), literal(b'{"ok":1}', LargeBinary)
+                           ).select_from(joined).where(number < rows)
+            cols = ["scope", "operation", "idem_key", "fingerprint", "claim_token", "created_at", "locked_until",
+                    "completed_at", "status", "response"]
+            with store.engine.begin() as conn, warnings.catch_warnings():
+                warnings.simplefilter("ignore", SAWarning)  # the cartesian product is the point
+                conn.execute(t.insert().from_select(cols, query))
+    finally:
+        with store.engine.begin() as conn:
+            digits.drop(conn, checkfirst=True)
 
 
 def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) -> tuple[list[float], float]:
@@ -88,14 +130,35 @@ def _summary(latencies: list[float], seconds: float) -> dict[str, Any]:
             "max_ms": ordered[-1]}
 
 
-def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int,
-            log: Callable[[str], None]) -> dict[str, Any]:
-    baseline_seconds = BASELINE_SECONDS
-    store.create_tables()
-    log(f"inserting {rows:,} records completed two days ago")
-    fill(store, rows)
-    log(f"{workers} workers claiming alone for {baseline_seconds:.0f}s")
-    deadline = time.perf_counter() + baseline_seconds
+def _default_isolation_purge(store: IdempotencyStore, batch_size: int) -> int:
+    """Purge as releases before generations did: each batch at the server's default isolation (`Begin.STORE`)."""
+    def batches() -> Flow[int]:
+        total = 0
+        for table, condition in purge_targets(store.tables, store.backend, timedelta(days=1)).items():
+            while True:
+                def batch(table: Any = table, condition: Any = condition) -> Flow[int]:
+                    return transaction(store.backend.purge_batch(table, condition, batch_size))
+
+                deleted = yield from store.claims.retrying(batch)  # retried like purge's own batches
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+    return store.drive(batches())
+
+
+def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, log: Callable[[str], None],
+            recent: int = 0, mode: str = "delete") -> dict[str, Any]:
+    generations = mode == "generations"
+    store.create_tables(generations=generations)
+    log(f"inserting {rows:,} records completed two days ago and {recent:,} completed now")
+    fill(store, rows, store.tables.previous if generations else None)
+    if recent:
+        fill(store, recent, age=0.0, scope="recent")
+    time.sleep(SETTLE_SECONDS)  # the server's own work after a bulk load (checkpoint, statistics) is not the purge's
+    log(f"{workers} workers claiming alone for {BASELINE_SECONDS:.0f}s")
+    deadline = time.perf_counter() + BASELINE_SECONDS
     alone = _summary(*_claims(store, workers, lambda: time.perf_counter() > deadline))
 
     done = threading.Event()
@@ -104,34 +167,54 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int,
     def purge() -> None:
         started = time.perf_counter()
         try:
-            purged["rows"] = store.purge(older_than=timedelta(days=1), batch_size=batch_size)
+            if mode == "delete-default-isolation":
+                purged["rows"] = _default_isolation_purge(store, batch_size)
+            else:
+                purged["rows"] = store.purge(older_than=timedelta(days=1), batch_size=batch_size)
         finally:
             purged["seconds"] = time.perf_counter() - started
             done.set()
 
-    log(f"purging in batches of {batch_size:,} while {workers} workers claim")
+    log(f"removing the old records ({mode}) while {workers} workers claim")
     purger = threading.Thread(target=purge)
     purger.start()
-    during = _summary(*_claims(store, workers, done.is_set))
+    # At least DURING_FLOOR seconds: a removal that takes milliseconds must not be judged on a handful of claims, nor
+    # diluted in seconds of claims after it (the window is the removal's, plus the floor's rest).
+    floor = time.perf_counter() + DURING_FLOOR
+    during = _summary(*_claims(store, workers, lambda: done.is_set() and time.perf_counter() > floor))
     purger.join()
+    # Alone again, after: on a shared machine the claims' rate drifts; the ratio is to the mean of before and after.
+    deadline = time.perf_counter() + BASELINE_SECONDS
+    after = _summary(*_claims(store, workers, lambda: time.perf_counter() > deadline))
     with store.engine.connect() as conn:
-        left = conn.execute(select(func.count()).select_from(store.tables.records)
-                            .where(store.tables.records.c.scope == "old")).scalar_one()
-    if purged.get("rows") != rows or left:
-        raise BenchFailed(f"purge deleted {purged.get('rows')} of {rows} old records ({left} left)")
-    return {"schema": SCHEMA, "rows": rows, "batch_size": batch_size, "workers": workers,
-            "purge": {"seconds": purged["seconds"], "rows_per_s": rows / purged["seconds"]},
-            "claims_alone": alone, "claims_during_purge": during}
+        left = sum(conn.execute(select(func.count()).select_from(t).where(t.c.scope == "old")).scalar_one()
+                   for t in (store.tables.records, *([store.tables.previous] if generations else [])))
+    if "rows" not in purged or left:
+        raise BenchFailed(f"retention removed {purged.get('rows')} of {rows} old records ({left} left)")
+    return {"schema": SCHEMA, "rows": rows, "recent": recent, "mode": mode, "batch_size": batch_size,
+            "workers": workers, "purge": {"seconds": purged["seconds"], "rows_per_s": rows / purged["seconds"]},
+            "claims_alone": alone, "claims_during_purge": during, "claims_after": after,
+            "kept_ratio": during["claims_per_s"] / reference if (reference := (alone["claims_per_s"]
+                                                                             + after["claims_per_s"]) / 2) else None}
 
 
 def render(report: dict[str, Any]) -> str:
     engine, purge = report.get("engine", {}), report["purge"]
-    lines = [f"purge: {engine.get('backend', '?')} {engine.get('server_version', '')}: {report['rows']:,} rows in"
-             f" batches of {report['batch_size']:,}: {purge['seconds']:.2f} s, {purge['rows_per_s']:,.0f} rows/s",
+    mode = report.get("mode", "delete")
+    lines = [f"purge: {engine.get('backend', '?')} {engine.get('server_version', '')}: {report['rows']:,} old of"
+             f" {report['rows'] + report.get('recent', 0):,} records, {mode}"
+             + (f" in batches of {report['batch_size']:,}" if mode != "generations" else "")
+             + f": {purge['seconds']:.2f} s, {purge['rows_per_s']:,.0f} rows/s",
              f"{'first-time claims, ' + str(report['workers']) + ' workers':<38} {'claims/s':>9} {'p50 ms':>7}"
              f" {'p99 ms':>7} {'max ms':>7}"]
-    for label, key in (("alone", "claims_alone"), ("during purge", "claims_during_purge")):
-        row = report[key]
+    for label, key in (("alone", "claims_alone"), ("during retention", "claims_during_purge"),
+                       ("alone again, after", "claims_after")):
+        row = report.get(key)
+        if row is None:
+            continue
         lines.append(f"  {label:<36} {row['claims_per_s']:>9.0f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f}"
                      f" {row['max_ms']:>7.1f}")
+    if report.get("kept_ratio") is not None:
+        lines.append(f"  claims kept {report['kept_ratio']:.0%} of their rate (alone, before and after)"
+                     " during retention")
     return "\n".join(lines) + "\n"

@@ -97,13 +97,13 @@ def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
 def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore, dict[str, Any]]]:
     """A sync store on tables of a new prefix at `url`, and the report's "engine" entry; the tables are dropped and
     the engine disposed of at the end. Failing to reach the database raises CannotMeasure."""
-    from ...store import IdempotencyStore
+    from ...store import IdempotencyStore, connect
     from .report import engine_info, new_prefix
 
     with reaching(url):
         store = IdempotencyStore.from_url(url, table_prefix=new_prefix(), **pool_options(url, connections, 2))
     try:
-        with reaching(url), store.backend.connect(store.engine) as conn:
+        with reaching(url), connect(store.engine, store.backend) as conn:
             info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
                                conn.dialect.server_version_info)
         try:

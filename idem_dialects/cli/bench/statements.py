@@ -8,14 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, event
+from sqlalchemy.pool.base import ResetStyle
 
 from ... import dialects
+from ...drivers import Driver
 
 
 @dataclass
 class StatementLog:
-    """SQL the engine sent through cursors (BEGIN IMMEDIATE and SAVEPOINTs included), driver-level commits and
-    rollbacks, and the pool's resets of a connection given back (a rollback the driver may send to the server)."""
+    """SQL a request sent: the store's own statements (through a `Recorder`: the store runs them on the driver, out
+    of SQLAlchemy's sight) and the effect's, through SQLAlchemy's cursors; driver-level commits and rollbacks, and the
+    pool's resets of a connection given back (a rollback the driver may send to the server)."""
 
     statements: list[str] = field(default_factory=list)
     commits: int = 0
@@ -25,6 +28,18 @@ class StatementLog:
     @property
     def kinds(self) -> list[str]:
         return [statement_kind(s) for s in self.statements]
+
+
+class Recorder:
+    """A store's `statement_hook`: it feeds the store's statements to the log `record_statements` holds now."""
+
+    def __init__(self) -> None:
+        self.log: StatementLog | None = None
+
+    def __call__(self, sql: str, done: bool) -> None:
+        log = self.log
+        if log is not None and not done:
+            log.statements.append(sql)
 
 
 def statement_kind(sql: str) -> str:
@@ -44,10 +59,13 @@ def statement_kind(sql: str) -> str:
 
 
 @contextmanager
-def record_statements(engine: Engine) -> Iterator[StatementLog]:
-    """Log every statement and commit on `engine` while the block runs. Engine-wide: under concurrent requests it
-    gives the totals of all of them."""
+def record_statements(engine: Engine, recorder: Recorder | None = None) -> Iterator[StatementLog]:
+    """Log every statement and commit on `engine` while the block runs, with the store's own statements from
+    `recorder` (the `statement_hook` the store was built with). Engine-wide: under concurrent requests it gives the
+    totals of all of them."""
     log = StatementLog()
+    if recorder is not None:
+        recorder.log = log
 
     def on_execute(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
         log.statements.append(statement)
@@ -68,17 +86,27 @@ def record_statements(engine: Engine) -> Iterator[StatementLog]:
     try:
         yield log
     finally:
+        if recorder is not None:
+            recorder.log = None
         for name, fn in hooks:
             event.remove(engine, name, fn)
 
 
+def _driver(engine: Engine) -> Driver | None:
+    return dialects.driver(dialects.load(engine.url.get_backend_name()), engine.dialect.driver)
+
+
 def reset_reaches_server(engine: Engine) -> bool:
-    """Whether the pool's reset of a connection returned after a request is a round trip (the backend knows: e.g.
-    MySQL/MariaDB drivers send ROLLBACK unless from_url's engine leaves the reset to the backend's hook; counted on
-    the server by tests/test_statement_counts.py). psycopg skips it when idle, and SQLite's is in-process."""
-    return dialects.load(engine.url.get_backend_name()).pool_reset_round_trip(engine.pool)
+    """Whether the pool's reset of a connection returned after a request is a round trip: the driver sends ROLLBACK
+    on every reset (MySQL's drivers) and the pool does the reset itself rather than leaving it to a backend's hook
+    (from_url's MySQL engines do; counted on the server by tests/test_statement_counts.py). psycopg skips it when
+    idle, and SQLite's is in-process. Pool has no public accessor for its reset style."""
+    driver = _driver(engine)
+    return (driver is not None and driver.resets_by_round_trip
+            and getattr(engine.pool, "_reset_on_return", None) is not ResetStyle.reset_none)
 
 
 def implicit_begin(engine: Engine) -> str | None:
     """The BEGIN a driver sends on its own (not through a cursor SQLAlchemy sees), if it sends one."""
-    return dialects.load(engine.url.get_backend_name()).implicit_begin(engine.dialect.driver)
+    driver = _driver(engine)
+    return None if driver is None else driver.implicit_begin

@@ -20,11 +20,12 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from ...dialects.base import Backend
-from ...store import IdempotencyStore
+from ...engines.entry import provisioning
+from ...store import IdempotencyStore, connect
 from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, Slice, Task, plan
 from .report import engine_info, new_prefix
 from .runner import ExactlyOnceViolation, Log, pool_options, reaching
-from .statements import StatementLog, record_statements
+from .statements import Recorder, StatementLog, record_statements
 from .workload import Workload
 
 # Growth per 10k requests under which memory counts as flat: well under 1 byte per request.
@@ -67,7 +68,7 @@ class Bench:
         self.cfg = cfg
         self.log = log
         self.workload = Workload(store)
-        self.plpgsql = store.backend.plpgsql_baseline
+        self.plpgsql = provisioning(store.backend.name).plpgsql_baseline
         self.modes = ["bare", *IDEM_MODES, *(PLPGSQL_MODES if self.plpgsql else ())]
         self.stats = {m: ModeStats() for m in self.modes}
         self.first_keys: dict[str, dict[str, list[list[Task]]]] = {}
@@ -202,17 +203,27 @@ class Bench:
             self.workload.drop()
 
     def count_statements(self) -> None:
-        """One more request per mode, sequential, with every statement and commit logged."""
-        for mode in self.modes:
-            s = plan(mode, "count", Config(workers=1, requests=1, duplicates=0.0), self.first_keys)
-            fn = self.request_fn(mode)
-            ((acct, key),) = s.per_worker[0]
-            with record_statements(self.store.engine) as log:
-                fn(acct, key)
-            self.stats[mode].statements = log
-            if mode not in ("replay", "plpgsql_replay"):
-                self.expected_debits[acct] += 1
-                self.expected_keys[acct] += mode != "bare"
+        """One more request per mode, sequential, with every statement and commit logged: through a twin of the
+        measured store (same engine and tables) whose statement_hook feeds the log, so that the measured requests
+        carry no hook."""
+        recorder = Recorder()
+        twin = IdempotencyStore(self.store.engine, table_prefix=self.store.table_prefix, statement_hook=recorder)
+        with twin.transaction():
+            pass  # a store's first transaction reads the server's settings: not a request's cost
+        measured, self.workload.store = self.workload.store, twin
+        try:
+            for mode in self.modes:
+                s = plan(mode, "count", Config(workers=1, requests=1, duplicates=0.0), self.first_keys)
+                fn = self.request_fn(mode)
+                ((acct, key),) = s.per_worker[0]
+                with record_statements(self.store.engine, recorder) as log:
+                    fn(acct, key)
+                self.stats[mode].statements = log
+                if mode not in ("replay", "plpgsql_replay"):  # every request that debits, for later checks
+                    self.expected_debits[acct] += 1
+                    self.expected_keys[acct] += mode != "bare"
+        finally:
+            self.workload.store = measured
 
     def run_profile(self, mode: str) -> str:
         """cProfile over one unmeasured slice of `mode` at one worker: where the time goes, top functions."""
@@ -286,7 +297,7 @@ class SyncBenchmark:
 
     def refuse(self, backend: type[Backend]) -> str | None:
         profile = self.cfg.profile or ""
-        if profile.startswith("plpgsql_") and not backend.plpgsql_baseline:
+        if profile.startswith("plpgsql_") and not provisioning(backend.name).plpgsql_baseline:
             return f"--profile {profile} needs PostgreSQL (the reference debit_once is written in PL/pgSQL)"
         return None
 
@@ -295,7 +306,7 @@ class SyncBenchmark:
             store = IdempotencyStore.from_url(url, table_prefix=new_prefix(),
                                               **pool_options(url, max(5, self.cfg.workers + 1), 2))
         try:
-            with reaching(url), store.backend.connect(store.engine) as conn:
+            with reaching(url), connect(store.engine, store.backend) as conn:
                 info = engine_info(store.engine.url, store.engine.dialect, store.backend.name,
                                    conn.dialect.server_version_info)
             log(f"{info['backend']} {info['server_version']} via {info['driver']}, tables {store.table_prefix}*")

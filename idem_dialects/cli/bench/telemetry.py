@@ -11,8 +11,14 @@ between slices, interleaved per repetition so drift hits them alike (the report 
   ``sdk``'s cost splits between the run span and the measurements;
 - ``sampled``: the same SDK keeping one trace in ten (``ParentBased(TraceIdRatioBased(0.1))``), as deployments that
   sample do; metrics are still recorded for every replay;
+- ``dropped``: the SDK's tracer with a sampler that keeps nothing (``ALWAYS_OFF``), metrics off: what a run span the
+  sampler drops costs;
 - ``one span``: no telemetry from the library, but each replay inside one SDK span the caller makes (as a request's
-  server span would be): what a single span costs in this process, the reference for the library's share.
+  server span would be): what a single span costs in this process, the reference for the library's share;
+- ``cursor events`` and ``sqlalchemy``: no telemetry from the library; the store's statements through SQLAlchemy's
+  `Connection.execute` (``cursor_events=True``), the second with OpenTelemetry's SQLAlchemy instrumentation recording
+  a span per statement on the SDK: the instrumentation's cost on the same replays is their difference, the yardstick
+  for ``sdk`` (needs opentelemetry-instrumentation-sqlalchemy; without it both are left out).
 
 Client CPU counts every thread of the process (the span processor's too). Needs the SDK (opentelemetry-sdk).
 """
@@ -22,7 +28,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -30,10 +37,12 @@ from sqlalchemy.engine import URL
 from ...dialects.base import Backend
 from ...store import IdempotencyStore
 from ...telemetry import Telemetry
-from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, scratch_store
+from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, pool_options, scratch_store
 
-SCHEMA = "idem-dialects-bench-telemetry/2"
-CONDITIONS = ("off", "api", "sdk", "traces only", "metrics only", "sampled", "one span")
+SCHEMA = "idem-dialects-bench-telemetry/3"
+CONDITIONS = ("off", "api", "sdk", "traces only", "metrics only", "sampled", "dropped", "one span", "cursor events",
+              "sqlalchemy")
+SQLALCHEMY = ("cursor events", "sqlalchemy")  # conditions that run the statements through SQLAlchemy's cursor
 KEYS = 100
 
 
@@ -48,104 +57,142 @@ class TelemetryBenchmark:
 
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
         with scratch_store(url, 2) as (store, info):
-            return measure(store, self.requests, self.repetitions, self.warmup, log) | {"engine": info}
+            sdk = Sdk(store)
+            with cursor_stores(url, store, sdk.tracer_provider) as through_cursor:
+                return measure(store, sdk, through_cursor, self.requests, self.repetitions, self.warmup, log) | {
+                    "engine": info}
 
 
-def telemetries(store: IdempotencyStore) -> tuple[dict[str, Telemetry], Callable[[], int]]:
-    """The library telemetries for `store` (every condition but "one span"), and a function counting the spans the
-    SDK exported so far."""
+@contextmanager
+def cursor_stores(url: URL, store: IdempotencyStore, tracer_provider: Any) -> Iterator[dict[str, IdempotencyStore]]:
+    """Stores on `store`'s tables whose statements go through SQLAlchemy's cursor, each on an engine of its own: for
+    "cursor events" as they are, for "sqlalchemy" under OpenTelemetry's SQLAlchemy instrumentation (which listens on
+    the engine and its pool, so the other conditions' engine stays untouched). None without the instrumentation."""
     try:
-        from opentelemetry.metrics import NoOpMeterProvider
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-        from opentelemetry.trace import NoOpTracerProvider
-    except ImportError as exc:
-        raise CannotMeasure(f"the OpenTelemetry SDK is not installed ({exc.name}): pip install opentelemetry-sdk"
-                            ) from None
-
-    exported = [0]
-
-    class Dropped(SpanExporter):
-        def export(self, spans: Sequence[Any]) -> SpanExportResult:
-            exported[0] += len(spans)
-            return SpanExportResult.SUCCESS
-
-    tracer_provider, sampled_provider = TracerProvider(), TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
-    for provider in (tracer_provider, sampled_provider):
-        provider.add_span_processor(BatchSpanProcessor(Dropped()))
-    system, namespace = store.backend.db_system_name, store.backend.db_namespace()
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-
-    def count() -> int:
-        tracer_provider.force_flush()
-        sampled_provider.force_flush()
-        return exported[0]
-
-    return {
-        "off": Telemetry(system, namespace, enabled=False),
-        "api": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(), tracer_provider=NoOpTracerProvider()),
-        "sdk": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=tracer_provider),
-        "traces only": Telemetry(system, namespace, meter_provider=NoOpMeterProvider(),
-                                 tracer_provider=tracer_provider),
-        "metrics only": Telemetry(system, namespace, meter_provider=meter_provider,
-                                  tracer_provider=NoOpTracerProvider()),
-        "sampled": Telemetry(system, namespace, meter_provider=meter_provider, tracer_provider=sampled_provider),
-    }, count
+        from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+    except ImportError:
+        yield {}
+        return
+    made = {kind: IdempotencyStore.from_url(url, table_prefix=store.table_prefix, cursor_events=True,
+                                            **pool_options(url, 2, 2)) for kind in SQLALCHEMY}
+    instrumentor = SQLAlchemyInstrumentor()
+    # Its declared range stops before SQLAlchemy 2.1, whose engine events it uses are unchanged.
+    instrumentor.instrument(engine=made["sqlalchemy"].engine, tracer_provider=tracer_provider, skip_dep_check=True)
+    try:
+        yield made
+    finally:
+        instrumentor.uninstrument()
+        for made_store in made.values():
+            made_store.close()
 
 
-def measure(store: IdempotencyStore, requests: int, repetitions: int, warmup: int,
-            log: Callable[[str], None]) -> dict[str, Any]:
-    """Median wall and client CPU time per replay under each telemetry, and the overheads against ``off``."""
-    kinds, exported = telemetries(store)
-    kinds["one span"] = kinds["off"]
+class Sdk:
+    """The OpenTelemetry SDK's providers the conditions record to, and the library telemetries on them for `store`
+    (`kinds`: every condition the store's own telemetry makes)."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        try:
+            from opentelemetry.metrics import NoOpMeterProvider
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+            from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+            from opentelemetry.trace import NoOpTracerProvider
+        except ImportError as exc:
+            raise CannotMeasure(f"the OpenTelemetry SDK is not installed ({exc.name}): pip install opentelemetry-sdk"
+                                ) from None
+        exported = self._exported = [0]
+
+        class Dropped(SpanExporter):
+            def export(self, spans: Sequence[Any]) -> SpanExportResult:
+                exported[0] += len(spans)
+                return SpanExportResult.SUCCESS
+
+        self.tracer_provider = TracerProvider()
+        self._sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
+        for provider in (self.tracer_provider, self._sampled):
+            provider.add_span_processor(BatchSpanProcessor(Dropped()))
+        system, namespace = store.backend.db_system_name, store.backend.db_namespace()
+        meters, no_meters, no_tracer = MeterProvider(metric_readers=[InMemoryMetricReader()]), NoOpMeterProvider(), \
+            NoOpTracerProvider()
+        self.kinds = {
+            "off": Telemetry(system, namespace, enabled=False),
+            "api": Telemetry(system, namespace, meter_provider=no_meters, tracer_provider=no_tracer),
+            "sdk": Telemetry(system, namespace, meter_provider=meters, tracer_provider=self.tracer_provider),
+            "traces only": Telemetry(system, namespace, meter_provider=no_meters, tracer_provider=self.tracer_provider),
+            "metrics only": Telemetry(system, namespace, meter_provider=meters, tracer_provider=no_tracer),
+            "sampled": Telemetry(system, namespace, meter_provider=meters, tracer_provider=self._sampled),
+            "dropped": Telemetry(system, namespace, meter_provider=no_meters,
+                                 tracer_provider=TracerProvider(sampler=ALWAYS_OFF)),
+        }
+
+    def exported(self) -> int:
+        """The spans the SDK exported so far."""
+        self.tracer_provider.force_flush()
+        self._sampled.force_flush()
+        return self._exported[0]
+
+
+def measure(store: IdempotencyStore, sdk: Sdk, through_cursor: dict[str, IdempotencyStore], requests: int,
+            repetitions: int, warmup: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Median wall and client CPU time per replay under each telemetry, and the overheads against ``off``
+    ("sqlalchemy"'s against "cursor events", the same statements without the instrumentation)."""
+    kinds = sdk.kinds | {"one span": sdk.kinds["off"]} | {kind: sdk.kinds["off"] for kind in through_cursor}
+    conditions = [kind for kind in CONDITIONS if kind in kinds]
+    stores = {kind: through_cursor.get(kind, store) for kind in conditions}
     tracer = kinds["sdk"].tracer
     store.create_tables()
 
     def never(conn: Any) -> Any:
         raise ExactlyOnceViolation("a replay ran the effect")
 
-    def replay(i: int) -> None:
-        store.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS}, effect=never)
-
     def replays(n: int, kind: str) -> tuple[float, float]:
-        store.core.telemetry = kinds[kind]
+        runner = stores[kind]
+        runner._core.telemetry = kinds[kind]  # the bench's own stores: their telemetry swapped per run
         wall, cpu = time.perf_counter(), time.process_time()
-        if kind == "one span":
-            for i in range(n):
+        for i in range(n):
+            if kind == "one span":
                 with tracer.start_as_current_span("request"):
-                    replay(i)
-        else:
-            for i in range(n):
-                replay(i)
+                    runner.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS},
+                               effect=never)
+            else:
+                runner.run(scope="bench", operation="replay:v1", key=f"k{i % KEYS}", request={"n": i % KEYS},
+                           effect=never)
         return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
 
     for i in range(KEYS):
         store.run(scope="bench", operation="replay:v1", key=f"k{i}", request={"n": i}, effect=lambda conn: {"ok": 1})
-    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in CONDITIONS}
-    for kind in CONDITIONS:
+    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in conditions}
+    for kind in conditions:
         replays(warmup, kind)
     for rep in range(repetitions):
-        for kind in CONDITIONS[rep % len(CONDITIONS):] + CONDITIONS[:rep % len(CONDITIONS)]:
+        for kind in conditions[rep % len(conditions):] + conditions[:rep % len(conditions)]:
             samples[kind].append(replays(requests, kind))
         log(f"repetition {rep + 1}/{repetitions}: " + ", ".join(
-            f"{kind} {samples[kind][-1][0]:.0f} us" for kind in CONDITIONS))
-    spans = exported()
+            f"{kind} {samples[kind][-1][0]:.0f} us" for kind in conditions))
+    spans = sdk.exported()
     if spans < requests * repetitions:
         raise BenchFailed(f"the SDK exported {spans} spans for {requests * repetitions} measured replays")
     medians = {kind: {"wall_us": statistics.median(w for w, _ in samples[kind]),
-                      "cpu_us": statistics.median(c for _, c in samples[kind])} for kind in CONDITIONS}
-    off = medians["off"]
+                      "cpu_us": statistics.median(c for _, c in samples[kind])} for kind in conditions}
+
+    def overhead(kind: str) -> dict[str, float]:
+        base = medians["cursor events" if kind == "sqlalchemy" else "off"]
+        return {"wall_us": medians[kind]["wall_us"] - base["wall_us"],
+                "wall_pct": 100 * (medians[kind]["wall_us"] / base["wall_us"] - 1),
+                "cpu_us": medians[kind]["cpu_us"] - base["cpu_us"],
+                "cpu_pct": 100 * (medians[kind]["cpu_us"] / base["cpu_us"] - 1)}
+
     return {
         "schema": SCHEMA,
         "requests": requests,
         "repetitions": repetitions,
         "replay": medians,
-        "overhead": {kind: {"wall_us": medians[kind]["wall_us"] - off["wall_us"],
-                            "wall_pct": 100 * (medians[kind]["wall_us"] / off["wall_us"] - 1),
-                            "cpu_us": medians[kind]["cpu_us"] - off["cpu_us"]} for kind in CONDITIONS[1:]},
+        "overhead": {kind: overhead(kind) for kind in conditions[1:]},
+        "baseline": {kind: "cursor events" if kind == "sqlalchemy" else "off" for kind in conditions[1:]},
+        "not_measured": {kind: "opentelemetry-instrumentation-sqlalchemy is not installed"
+                         for kind in SQLALCHEMY if kind not in kinds},
         "spans_exported": spans,
         # The SDK samples exemplars of measurements made under a sampled span unless told otherwise: a cost.
         "exemplar_filter": os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based"),
@@ -157,10 +204,11 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"telemetry overhead per replay: {engine.get('backend', '?')} {engine.get('server_version', '')}"
              f" ({report['requests']} replays x {report['repetitions']} repetitions, medians; SDK exemplar filter"
              f" {report['exemplar_filter']})",
-             f"{'telemetry':<12} {'wall us':>9} {'client CPU us':>14} {'overhead':>18}"]
-    for kind in CONDITIONS:
-        row = report["replay"][kind]
+             f"{'telemetry':<14} {'wall us':>9} {'client CPU us':>14} {'CPU overhead':>20}  against"]
+    for kind, row in report["replay"].items():
         extra = report["overhead"].get(kind)
-        over = "" if extra is None else f"{extra['wall_us']:+.1f} us ({extra['wall_pct']:+.1f} %)"
-        lines.append(f"{kind:<12} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>18}")
+        over = "" if extra is None else f"{extra['cpu_us']:+.1f} us ({extra['cpu_pct']:+.1f} %)"
+        against = report["baseline"].get(kind, "")
+        lines.append(f"{kind:<14} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>20}  {against}")
+    lines += [f"{kind}: not measured ({why})" for kind, why in report["not_measured"].items()]
     return "\n".join(lines) + "\n"

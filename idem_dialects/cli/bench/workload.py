@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, text
 from sqlalchemy.engine import Connection
 
-from ...retry import call_with_retry
+from ...retry import RetryPolicy, retrying
+from ...steps import Flow, Sleep
 from ...store import IdempotencyStore
 from .plan import INITIAL_BALANCE, OPERATION, REQUEST
 from .runner import ExactlyOnceViolation
+
+T = TypeVar("T")
 
 
 class Workload:
@@ -169,3 +174,25 @@ END;
 $$""",
     ]
 
+
+def call_with_retry(
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    fn: Callable[[], T],
+    on_retry: Callable[[str], None] = lambda cause: None,
+) -> T:
+    """`retrying` for a plain function, sleeping with `time.sleep`: the bare effect, retried as `run` retries."""
+
+    def attempt() -> Flow[T]:
+        return fn()
+        yield  # a generator: the call above is the attempt
+
+    flow = retrying(policy, classify, attempt, on_retry)
+    sent: Any = None
+    while True:
+        try:
+            step = flow.send(sent)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        assert isinstance(step, Sleep)
+        time.sleep(step.seconds)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench import APIS, LEVELS, MEASURES
+from ..output import add_output, add_quiet, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
@@ -24,12 +25,13 @@ FORMATS = ("table", "markdown", "json")
 OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "workers": (("sync",), int, "N[,N...]", "concurrent workers, one thread and one connection each (default 1);"
                                            " several (1,8,32) measure each in turn"),
-    "requests": (("sync", "async", "http"), int, "M", "requests per mode (sync: per repetition; default 1000;"
-                                                      " http: 400)"),
+    "requests": (("sync", "async", "http"), int, "M", "requests per mode (sync, http: per repetition; default"
+                                                      " 1000; http: 400)"),
     "duplicates": (("sync",), float, "RATIO", "share of the contention slice that repeats a key another worker sends"
                                               " at the same moment, in [0, 1) (default 0.5)"),
-    "repetitions": (("sync", "consumer"), int, "R", "interleaved repetitions of every mode; the report takes"
-                                                     " medians (default 5; consumer: 3)"),
+    "repetitions": (("sync", "async", "consumer", "http"), int, "R", "interleaved repetitions of every mode; the"
+                                                                      " report takes medians (default 5; async: 1;"
+                                                                      " consumer, http: 3)"),
     "warmup": (("sync",), int, "W", "unmeasured requests per mode before the first repetition (default 100)"),
     "memory_check": (("sync",), int, "N", "finally run N requests (first-time and replay in turn) under tracemalloc"
                                           " and report memory growth per 10k requests (e.g. 100000; default off)"),
@@ -39,10 +41,15 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "sleep": (("async",), float, "S", "what the sleep figure's effect awaits, in seconds (default 0.2)"),
     "driver": (("async", "http"), str, "NAME", "the async driver (default: the first installed the backend"
                                                 " declares)"),
+    "framework": (("http",), str, "NAME", "the app's framework: starlette (default) or fastapi (pydantic bodies and"
+                                          " the IdemConnection dependency; the [fastapi] extra)"),
     "messages": (("consumer",), int, "N", "messages per mode and repetition, each broker (default 2000)"),
     "broker": (("consumer",), str, "NAME", "rabbitmq, nats or redis (repeatable; default: every broker reachable"
                                            " here)"),
 }
+
+# Options outside OPTIONS (their own argparse forms), with the APIs that use them.
+FLAGS: dict[str, tuple[str, ...]] = {"profile": ("sync",), "gc_freeze": ("http",)}
 
 
 def levels(value: str) -> tuple[int, ...]:
@@ -68,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to measure: sync = IdempotencyStore.run beside the bare effect on worker threads"
                              " (default); async = AsyncIdempotencyStore beside the bare async effect and the sync"
                              " store, with the event-loop lag of a 10 ms heartbeat; http = the ASGI middleware on a"
-                             " real uvicorn server beside the bare endpoint (the [http] and [async] extras);"
+                             " real uvicorn server beside the bare endpoint (the [bench] extra and an async driver's);"
                              " consumer = messages/s of each broker's idempotent consumer beside the same consumer"
                              " without the inbox (the brokers' extras)")
     for name, (apis, kind, metavar, text) in OPTIONS.items():
@@ -78,30 +85,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             action="append" if name == "broker" else "store")
     parser.add_argument("--measure", choices=MEASURES, default="workload",
                         help="workload: the debit workload through --api (default); telemetry: replays with telemetry"
-                             " off, with OpenTelemetry's no-op API and with the SDK recording (--requests,"
-                             " --repetitions, --warmup); purge: purge's rows/s and the latency of first-time claims"
-                             " beside it (--rows, --batch-size, --workers); both on the sync store, one engine")
-    parser.add_argument("--rows", type=int, metavar="N", help="--measure purge: old records to purge (default 100000)")
+                             " off, with OpenTelemetry's no-op API, with the SDK recording (all, traces or metrics"
+                             " only, sampled, a dropped span) and beside OpenTelemetry's SQLAlchemy instrumentation"
+                             " (--requests, --repetitions, --warmup); purge: purge's rows/s and the latency of"
+                             " first-time claims beside it (--rows, --batch-size, --workers); outbox: commands/s of 1"
+                             " and 4 relays sharing one outbox (--rows, --batch-size; --workers N for one level);"
+                             " each on the sync store, one engine")
+    parser.add_argument("--rows", type=int, metavar="N", help="--measure purge: old records to purge (default 100000);"
+                                                          " outbox: commands to relay (default 20000)")
     parser.add_argument("--batch-size", type=int, metavar="N",
-                        help="--measure purge: rows per purge transaction (default 1000)")
+                        help="--measure purge: rows per purge transaction (default 1000); outbox: commands per relay"
+                             " round (default 100)")
+    parser.add_argument("--recent", type=int, metavar="N",
+                        help="--measure purge: records within retention beside the old ones (default 0)")
+    parser.add_argument("--purge-mode", choices=("delete", "delete-default-isolation", "generations"),
+                        help="--measure purge: delete (row by row, as shipped; the default), delete-default-isolation"
+                             " (row by row at the server's default isolation, as before generations) or generations"
+                             " (the old records are the previous generation, dropped whole)")
+    parser.add_argument("--gc-freeze", action="store_const", const=True,
+                        help="--api http: the server freezes its startup heap (gc.freeze() once warm, as docs/http.md"
+                             " advises services), so full collections scan only what requests leave behind")
     parser.add_argument("--profile", choices=MODES,
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/2,"
+                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/3,"
                              " -consumer/1, or"
                              " -set/1 for several engines or levels; see BENCHMARKS.md) for tools")
-    parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
+    add_output(parser, "the report (in --format)")
     parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_quiet(parser)
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The options given for the chosen API; one given for another API is a usage error."""
     from ..bench import UsageError
 
-    given = {name: getattr(args, name) for name in [*OPTIONS, "profile"] if getattr(args, name) is not None}
-    uses = {name: apis for name, (apis, *_) in OPTIONS.items()} | {"profile": ("sync",)}
+    given = {name: getattr(args, name) for name in [*OPTIONS, *FLAGS] if getattr(args, name) is not None}
+    uses = {name: apis for name, (apis, *_) in OPTIONS.items()} | FLAGS
     wrong = [name for name in given if args.api not in uses[name]]
     if wrong:
         raise UsageError("; ".join(f"--{n.replace('_', '-')} is for --api {' or '.join(uses[n])}" for n in wrong))
@@ -123,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         elif len(names) != 1:
             raise bench.UsageError(f"--measure {args.measure} measures one engine at a time")
         else:
-            chosen = {o: getattr(args, o) for o in (*OPTIONS, "profile", "rows", "batch_size")}
+            chosen = {o: getattr(args, o) for o in (*OPTIONS, *FLAGS, "rows", "batch_size", "recent", "purge_mode")}
             benches = [bench.measurement(args.measure, args.api, **chosen)]
         report = bench.run(names, benches, lenient=lenient, log=log)
     except (ValueError, bench.UsageError) as exc:
@@ -156,11 +177,7 @@ def emit(args: argparse.Namespace, report: dict[str, Any]) -> int:
         text = module.render(report) if args.format != "json" else render(report, "json")
     else:
         text = render(report, args.format)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    write(text, args.output)
     if args.html:
         Path(args.html).write_text(render_html([report]), encoding="utf-8")
     return EXIT_OK

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..bench.runner import prefixed
+from ..output import add_output, add_quiet, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 LIVE_ENGINES = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="random seed for the messages and the kills (default: random)")
     parser.add_argument("--format", choices=("markdown", "json"), default="markdown",
                         help="markdown (the table) or json (every count)")
-    parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_output(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,8 +88,5 @@ def run(args: argparse.Namespace) -> int:
             status.server.stop()
     text = (json.dumps([describe(r) for r in results], indent=2) + "\n" if args.format == "json"
             else table(results) + "\n")
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    write(text, args.output)
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED

@@ -13,12 +13,15 @@ from sqlalchemy.schema import ExecutableDDLElement
 
 from ...schema import build_tables, check_prefix
 from ...url import offline
+from ..output import add_output, add_quiet, write
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="SQLAlchemy URL (or just the backend name: sqlite, postgresql,"
                                                    " mysql, mariadb, mssql, oracle); no connection is made")
     parser.add_argument("--table-prefix", default="idem_", help="table name prefix (default: idem_)")
+    add_output(parser, "the statements")
+    add_quiet(parser, "accepted as every report command does; ddl prints no progress")
 
 
 def ddl(url_text: str, prefix: str = "idem_") -> list[str]:
@@ -34,5 +37,5 @@ def ddl(url_text: str, prefix: str = "idem_") -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    print("\n\n".join(ddl(args.url, args.table_prefix)))
+    write("\n\n".join(ddl(args.url, args.table_prefix)) + "\n", args.output)
     return 0

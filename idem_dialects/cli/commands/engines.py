@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ...engines import ENGINES, describe, env_var, expand, provision
+from ..output import add_output, add_quiet, write
 from ..reporting import render
 from . import EXIT_OK, EXIT_USAGE
 
@@ -22,7 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="store_true",
                         help="provide each engine (starting embedded servers and clusters for a moment), check it"
                              " answers, and say which are available here")
-    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table",
+                        help="table for people, markdown, or json for tools (default: table)")
+    add_output(parser, "the list")
+    add_quiet(parser, "accepted as every report command does; engines prints no progress")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"idem-dialects engines: {exc.args[0]}", file=sys.stderr)
         return EXIT_USAGE
     found = {name: probed(name) if args.probe else listed(name) for name in names}
-    print(render({"version": 1, "probed": args.probe, "engines": found}, args.format), end="")
+    write(render({"version": 1, "probed": args.probe, "engines": found}, args.format), args.output)
     return EXIT_OK
 
 

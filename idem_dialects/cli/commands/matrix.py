@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from sqlalchemy.engine import URL
 from ...conformance.results import FAILED, Collector, build_report, run_suite
 from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision, version_text
 from ...errors import ConfigurationError
-from ...store import IdempotencyStore
+from ...store import IdempotencyStore, connect
+from ..output import add_output, add_quiet, write
 from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -33,8 +34,11 @@ FORMATS = ("table", "markdown", "json", "html")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", metavar="NAME",
-                        help="engine to run on (repeatable; 'all'; a family such as 'mssql' means every mssql-*);"
-                             " default: every engine, those unavailable here listed as skipped")
+                        help="engine to run on, provided whatever it takes: a cluster or a container is started for"
+                             " it (repeatable; a family such as 'mssql' means every mssql-*; 'all': every engine of"
+                             " the catalogue). Default: the embedded engines (SQLite, PostgreSQL 18) and the servers"
+                             " found here (a local service, an IDEM_URL_<NAME>), without starting any cluster or"
+                             " container; the others are listed as not run")
     parser.add_argument("--url", action="append", metavar="NAME=URL", default=[],
                         help="database URL for an engine (repeatable); a NAME outside the catalogue adds an engine")
     parser.add_argument("--require", action="append", metavar="NAME", default=[],
@@ -49,11 +53,11 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument("-k", dest="select", metavar="EXPR",
                         help="only the checks matching this pytest -k expression (e.g. 'keys or purge')")
-    parser.add_argument("--output", metavar="FILE", help="write the report (in --format) to FILE instead of stdout")
+    add_output(parser, "the report (in --format)")
     parser.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report to FILE")
     parser.add_argument("--show-skipped", action="store_true",
                         help="table/markdown: a column and a line (reason, how to enable) per unavailable engine")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_quiet(parser)
 
 
 def require_suite(command: str) -> None:
@@ -74,7 +78,7 @@ def reach(url: str | URL) -> tuple[URL, str]:
     creating tables (and drop them), so a role without that privilege stops here (InsufficientPrivilege, exit 78)
     rather than failing every check. The URL engines are built from, and what answered."""
     with IdempotencyStore.from_url(url, table_prefix=f"idem_reach_{uuid.uuid4().hex[:8]}_") as store:
-        with store.backend.connect(store.engine) as conn:
+        with connect(store.engine, store.backend) as conn:
             resolved, version = store.engine.url, version_text(conn.dialect)
         store.create_tables()
         store.drop_tables()
@@ -92,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"idem-dialects matrix: {exc.args[0]}", file=sys.stderr)
         return EXIT_USAGE
     names = list(dict.fromkeys(names + required))
+    # Engines named on the command line are provided whatever it takes; by default nothing heavy is started.
+    asked = set(names) if args.engine else set(required)
     # An engine the user gave a URL for (--url or IDEM_URL_<NAME>) is one they meant to run: unreachable fails.
     required += [n for n in names if n not in required and (n in urls or os.environ.get(env_var(n)))]
     versions: dict[str, str] = {}
@@ -99,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         urls[name], versions[name] = reach(urls[name])
     return run_matrix(names, urls=urls, required=required, fmt=args.format, select=args.select,
                       output=args.output, quiet=args.quiet, api=args.api, html=args.html,
-                      show_skipped=args.show_skipped, versions=versions)
+                      show_skipped=args.show_skipped, versions=versions, asked=asked)
 
 
 # --- running --------------------------------------------------------------------------------------------------
@@ -107,19 +113,23 @@ def run(args: argparse.Namespace) -> int:
 
 def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Sequence[str], fmt: str = "table",
                select: str | None = None, output: str | None = None, quiet: bool = False, api: str = "sync",
-               html: str | None = None, show_skipped: bool = False, versions: Mapping[str, str] = {}) -> int:
+               html: str | None = None, show_skipped: bool = False, versions: Mapping[str, str] = {},
+               asked: Collection[str] | None = None) -> int:
     """Provision `names`, run the suite on those available, print the report; the exit status as documented.
-    `versions`: what answered at URLs the caller already connected to (not probed again)."""
+    `versions`: what answered at URLs the caller already connected to (not probed again). `asked`: the engines for
+    which a cluster or a container may be started (default: all of `names`)."""
     stream = None if quiet else sys.stderr
     statuses: dict[str, EngineStatus] = {}
     try:
         for name in names:
             if stream:
                 print(f"provisioning {name} ...", file=stream, flush=True)
-            status = statuses[name] = provision(name, urls, name in required, versions.get(name))
+            status = statuses[name] = provision(name, urls, name in required, versions.get(name),
+                                                start_on_request=asked is None or name in asked)
             if stream:
-                state = f"available: {status.server.how} ({status.server_version})" if status.server else \
-                    f"unavailable: {status.reason}"
+                state = (f"available: {status.server.how} ({status.server_version})" if status.server else
+                         f"not run: it starts a cluster or a container; ask for it with --engine {name}"
+                         if status.on_request else f"unavailable: {status.reason}")
                 print(f"  {name}: {state}", file=stream, flush=True)
         missing = [s for s in statuses.values() if s.required and not s.available]
         if missing:
@@ -159,11 +169,7 @@ def run_matrix(names: Sequence[str], *, urls: Mapping[str, URL], required: Seque
     text = render(report, fmt, show_skipped=show_skipped)
     if html:
         Path(html).write_text(render_html([report]), encoding="utf-8")
-    if output:
-        Path(output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    write(text, output)
     return code
 
 
@@ -190,7 +196,7 @@ def api_columns(statuses: Mapping[str, EngineStatus], api: str) -> dict[str, Eng
         spec = ENGINES.get(name)
         backend = status.server.url.get_backend_name() if status.server else spec.backend if spec else None
         if api in ("async", "both") and backend is not None:
-            for driver in dialects.load(backend).usable_drivers(asynchronous=True):
+            for driver in dialects.usable_drivers(dialects.load(backend), asynchronous=True):
                 column = f"{name}-{driver}"
                 columns[column] = ColumnStatus(**{f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
                                                | {"name": column, "engine": name, "driver": driver})

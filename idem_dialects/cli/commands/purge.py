@@ -7,7 +7,9 @@ import sys
 from datetime import timedelta
 
 from ...limits import parse_duration
-from ...store import IdempotencyStore
+from ...store import IdempotencyStore, connect
+from ...url import existing_database
+from ..output import add_quiet
 
 
 def duration(text: str) -> timedelta:
@@ -25,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1000, metavar="N",
                         help="rows per transaction (default 1000, at most 1,000,000)")
     parser.add_argument("--table-prefix", default="idem_", help="table name prefix (default: idem_)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help="a progress line per batch on stderr")
+    add_quiet(parser, "no summary line on success (for cron); errors still go to stderr")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,12 +36,15 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(table: str, deleted: int) -> None:
         done[table] = done.get(table, 0) + deleted
-        if not args.quiet:
+        if args.verbose:
             print(f"  {table}: {done[table]} deleted", file=sys.stderr, flush=True)
 
-    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
-        with store.backend.connect(store.engine):  # fail at once on a database that does not answer (no retries)
+    # Never creates a database: a mistyped SQLite path is an error, not a new empty file.
+    with IdempotencyStore.from_url(existing_database(args.url), table_prefix=args.table_prefix) as store:
+        with connect(store.engine, store.backend):  # fail at once on a database that does not answer (no retries)
             pass
         total = store.purge(older_than=args.older_than, batch_size=args.batch_size, progress=progress)
-    print(f"purged {total} rows older than {args.older_than} ({', '.join(f'{t}: {n}' for t, n in done.items())})")
+    if not args.quiet:
+        print(f"purged {total} rows older than {args.older_than}"
+              f" ({', '.join(f'{t}: {n}' for t, n in done.items())})")
     return 0

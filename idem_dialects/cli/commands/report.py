@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..output import add_output, add_quiet, write
 from . import EXIT_OK, EXIT_USAGE
 
 FORMATS = ("table", "markdown", "html", "json")
@@ -22,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS,
                         help="table, markdown, html (one self-contained page) or json; default: from -o's suffix"
                              " (.html, .md), else table")
-    parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
+    add_output(parser, "the rendered report")
+    add_quiet(parser, "accepted as every report command does; report prints no progress")
     parser.add_argument("--show-skipped", action="store_true",
                         help="table/markdown: a column and a line (reason, how to enable) per unavailable engine")
 
@@ -43,9 +45,5 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps(reports, indent=2, ensure_ascii=False) + "\n"
     else:
         text = "\n".join(render(r, fmt, show_skipped=args.show_skipped) for r in reports)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    write(text, args.output)
     return EXIT_OK

@@ -14,6 +14,7 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ..output import add_output, add_quiet, write
 from . import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from .purge import duration
 
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " e.g. 24h, 7d): records completed longer ago are the purge backlog (default 24h, the"
                              " store's default)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="table for people, json for tools")
+    add_output(parser)
+    add_quiet(parser, "accepted as every report command does; stats prints no progress (exceeded thresholds"
+                      " still go to stderr)")
     parser.add_argument("--fail-on-stuck", type=count, metavar="N",
                         help=f"exit {EXIT_THRESHOLD} if more than N claims are stuck (never completed, lease over)")
     parser.add_argument("--fail-on-backlog", type=count, metavar="N",
@@ -69,18 +73,22 @@ def exceeded(stats: Stats, args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ...retention import DEFAULT_RETENTION
-    from ...store import IdempotencyStore
+    from ...store import IdempotencyStore, connect
+    from ...url import existing_database, parse
 
     retention = DEFAULT_RETENTION if args.retention is None else args.retention
-    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix, retention=retention) as store:
-        with store.backend.connect(store.engine):  # fail at once on a database that does not answer (no retries)
+    # Never creates a database: a mistyped SQLite path is an error, not a new empty file.
+    with IdempotencyStore.from_url(existing_database(args.url), table_prefix=args.table_prefix,
+                                   retention=retention) as store:
+        with connect(store.engine, store.backend):  # fail at once on a database that does not answer (no retries)
             pass
         stats = store.stats()
-        where = f"{store.engine.url.render_as_string(hide_password=True)}, tables {store.table_prefix}*"
+        # The URL as given (the engine's may be the backend's open-if-it-exists form of it), never its password.
+        where = f"{parse(args.url).render_as_string(hide_password=True)}, tables {store.table_prefix}*"
     if args.format == "json":
-        print(json.dumps({"database": where} | stats.as_dict(), indent=2))
+        write(json.dumps({"database": where} | stats.as_dict(), indent=2) + "\n", args.output)
     else:
-        print(render(stats, where))
+        write(render(stats, where) + "\n", args.output)
     problems = exceeded(stats, args)
     for line in problems:
         print(f"idem-dialects stats: {line}", file=sys.stderr)
@@ -91,16 +99,22 @@ def render(stats: Stats, where: str) -> str:
     oldest = "none"
     if stats.oldest_open is not None and stats.oldest_open_age is not None:
         oldest = f"created {stats.oldest_open:%Y-%m-%d %H:%M:%S} UTC, {_duration(stats.oldest_open_age)} ago"
+    def n(name: str, value: int) -> str:  # "~": the engine's estimate, not a count
+        return f"~{value:,}" if name in stats.estimated else f"{value:,}"
+
     rows = [
-        ("records", f"{stats.records:,}"),
-        ("  completed", f"{stats.completed:,}"),
+        ("records", n("records", stats.records)),
+        ("  completed", n("completed", stats.completed)),
         ("  in flight", f"{stats.in_flight:,}  (live lease)"),
         ("  expired lease", f"{stats.expired:,}  (stuck: never completed, lease over)"),
         ("oldest open claim", oldest),
         ("retention", _duration(stats.retention)),
-        ("past retention", f"{stats.purgeable:,} records, {stats.purgeable_messages:,} messages  (waiting for purge)"),
-        ("messages", f"{stats.messages:,}"),
+        ("past retention", f"{n('purgeable', stats.purgeable)} records,"
+                           f" {n('purgeable_messages', stats.purgeable_messages)} messages  (waiting for purge)"),
+        ("messages", n("messages", stats.messages)),
     ]
+    if stats.estimated:
+        rows.append(("", "~ the engine's estimate (catalog statistics), not a count"))
     for name, size in stats.sizes.items():
         rows.append((f"size {name}", "not reported" if size is None else
                      f"{_bytes(size.table_bytes)} table, {_bytes(size.index_bytes)} indexes"))

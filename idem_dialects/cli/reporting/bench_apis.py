@@ -1,4 +1,4 @@
-"""The async store's, the HTTP middleware's and the consumer's bench reports (idem-dialects-bench-async/1, -http/2,
+"""The async store's, the HTTP middleware's and the consumer's bench reports (idem-dialects-bench-async/1, -http/3,
 -consumer/1) as a terminal table or markdown."""
 
 from __future__ import annotations
@@ -44,22 +44,37 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
     def ratio(p: Mapping[str, Any], key: str) -> str:
         return f"{p[key]:.2f}" if key in p else ("1.00" if p["path"] == "bare" and not p["x_handler"] else "")
 
+    def trips(p: Mapping[str, Any]) -> str:
+        return f"{p['round_trips_per_request']:.2f}" if "round_trips_per_request" in p else ""
+
     rows = [[name, p["workload"], p["path"], str(p["requests"]), f"{p['throughput_per_s']:.0f}",
              ratio(p, "ratio_to_bare"), f"{p['latency_ms']['p50']:.2f}", f"{p['latency_ms']['p99']:.2f}",
-             f"{p['server_cpu_us_per_request']:.0f}", ratio(p, "cpu_ratio_to_bare"),
+             f"{p['server_cpu_us_per_request']:.0f}", ratio(p, "cpu_ratio_to_bare"), trips(p),
              "" if p["x_handler"] is None else f"{p['x_handler']:.2f}x handler"] for p in run["paths"]]
     x = run["exactly_once"]
     lines = [heading(f"idem-dialects bench --api http -- {name} {e['server_version']}", markdown), "",
-             f"database: {e['url']} via {e['driver']}",
+             f"database: {e['url']} via {e['driver']}, app on {c.get('framework', 'starlette')}",
              *wrap(f"{c['concurrency']} connections for the throughput workload, {c['requests']} requests per path"
-                   f" (the replays resend the first-time keys); {calls} for the latency workload", "    ", first=""),
+                   f" x {c.get('repetitions', 1)} interleaved repetitions (the replays resend the first-time keys);"
+                   f" {calls} for the latency workload", "    ", first=""),
              "", *table(["engine", "workload", "path", "requests", "req/s", "x bare", "p50 ms", "p99 ms",
-                         "server CPU us", "CPU x bare", calls], rows, markdown), "",
-             "server CPU = the process's CPU less the client's thread, per request (uvicorn's loop, driver threads)",
-             *_targets(run),
+                         "server CPU us", "CPU x bare", "trips", calls], rows, markdown), "",
+             "server CPU = the process's CPU less the client's thread, per request (uvicorn's loop, driver threads);",
+             "x bare = the median of each repetition's ratio; trips = round trips per request (an unmeasured pass)",
+             *_collections(run), *_targets(run),
              f"exactly-once: balance and record count checked in the database ({x['effects']} effects,"
              f" {x['records']} records)", f"elapsed {run['elapsed_s']} s"]
     return "\n".join(lines) + "\n"
+
+
+def _collections(run: Mapping[str, Any]) -> list[str]:
+    """The full garbage collections during each throughput path: each pauses every request in flight (the p99)."""
+    rows = [p for p in run["paths"] if "full_collections" in p]
+    if not rows:
+        return []
+    frozen = " (startup heap frozen: --gc-freeze)" if run["config"].get("gc_freeze") else ""
+    return ["full garbage collections" + frozen + ": " + ", ".join(
+        f"{p['path']} {p['full_collections']} ({p['full_collections_ms']:.0f} ms)" for p in rows)]
 
 
 def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
@@ -80,4 +95,4 @@ def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-OTHERS = {"async/1": render_async, "http/2": render_http, "consumer/1": render_consumer}
+OTHERS = {"async/1": render_async, "http/3": render_http, "consumer/1": render_consumer}

@@ -13,6 +13,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from ... import __version__
+from ...errors import ConfigurationError
 from . import observations as obs
 from .bench import engine_label, runs
 from .engines import enable, state
@@ -28,8 +29,12 @@ SYMBOL = {"passed": "✓", "failed": "✗ failed", "skipped": "skipped"}
 
 @cache
 def environment() -> Environment:
-    """The templates, loaded from the package (jinja2 is imported only when a page is rendered)."""
-    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+    """The templates, loaded from the package (jinja2, the [report] extra, is imported only when a page is
+    rendered)."""
+    try:
+        from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+    except ImportError:
+        raise ConfigurationError("the HTML report needs Jinja2: pip install 'idem-dialects[report]'") from None
 
     return Environment(loader=PackageLoader("idem_dialects.cli.reporting", "templates"),
                        autoescape=select_autoescape(["html.j2"]), undefined=StrictUndefined, trim_blocks=True,

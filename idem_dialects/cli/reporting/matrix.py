@@ -1,7 +1,8 @@
 """The matrix report (schema version 1) as a terminal table or GitHub markdown.
 
-The terminal table fits `WIDTH` columns: engines that could not be had are one summary line (each with its reason
-and a column in the grid only with `show_skipped`), long reasons become wrapped footnotes, and observations whose
+The terminal table fits `WIDTH` columns: each column is headed by its engine's name (stacked over a few lines where
+it is long), engines that could not be had are one summary line (each with its reason and a column in the grid
+only with `show_skipped`), each distinct reason a cell refers to is one wrapped footnote, and observations whose
 values do not fit a grid column are listed one engine per line under their name.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .observations import ran, tally, unavailable
-from .text import WIDTH, heading, keyed_lines, show, table, wrap
+from .text import WIDTH, heading, keyed_lines, show, stacked_table, table, wrap
 
 SYMBOL = {"passed": "✓", "failed": "✗", "skipped": "skip"}
 
@@ -31,8 +32,14 @@ def render_matrix(report: Mapping[str, Any], fmt: str = "table", *, show_skipped
         out += table(["engine", "how / why not"], [list(r) for r in rows], markdown=True)
     else:
         out += keyed_lines(rows, width)
-    if missing and not show_skipped:
-        line = (f"Not available here, every check skipped ({len(missing)}): {', '.join(missing)}."
+    held = [n for n in missing if engines[n].get("on_request")]  # not started: nobody asked for them
+    absent = [n for n in missing if n not in held]
+    if held and not show_skipped:
+        line = (f"Not run unless asked for ({len(held)}): {', '.join(held)}. Each starts a cluster or a container:"
+                " `idem-dialects matrix --engine NAME` runs one, `--engine all` every engine.")
+        out += ["", *wrap(line, width=width)]
+    if absent and not show_skipped:
+        line = (f"Not available here, every check skipped ({len(absent)}): {', '.join(absent)}."
                 " `idem-dialects engines` says how to enable each (or add --show-skipped).")
         out += ["", *wrap(line, width=width)]
     out += ["", heading(f"Checks ({len(report['checks'])}) x engines", markdown), ""]
@@ -47,6 +54,7 @@ def _grid(report: Mapping[str, Any], columns: list[str], markdown: bool, width: 
     notes: list[str] = []
 
     def note(text: str) -> str:
+        # One note per distinct reason, whatever the checks and engines that share it (their cells show which).
         if text not in notes:
             notes.append(text)
         return f"[{notes.index(text) + 1}]"
@@ -61,26 +69,18 @@ def _grid(report: Mapping[str, Any], columns: list[str], markdown: bool, width: 
                 continue
             text = SYMBOL[cell["outcome"]]
             if cell["reason"] and (cell["outcome"] != "skipped" or name not in unavailable(report)):
-                text += " " + note(f"{check['id']} on {name}: {cell['reason']}")
+                text += " " + note(cell["reason"])
             row.append(text)
         grid.append(row)
-    header = ["check"] + (["guarantee"] if markdown else []) + columns
-    lines = table(header, grid, markdown)
-    legend: list[str] = []
-    if not markdown and max(len(line) for line in lines) > width:  # too many engines: number the columns
-        short = [f"e{i}" for i in range(1, len(columns) + 1)]
-        lines = table(["check", *short], grid, markdown)
-        names = ", ".join(f"{s} = {n}" for s, n in zip(short, columns, strict=True))
-        legend = ["", *wrap("columns: " + names, width=width)]
-        if max(len(line) for line in lines) > width:  # still too wide: shorten the check names
-            cut = max(12, width - (max(len(line) for line in lines) - max(len(r[0]) for r in grid)))
-            lines = table(["check", *short], [[r[0][: cut - 1] + "…" if len(r[0]) > cut else r[0], *r[1:]]
-                                              for r in grid], markdown)
+    if markdown:
+        lines = table(["check", "guarantee", *columns], grid, markdown=True)
+    else:
+        lines = stacked_table("check", columns, grid, width)
     if notes:
         lines.append("")
         for i, text in enumerate(notes, 1):
             lines += [f"- [{i}] {text}"] if markdown else wrap(text, "     ", first=f"[{i}]".ljust(5), width=width)
-    return lines + legend
+    return lines
 
 
 def _behaviour(report: Mapping[str, Any], engines: list[str], markdown: bool, width: int) -> list[str]:

@@ -40,7 +40,8 @@ def tally(report: Mapping[str, Any]) -> str:
     text = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped (check x engine) on"
             f" the {len(ran(report))} engine{'s' * (len(ran(report)) != 1)} that ran")
     if missing:
-        text += f", {summary['skipped'] - counts['skipped']} more skipped on the {len(missing)} unavailable"
+        text += (f", {summary['skipped'] - counts['skipped']} more skipped on the {len(missing)} not run here"
+                 " (unavailable, or not asked for)")
     return text + f"; {summary['duration']}s, exit status {summary['exit_status']}"
 
 

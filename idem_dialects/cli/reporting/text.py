@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -58,3 +59,39 @@ def keyed_lines(rows: Sequence[tuple[str, str]], width: int = WIDTH) -> list[str
     for key, value in rows:
         out += wrap(value, " " * pad, first=key.ljust(pad), width=width)
     return out
+
+
+def _name_lines(name: str, width: int) -> list[str]:
+    """`name` broken after its hyphens into lines of at most `width` (a part longer than that stays whole)."""
+    lines: list[str] = []
+    for part in re.findall(r"[^-]+-?|-", name):
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        else:
+            lines.append(part)
+    return lines or [""]
+
+
+def stacked_table(label: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int = WIDTH) -> list[str]:
+    """A terminal table whose first column is `label` and whose other columns are headed by `columns` in full: a
+    name wider than its column's cells is broken after its hyphens over several header lines (bottom-aligned), so
+    every column keeps its real name. If it is still wider than `width`, the first column's values are shortened."""
+    widths = [max([len(r[i + 1]) for r in rows] + [max(len(p) for p in re.findall(r"[^-]+-?|-", c) or [""])])
+              for i, c in enumerate(columns)]
+    heads = [_name_lines(c, w) for c, w in zip(columns, widths, strict=True)]
+    depth = max((len(h) for h in heads), default=1)
+    heads = [[""] * (depth - len(h)) + h for h in heads]
+    labels = [r[0] for r in rows]
+    room = width - sum(w + 2 for w in widths)
+    cut = max(12, room)
+    if max((len(x) for x in [label, *labels]), default=0) > cut:
+        labels = [x[: cut - 1] + "…" if len(x) > cut else x for x in labels]
+    first = max((len(x) for x in [label, *labels]), default=0)
+
+    def line(cells: Sequence[str], pads: Sequence[int]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, pads, strict=True)).rstrip()
+
+    pads = [first, *widths]
+    out = [line([label if i == depth - 1 else "", *(h[i] for h in heads)], pads) for i in range(depth)]
+    out.append(line(["-" * w for w in pads], pads))
+    return out + [line([labels[i], *rows[i][1:]], pads) for i in range(len(rows))]

@@ -1,6 +1,6 @@
 """``manage.py idem_purge [--older-than 24h]``: delete idempotency records completed longer ago than that (default:
-IDEMPOTENCY['RETENTION']) and processed messages as old, in batches of one transaction each; a live in-flight claim is
-never touched."""
+IDEMPOTENCY['RETENTION']), and processed messages and published outbox commands as old, in batches of one
+transaction each; a live in-flight claim is never touched."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ class Command(BaseCommand):
             older_than = None if options["older_than"] is None else parse_duration(options["older_than"])
         except ValueError as exc:
             raise CommandError(f"--older-than: {exc}") from None
-        alias = options["database"] or get_config().database
+        config = get_config()
+        # With SHARDS and no --database: every shard's database in turn.
+        alias = options["database"] or (None if config.shards else config.database)
         done: dict[str, int] = {}
 
         def progress(table: str, deleted: int) -> None:
@@ -43,5 +45,6 @@ class Command(BaseCommand):
         except IdemError as exc:  # bad input or configuration: what failed and how to fix it, no traceback
             raise CommandError(str(exc)) from exc
         per_table = ", ".join(f"{table}: {n}" for table, n in done.items())
-        window = older_than if older_than is not None else get_store(alias).retention
-        self.stdout.write(f"purged {total} rows older than {window} on {alias!r} ({per_table})")
+        window = older_than if older_than is not None else config.retention
+        where = repr(alias) if alias is not None else ", ".join(map(repr, config.shards))
+        self.stdout.write(f"purged {total} rows older than {window} on {where} ({per_table})")

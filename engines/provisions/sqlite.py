@@ -1,0 +1,24 @@
+"""SQLite's test provisioning: a database file in a temp dir. SQLite is embedded: nothing to start, restart or cut.
+Loaded only by the engine catalogue and the conformance suite."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import make_url
+
+from idem_dialects.engines.entry import CatalogueEntry, Provision, Server, described
+
+
+@described("embedded: stdlib sqlite3, a file in a temp dir")
+def temp_file(entry: CatalogueEntry) -> Server:
+    directory = tempfile.TemporaryDirectory(prefix="idem-sqlite-")
+    path = Path(directory.name) / "conformance.db"
+    return Server(entry.name, make_url(f"sqlite+pysqlite:///{path}"),
+                  "embedded (stdlib sqlite3, file in a temp dir)", directory.cleanup)
+
+
+
+class SQLiteProvision(Provision):
+    embedded = True

@@ -1,0 +1,138 @@
+"""What `bench --api http` serves and how it is reached: the app (Starlette here, FastAPI in `http_fastapi`), a real
+uvicorn server in a thread of this process, and a minimal keep-alive HTTP/1.1 client.
+
+The app's routes, whatever the framework:
+
+- ``/bare/debit``: the debit in its own transaction (no idempotency);
+- ``/idem/debit``: the debit in the record's transaction, through the ASGI middleware in atomic mode;
+- ``/count/debit``: the same through a second store object on the same tables, built with a `statement_hook`, for
+  the unmeasured pass that counts round trips (the measured store has no hook: nothing is added to its path);
+- ``/bare/slow`` and ``/ext/slow``: a handler waiting `HANDLER_SECONDS` (an external call), bare and through the
+  middleware in external-call mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
+from typing import Any
+
+import uvicorn
+from sqlalchemy import text
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from ...aio import AsyncIdempotencyStore
+from ...http.asgi import STATE_KEY, IdempotencyMiddleware
+from ...http.policy import IdempotencyPolicy
+
+HANDLER_SECONDS = 0.2
+
+
+@contextmanager
+def uvicorn_server(app: Any) -> Iterator[str]:
+    """A real uvicorn server on a free loopback port, in a thread of this process; yields its base URL."""
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and accepted
+    # sockets inherit it. Without it uvicorn's separate writes of head and body wait on the client's delayed ACK
+    # (40 ms a request on Linux), which measured the kernel, not the layer.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            thread.join(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def add_layers(app: Any, store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore) -> None:
+    """The ASGI middleware as the docs show it, one policy per route family (the same on every framework)."""
+    app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
+        scope=lambda r: "bench", paths={"/ext/slow"}, lease=timedelta(seconds=30)))
+    app.add_middleware(IdempotencyMiddleware, store=counting, policy=IdempotencyPolicy(
+        scope=lambda r: "bench", paths={"/count/debit"}))
+    app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
+        scope=lambda r: "bench", paths={"/idem/debit"}))
+
+
+def debit_statement(accounts: str) -> Any:
+    return text(f"UPDATE {accounts} SET balance = balance - :amount WHERE id = 1")
+
+
+def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: str) -> Any:
+    """The bench's app on Starlette (module docstring)."""
+    debit = debit_statement(accounts)
+
+    async def bare(request: Request) -> JSONResponse:
+        amount = (await request.json())["amount"]
+        async with store.engine.begin() as conn:
+            await conn.execute(debit, {"amount": amount})
+        return JSONResponse({"debited": amount}, status_code=201)
+
+    async def atomic(request: Request) -> JSONResponse:
+        amount = (await request.json())["amount"]
+        await getattr(request.state, STATE_KEY).execute(debit, {"amount": amount})
+        return JSONResponse({"debited": amount}, status_code=201)
+
+    async def slow(request: Request) -> JSONResponse:
+        await asyncio.sleep(HANDLER_SECONDS)  # the external call
+        return JSONResponse({"called": True}, status_code=201)
+
+    routes = [Route("/bare/debit", bare, methods=["POST"]), Route("/idem/debit", atomic, methods=["POST"]),
+              Route("/count/debit", atomic, methods=["POST"]),
+              Route("/bare/slow", slow, methods=["POST"]), Route("/ext/slow", slow, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan(store, counting))
+    add_layers(app, store, counting)
+    return app
+
+
+def lifespan(*stores: AsyncIdempotencyStore) -> Any:
+    @asynccontextmanager
+    async def span(app: Any) -> AsyncIterator[None]:
+        yield
+        for store in stores:
+            await store.engine.dispose()  # its connections belong to the server's event loop
+
+    return span
+
+
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol for this bench: a full client library
+    costs about as much CPU per request as the server does, which on two busy cores would be measured as the layer's."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> HttpConnection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def post(self, path: str, key: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                          f"content-length: {len(body)}\r\nidempotency-key: \"{key}\"\r\n\r\n".encode() + body)
+        await self.writer.drain()
+        status = int((await self.reader.readline()).split()[1])
+        length = None
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        if length is None:
+            raise RuntimeError(f"{path}: response without content-length")
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()

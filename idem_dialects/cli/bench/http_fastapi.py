@@ -1,0 +1,46 @@
+"""The bench's app on FastAPI (`bench --api http --framework fastapi`): the routes of `http_app`, written as the
+docs show them: a pydantic body, the ASGI middleware, and the record's connection through the `IdemConnection`
+dependency. Imported only for that framework (it needs the [fastapi] extra)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from ...aio import AsyncIdempotencyStore
+from ...http.fastapi import IdemConnection
+from .http_app import HANDLER_SECONDS, add_layers, debit_statement, lifespan
+
+
+class Amount(BaseModel):
+    amount: int
+
+
+def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: str) -> Any:
+    debit = debit_statement(accounts)
+    app = FastAPI(lifespan=lifespan(store, counting))
+
+    @app.post("/bare/debit", status_code=201)
+    async def bare(body: Amount) -> dict[str, int]:
+        async with store.engine.begin() as conn:
+            await conn.execute(debit, {"amount": body.amount})
+        return {"debited": body.amount}
+
+    async def atomic(body: Amount, conn: IdemConnection) -> dict[str, int]:
+        await conn.execute(debit, {"amount": body.amount})
+        return {"debited": body.amount}
+
+    app.post("/idem/debit", status_code=201)(atomic)
+    app.post("/count/debit", status_code=201)(atomic)
+
+    async def slow() -> dict[str, bool]:
+        await asyncio.sleep(HANDLER_SECONDS)  # the external call
+        return {"called": True}
+
+    app.post("/bare/slow", status_code=201)(slow)
+    app.post("/ext/slow", status_code=201)(slow)
+    add_layers(app, store, counting)
+    return app

@@ -1,0 +1,93 @@
+"""`idem-dialects relay URL --route orders=amqp://guest:guest@localhost/`: publish the outbox's commands of the
+database at URL, until stopped (SIGTERM, Ctrl-C), or once through with --once; --stats prints the outbox's backlog,
+--requeue-dead gives dead-lettered commands a fresh start. Run as many relays as you like: they share the outbox
+through each engine's skip-locked read (docs: outbox).
+
+Exit status: 0 done (or stopped); 1 --once left dead-lettered commands behind; 64 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from ...relay import Relay
+from ...store import IdempotencyStore
+from ..output import add_quiet
+from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="SQLAlchemy URL of the database holding the outbox")
+    parser.add_argument("--route", action="append", default=[], metavar="DESTINATION=URL",
+                        help="publish commands for DESTINATION ('*': any other) to URL: amqp://... (RabbitMQ;"
+                             " ?exchange=&routing_key=), nats://... (JetStream; ?subject=&stream=), redis://..."
+                             " (?stream=), http(s)://... ({destination} is replaced); repeatable")
+    parser.add_argument("--table-prefix", default="idem_", help="table name prefix (default: idem_)")
+    parser.add_argument("--batch", type=int, default=100, metavar="N", help="commands per round (default 100)")
+    parser.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                        help="how long a round's commands are this relay's before another may take them (default 30)")
+    parser.add_argument("--max-attempts", type=int, default=10, metavar="N",
+                        help="failed publishes before a command is dead-lettered (default 10)")
+    parser.add_argument("--unordered", action="store_true",
+                        help="publish without keeping each scope's order (larger rounds when scopes are few)")
+    parser.add_argument("--once", action="store_true", help="publish until nothing is due, then exit")
+    parser.add_argument("--stats", action="store_true", help="print the outbox's backlog as JSON and exit")
+    parser.add_argument("--requeue-dead", action="store_true",
+                        help="make dead-lettered commands pending again (after fixing the cause), then exit")
+    add_quiet(parser, "no summary line (errors still go to stderr)")
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "idem-dialects relay"
+    routes: dict[str, Any] = {}
+    if not (args.stats or args.requeue_dead):
+        from ...publishers import from_url
+
+        for item in args.route:
+            name, sep, url = item.partition("=")
+            if not sep or not name or not url:
+                print(f"{prog}: --route takes DESTINATION=URL, got {item!r}", file=sys.stderr)
+                return EXIT_USAGE
+            try:
+                routes[name] = from_url(url)
+            except ValueError as exc:
+                print(f"{prog}: --route {name}: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+        if not routes:
+            print(f"{prog}: give at least one --route DESTINATION=URL", file=sys.stderr)
+            return EXIT_USAGE
+    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
+        if args.stats:
+            print(json.dumps(store.drive(store.outbox.stats()).as_dict()))
+            return EXIT_OK
+        if args.requeue_dead:
+            count = store.drive(store.outbox.requeue())
+            if not args.quiet:
+                print(f"requeued {count} dead-lettered commands")
+            return EXIT_OK
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+        relay = Relay(store, routes, batch=args.batch, lease=args.lease, max_attempts=args.max_attempts,
+                      ordered=not args.unordered)
+        if args.once:
+            try:
+                while relay.run_once():
+                    pass
+            finally:
+                relay.close()
+        else:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+            try:
+                relay.run(stop)
+            except KeyboardInterrupt:
+                pass
+        stats = store.drive(store.outbox.stats())
+        if not args.quiet:
+            print(json.dumps({"relay": relay.metrics.as_dict(), "outbox": stats.as_dict()}))
+        return EXIT_FAILED if args.once and stats.dead else EXIT_OK

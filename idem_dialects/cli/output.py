@@ -1,0 +1,28 @@
+"""What every report-printing subcommand shares: ``-o/--output FILE`` and ``-q/--quiet``, spelled and written one way.
+
+The report goes to stdout or to the file; progress goes to stderr unless ``-q``. A reader that closes the pipe
+early (``idem-dialects ddl sqlite | head -1``) is not an error: `idem_dialects.cli.main` ends quietly with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_output(parser: argparse.ArgumentParser, what: str = "the report") -> None:
+    parser.add_argument("-o", "--output", metavar="FILE", help=f"write {what} to FILE instead of stdout")
+
+
+def add_quiet(parser: argparse.ArgumentParser, what: str = "no progress lines on stderr") -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help=what)
+
+
+def write(text: str, output: str | None) -> None:
+    """`text` to the file `output` (checked writable before any work, by `main`), or to stdout."""
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()

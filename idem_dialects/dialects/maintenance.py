@@ -1,0 +1,94 @@
+"""A backend's maintenance part (`Backend.maintenance`): what an engine offers for keeping the record tables small and
+watching them cheaply, beside the protocol's statements, as Django splits a backend's operations from its wrapper.
+
+- **Generations**: retention by dropping a whole table instead of deleting row by row. Records live in the current
+  table (`<prefix>records`); a rotation turns it into the previous one (`<prefix>records_prev`) and drops the
+  previous one, carrying forward the few rows still within retention and every claim not completed, so a claim not
+  completed is always in the current table (complete, release, renew and takeover never look elsewhere). A claim
+  reads the previous table before it inserts into the current one: that table changes only in a rotation, which
+  takes each engine's exclusive table lock and so waits for every claim that touched them.
+- **Estimates**: what the engine keeps about a table (catalog row counts, the planner's estimate of a range), so
+  `stats` answers in constant time on a table of any size.
+
+The portable default offers neither: exact counts, and purge deletes row by row (small installations, and engines
+where that is the only way). Engine-specific SQL lives in each engine's `<engine>_maintenance.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sqlalchemy import Table, func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..features import Features
+
+
+class Maintained(Protocol):
+    """What a maintenance part reads of its backend (the backend itself: `base.py` imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    features: Features
+
+
+class Maintenance:
+    """The portable default: no generations, no estimates."""
+
+    def __init__(self, backend: Maintained) -> None:
+        self.backend = backend
+
+    def generations(self) -> bool:
+        """Whether a rotation works on this database (the features refined from the live server may say no, e.g. a
+        Galera node, where table locks are not replicated)."""
+        return False
+
+    def rotate(self, conn: Connection, current: Table, previous: Table, staging: Table,
+               keep: ColumnElement[bool]) -> int:
+        """Drop the previous generation whole: its rows matching `keep` (within retention; found on the completion
+        index, never by reading the whole generation) carried into the current table first, the current table then
+        made the previous one and a new current one created, claims not completed moved into it. Runs in the
+        transaction of `conn` (a schema step); returns how many rows were dropped (the engine's estimate for a
+        generation of 100,000 rows or more: counting it would cost what dropping it saves)."""
+        raise NotImplementedError(f"{self.backend.name}: no generations on this backend")
+
+    def drop_retired(self, conn: Connection, previous: Table) -> None:
+        """Drop the generation `rotate` renamed away (`retired_name(previous)`), once the rotation has committed: no
+        claim touches it any more, so its cost is no wait of theirs."""
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {conn.dialect.identifier_preparer.quote(retired_name(previous))}")
+
+    def rows(self, conn: Connection, table: Table) -> int | None:
+        """The engine's estimate of the rows in `table` (catalog statistics), or None if it keeps none."""
+        return None
+
+    def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
+        """The planner's estimate of the rows of `table` whose `column` is more than `seconds` before the database's
+        clock, or None if the engine gives none."""
+        return None
+
+
+# A generation this large is reported by the engine's estimate: counting it would cost what dropping it saves.
+COUNTED_BELOW = 100_000
+
+
+def retired_name(previous: Table) -> str:
+    """The name a rotation gives the generation it retires, until `drop_retired` drops it."""
+    return f"{previous.name}_old"
+
+
+def exact_count(conn: Connection, table: Table) -> int:
+    return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def dropping(maintenance: Maintenance, conn: Connection, table: Table) -> int:
+    """How many rows dropping `table` removes: counted when few, else the engine's estimate."""
+    estimate = maintenance.rows(conn, table)
+    if estimate is None or estimate < COUNTED_BELOW:
+        return exact_count(conn, table)
+    return estimate
+
+
+def carried_columns(table: Table) -> list[str]:
+    return [c.name for c in table.c]

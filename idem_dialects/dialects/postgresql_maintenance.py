@@ -1,0 +1,86 @@
+"""PostgreSQL's maintenance part: generations rotated in one transaction (DDL is transactional), estimates from the
+statistics the server keeps (`pg_stat_user_tables.n_live_tup`, the planner's estimate of a range).
+
+A rotation locks both record tables ACCESS EXCLUSIVE, the previous one first (the order claims take them in): it
+waits for every transaction that touched them (each claim holds its lock to its end), and new claims queue behind it
+for its few milliseconds; `lock_timeout` bounds the wait (55P03, retried like any lock timeout). Dropping a table
+unlinks its files: no dead tuples, no vacuum debt, and the cost does not grow with the rows dropped. Renaming keeps
+the statements valid: they name tables, and a cached plan is re-planned on the table it finds by that name.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import Table, delete, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from .maintenance import Maintenance, carried_columns, dropping, retired_name
+
+ROTATION_LOCK_TIMEOUT = "10s"  # then 55P03: the purge's retry tries again, claims never wait longer than this
+
+
+class PostgreSQLMaintenance(Maintenance):
+    def generations(self) -> bool:
+        return True
+
+    def rotate(self, conn: Connection, current: Table, previous: Table, staging: Table,
+               keep: ColumnElement[bool]) -> int:
+        quote = conn.dialect.identifier_preparer.format_table
+        cols = carried_columns(current)
+        dropped = dropping(self, conn, previous)  # before the lock: only a rotation changes the previous table
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{ROTATION_LOCK_TIMEOUT}'")
+        # What is carried forward is found on the completion index (a range and its NULLs); a generation never
+        # analysed (a bulk load, a young table) would be planned as a sequential scan, under the lock claims wait on.
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        # The previous table first: a claim reads it before it inserts into the current one, so a rotation taking
+        # them the other way round would deadlock with every claim between its two statements.
+        conn.exec_driver_sql(f"LOCK TABLE {quote(previous)}, {quote(current)} IN ACCESS EXCLUSIVE MODE")
+        kept = conn.execute(pg_insert(current).from_select(cols, select(*(previous.c[c] for c in cols)).where(keep))
+                            .on_conflict_do_nothing()).rowcount
+        # Renamed away, dropped once this transaction has committed (`drop_retired`): unlinking a large table's files
+        # is then no part of the time claims wait for.
+        retired = retired_name(previous)
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(conn, retired)}")  # a rotation interrupted before
+        self._rename(conn, previous, retired)
+        self._rename(conn, current, previous.name)
+        current.create(conn)
+        is_open = previous.c.completed_at.is_(None)
+        conn.execute(pg_insert(current).from_select(cols, select(*(previous.c[c] for c in cols)).where(is_open)))
+        conn.execute(delete(previous).where(is_open))
+        return max(0, dropped - max(0, kept))
+
+    def _rename(self, conn: Connection, table: Table, name: str) -> None:
+        """`table` and its primary key and indexes renamed after `name` (index names are per schema)."""
+        conn.exec_driver_sql(f"ALTER TABLE {_quote(conn, table.name)} RENAME TO {_quote(conn, name)}")
+        for index in _index_names(table):
+            conn.exec_driver_sql(f"ALTER INDEX {_quote(conn, index)} RENAME TO"
+                                 f" {_quote(conn, name + index.removeprefix(table.name))}")
+
+    def rows(self, conn: Connection, table: Table) -> int | None:
+        # n_live_tup: kept by the cumulative statistics from every insert and delete (no ANALYZE needed), unlike
+        # pg_class.reltuples, which is -1 until the table is first vacuumed or analysed.
+        found = conn.execute(text("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(:name)"),
+                             {"name": conn.dialect.identifier_preparer.format_table(table)}).scalar()
+        return None if found is None else int(found)
+
+    def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
+        # The planner folds statement_timestamp() for its estimate and reads the column's histogram: no row is read.
+        prep = conn.dialect.identifier_preparer
+        sql = (f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {prep.format_table(table)} WHERE {prep.quote(column)}"
+               f" < statement_timestamp() - make_interval(secs => {float(seconds)!r})")
+        plan = conn.exec_driver_sql(sql).scalar_one()
+        found = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Plan Rows"]
+        return int(found)
+
+
+def _index_names(table: Table) -> list[str]:
+    """The primary key's name, then each index's: what a rename must move with the table (names are per schema)."""
+    assert table.primary_key.name is not None
+    return [str(table.primary_key.name), *sorted(str(index.name) for index in table.indexes)]
+
+
+def _quote(conn: Connection, name: str) -> str:
+    return str(conn.dialect.identifier_preparer.quote(name))

@@ -1,0 +1,182 @@
+"""The DBAPI drivers, one module each, as SQLAlchemy keeps one module per driver: what installs a driver, the system
+libraries its native code loads, and its quirks the store must know (how it turns autocommit on, the BEGIN it sends
+by itself, how it prepares statements, how an async driver runs a statement natively).
+
+A backend lists its drivers (`Backend.drivers`); nothing here names an engine. Adding a driver is a module here
+with a `Driver` (or a subclass overriding what differs), listed in its backend's `drivers` (docs: Development).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ..steps import Shape
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+
+@dataclass(frozen=True)
+class SystemLibrary:
+    """A shared library a driver loads at import or connect time, and the Debian package that brings it."""
+
+    soname: str  # e.g. libodbc.so.2
+    debian: str  # the Debian/Ubuntu package that brings it, e.g. unixodbc
+    words: str  # what it is, for any OS: the project and the package name elsewhere
+
+    def missing(self) -> bool:
+        """True if the dynamic loader cannot find the library (asked the loader itself, as the driver will)."""
+        try:
+            ctypes.CDLL(self.soname)
+        except OSError:
+            return True
+        return False
+
+    def hint(self) -> str:
+        return f"the system library {self.soname} ({self.words}; Debian/Ubuntu: apt-get install {self.debian})"
+
+
+# unixODBC's driver manager: pyodbc (and aioodbc over it) link against it.
+UNIXODBC = SystemLibrary("libodbc.so.2", "unixodbc", "unixODBC's driver manager, in the unixODBC package on any OS")
+# GNU libltdl: Microsoft's ODBC Driver 18 (bundled by mssql-python) and unixODBC's installer library load it.
+LIBLTDL = SystemLibrary("libltdl.so.7", "libltdl7",
+                        "GNU libtool's runtime library: libltdl, or libtool-ltdl, on other OSes")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """One DBAPI driver, as a URL names it (``<backend>+<name>://``). Subclasses override the quirk hooks."""
+
+    name: str  # SQLAlchemy's driver name
+    module: str  # what `import` loads
+    # What pip installs: this project's extra for the drivers it ships with, else the driver's distribution; None
+    # for a module that comes with Python (sqlite3).
+    package: str | None
+    sync: bool = True  # create_engine can use it
+    asynchronous: bool = False  # create_async_engine can use it (psycopg and oracledb serve both)
+    libraries: tuple[SystemLibrary, ...] = ()
+    # The BEGIN the driver sends on its own (not through a cursor SQLAlchemy sees), said as a benchmark reports it.
+    implicit_begin: str | None = None
+    # The store runs its statements on this sync driver's DBAPI cursor itself (`execution.sync`), compiled once,
+    # rather than through SQLAlchemy's execution context: set for drivers the conformance suite passes with live.
+    native: bool = False
+    # The driver sends ROLLBACK whenever the pool resets a returned connection, a transaction open or not (a round
+    # trip per request unless the pool leaves resets to a hook).
+    resets_by_round_trip: bool = False
+    # Closing a connection whose server went away leaves its socket open until garbage collection (a
+    # ResourceWarning then): the driver's leak, not the caller's.
+    leaks_lost_sockets: bool = False
+    # The connect_args that open its connections in autocommit mode (every statement commits alone), which the store
+    # refuses: named in that error, and tried by the conformance suite. None: only as an attribute, if at all.
+    autocommit_args: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+
+    # --- installation --------------------------------------------------------------------------------------------
+
+    def installed(self) -> bool:
+        """The driver's module is on the path (not imported: importing may load native libraries)."""
+        try:
+            return find_spec(self.module) is not None
+        except ModuleNotFoundError:  # a dotted module whose parent package is absent
+            return False
+
+    def missing_libraries(self) -> list[SystemLibrary]:
+        return [lib for lib in self.libraries if lib.missing()]
+
+    def install_hint(self) -> str:
+        """What to install so that this driver loads: the pip package unless it is installed, and any system library
+        that is missing (a driver installed but missing a library needs only the library)."""
+        missing = " and ".join(lib.hint() for lib in self.missing_libraries())
+        if missing and self.installed():
+            return f"install {missing}"
+        hint = (f"pip install '{self.package}'" if self.package is not None else
+                f"use a Python that includes the {self.module} module")
+        return f"{hint}, and {missing}" if missing else hint
+
+    def problem(self) -> str | None:
+        """Why this driver cannot be used here (with what to install), or None if it can be imported."""
+        if not self.installed():
+            return f"the {self.name} driver is not installed ({self.install_hint()})"
+        missing = self.missing_libraries()
+        if missing:
+            return f"the {self.name} driver cannot load: it needs {' and '.join(lib.hint() for lib in missing)}"
+        return None
+
+    # --- quirks ------------------------------------------------------------------------------------------------
+
+    def install(self, engine: Engine) -> None:
+        """Engine listeners that make this driver behave as the others do (e.g. error classes PEP 249 expects)."""
+
+    def without_prepared_statements(self, params: dict[str, Any]) -> None:
+        """Adjust connect() keyword arguments so the driver keeps no prepared statement across transactions (behind
+        a transaction-mode pooler a client's next transaction may run on another server session)."""
+
+    def behind_pooler(self, dbapi_connection: Any, driver_connection: Any) -> bool | None:
+        """Whether `dbapi_connection`, just opened without prepared statements (`driver_connection` is the driver's
+        own object under it), reaches its server through a pooler that may move a client between server sessions;
+        None if the driver cannot tell. Asked of an engine's first connection when its URL does not declare a pooler
+        (`dialects.pooler`); left undefined for a driver that keeps nothing on a session."""
+        return None
+
+    def sent_size(self, value: bytes) -> int:
+        """The bytes `value`, bound as a parameter, takes in the statement this driver sends: what a server's statement
+        size limit (`Features.max_statement_bytes`) is compared with. A driver that sends parameters in a binary
+        protocol sends it as it is; drivers that write parameters into the statement's text escape it or encode it
+        as hex (override)."""
+        return len(value)
+
+    def autocommit_on(self, dbapi_connection: Any) -> bool | None:
+        """Whether `dbapi_connection` commits every statement alone, where only the driver can tell without a round
+        trip; None: ask SQLAlchemy's dialect."""
+        return None
+
+    def log_exposure(self) -> str | None:
+        """What this driver's own logging, as configured now, would record of stored values, or None."""
+        return None
+
+    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+        """Run one statement natively on an async driver's own connection (`connection` is SQLAlchemy's adapter of
+        it, whose transaction this joins): (answer, description), the answer being the rowcount, the first row, every
+        row, or None, as `shape` asks (`execution.plan.read` for a PEP 249 cursor). Driver errors
+        come out as SQLAlchemy's adapter raises them (its emulation of PEP 249's classes). Drivers without a native
+        form raise NotImplementedError: the store runs their statements through SQLAlchemy instead."""
+        raise NotImplementedError
+
+    async def commit(self, connection: Any) -> None:
+        """Commit the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to commit):
+        its own connection's `commit()` here; errors as the adapter raises them."""
+        try:
+            await connection._connection.commit()
+        except Exception as error:
+            raise_as_adapter(connection, error)
+
+    @property
+    def native_async(self) -> bool:
+        """This async driver runs the store's statements on its own API (`execute`), without a greenlet per
+        statement."""
+        return type(self).execute is not Driver.execute
+
+
+def hex_size(value: bytes) -> int:
+    """`sent_size` for a driver that sends bytes as a hex text literal (``\\x`` and two digits a byte)."""
+    return 2 * len(value) + 2
+
+
+def raise_as_adapter(connection: Any, error: Exception) -> NoReturn:
+    """Raise `error` as SQLAlchemy's async adapter `connection` raises it (its emulation of PEP 249's classes, the
+    SQLSTATE kept), so a native statement's error is classified as the same statement's through SQLAlchemy.
+    `_handle_exception` is the adapters' one translation point; tests/test_drivers.py fails if it moves."""
+    connection._handle_exception(error)
+    raise error  # pragma: no cover - _handle_exception always raises
+
+
+async def read(cursor: Any, shape: Shape) -> tuple[Any, Any]:
+    """An async DBAPI-like cursor's answer for `shape` (awaited fetches; see `Driver.execute`)."""
+    if shape is Shape.ROW:
+        return await cursor.fetchone(), cursor.description
+    if shape is Shape.ROWS:
+        return await cursor.fetchall(), cursor.description
+    return (cursor.rowcount if shape is Shape.ROWCOUNT else None), None

@@ -1,0 +1,28 @@
+"""asyncmy (``mysql+asyncmy://``, ``mariadb+asyncmy://``). Not aiomysql: 0.3.2 cannot bind bytes (the key columns)
+under PyMySQL 1.2 ("'str' object is not callable")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..steps import Shape
+from . import Driver, raise_as_adapter, read
+from .pymysql import AUTOCOMMIT, escaped_size
+
+
+class Asyncmy(Driver):
+    def sent_size(self, value: bytes) -> int:
+        return escaped_size(value)  # an escaped string literal in the statement's text
+
+    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+        async with connection._execute_mutex:
+            try:
+                async with connection._connection.cursor() as cursor:
+                    await cursor.execute(sql, parameters)
+                    return await read(cursor, shape)
+            except Exception as error:
+                raise_as_adapter(connection, error)
+
+
+DRIVER = Asyncmy("asyncmy", "asyncmy", "idem-dialects[asyncmy]", sync=False, asynchronous=True,
+                 autocommit_args=AUTOCOMMIT, resets_by_round_trip=True)

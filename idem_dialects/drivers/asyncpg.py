@@ -1,0 +1,61 @@
+"""asyncpg (``postgresql+asyncpg://``): the store's statements on asyncpg's own connection, prepared and cached
+by asyncpg per connection (none behind a transaction-mode pooler), without SQLAlchemy's greenlet per statement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..steps import Shape
+from . import Driver, raise_as_adapter
+from .psycopg import session_id_is_pooled
+
+
+def _unnamed_statement() -> str:
+    """The statement name SQLAlchemy's asyncpg dialect prepares under: '' is PostgreSQL's unnamed statement, which
+    asyncpg (its cache off) parses again with every execution, so nothing is left on any server session."""
+    return ""
+
+
+class Asyncpg(Driver):
+    def without_prepared_statements(self, params: dict[str, Any]) -> None:
+        # asyncpg's own statement cache off; SQLAlchemy's dialect prepares every statement itself: no cache there
+        # either, and the unnamed statement, which lives only until the next one.
+        params["statement_cache_size"] = 0
+        params["prepared_statement_cache_size"] = 0
+        params["prepared_statement_name_func"] = _unnamed_statement
+
+    def behind_pooler(self, dbapi_connection: Any, driver_connection: Any) -> bool | None:
+        return session_id_is_pooled(dbapi_connection, driver_connection.get_server_pid())
+
+    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+        # `connection` is SQLAlchemy's adapter: its mutex keeps one statement at a time on the connection, and its
+        # transaction (BEGIN sent on first use) is the one SQLAlchemy commits. Private names of the adapter; the
+        # driver test fails loudly if they move.
+        async with connection._execute_mutex:
+            try:
+                if connection._transaction is None:
+                    await connection._start_transaction()
+                raw = connection._connection
+                if shape is Shape.ROW:
+                    return await raw.fetchrow(sql, *parameters), None
+                if shape is Shape.ROWS:
+                    return await raw.fetch(sql, *parameters), None
+                status = await raw.execute(sql, *parameters)
+            except Exception as error:
+                raise_as_adapter(connection, error)
+        return (int(status.rpartition(" ")[2]) if shape is Shape.ROWCOUNT else None), None
+
+
+    async def commit(self, connection: Any) -> None:
+        # The adapter's transaction object, as its own commit() ends it (and forgets it whatever the outcome).
+        transaction, connection._transaction = connection._transaction, None
+        if transaction is None:
+            return
+        try:
+            await transaction.commit()
+        except Exception as error:
+            raise_as_adapter(connection, error)
+
+
+DRIVER = Asyncpg("asyncpg", "asyncpg", "idem-dialects[asyncpg]", sync=False, asynchronous=True,
+                 implicit_begin="asyncpg sends BEGIN when a transaction starts (one more round trip)")

@@ -1,0 +1,7 @@
+"""MariaDB Connector/Python (``mariadb+mariadbconnector://``)."""
+
+from __future__ import annotations
+
+from . import Driver
+
+DRIVER = Driver("mariadbconnector", "mariadb", "mariadb", resets_by_round_trip=True)

@@ -1,0 +1,74 @@
+"""Executing a flow's `Exec` steps on an async connection: on the async driver's own API where its driver module
+has a native form (asyncpg, psycopg, aiosqlite, asyncmy), else through SQLAlchemy's `AsyncConnection.run_sync`.
+
+A native statement costs no greenlet switch: it awaits the driver in the task itself, in the transaction SQLAlchemy's
+adapter holds. Only its error goes through a greenlet, to be wrapped and classified as SQLAlchemy's own statements'
+errors are (invalidating the connection on a disconnect may need to await).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..steps import Statement
+from .plan import plan
+from .sync import execute_sqlalchemy, raise_handled
+
+if TYPE_CHECKING:
+    from ..dialects.base import Backend
+    from ..drivers import Driver
+
+
+async def execute_async(aconn: AsyncConnection, backend: Backend, driver: Driver | None, statement: Statement,
+                        params: Mapping[str, Any]) -> Any:
+    """Run `statement` on `aconn`: natively where `driver` has a native form, else through `run_sync`."""
+    if driver is None:
+        return await aconn.run_sync(execute_sqlalchemy, statement, params)
+    conn = aconn.sync_connection
+    assert conn is not None
+    compiled = plan(statement, conn.dialect)
+    if not conn.in_transaction():
+        conn.begin()  # SQLAlchemy's bookkeeping only: nothing awaits (the adapter begins on first use)
+    adapted = conn.connection.dbapi_connection
+    try:
+        answer, description = await driver.execute(adapted, compiled.sql, compiled.parameters(params), compiled.shape)
+    except Exception as error:
+        await aconn.run_sync(_raise, backend, statement.tables, compiled.sql, error, adapted)
+        raise  # pragma: no cover - _raise always raises
+    except BaseException:
+        _interrupted(conn)
+        raise
+    return compiled.result(answer, description)
+
+
+async def commit_async(aconn: AsyncConnection, backend: Backend, driver: Driver) -> None:
+    """Commit the store's transaction on `aconn` on the driver's own API: SQLAlchemy's commit, which follows for its
+    bookkeeping (and the backend's `transaction` hook), finds nothing left to send. An error is wrapped and
+    classified as a statement's is."""
+    conn = aconn.sync_connection
+    assert conn is not None
+    adapted = conn.connection.dbapi_connection
+    try:
+        await driver.commit(adapted)
+    except Exception as error:
+        await aconn.run_sync(_raise, backend, (), "COMMIT", error, adapted)
+    except BaseException:
+        _interrupted(conn)
+        raise
+
+
+def _interrupted(conn: Connection) -> None:
+    """A native statement or COMMIT interrupted (the task cancelled while it awaited the server): what the
+    connection is in the middle of is unknown - a BEGIN may have gone through that the adapter never recorded, so no
+    ROLLBACK would end it. SQLAlchemy invalidates a connection whose statement an exit exception interrupted; here
+    the pool is told, without awaiting anything (the task is being cancelled), to replace it before its next use."""
+    conn.connection.invalidate(soft=True)
+
+
+def _raise(conn: Connection, backend: Backend, tables: tuple[str, ...], sql: str, error: Exception,
+           adapted: Any) -> NoReturn:
+    raise_handled(conn, backend, error, sql, tables, None, adapted)

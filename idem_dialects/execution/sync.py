@@ -1,0 +1,114 @@
+"""Executing a flow's `Exec` steps on a sync connection: natively on the DBAPI cursor under SQLAlchemy's transaction
+(the default), or through SQLAlchemy's `Connection.execute` (`cursor_events=True`, and drivers whose dialect binds
+through ``cursor.setinputsizes``), or on a DBAPI connection another framework owns (Django's).
+
+Native statements skip SQLAlchemy's execution context and its cursor events: the library's own span and metrics
+cover them. Their errors are still SQLAlchemy's: wrapped, told to ``handle_error`` listeners, the connection
+invalidated on a disconnect, exactly as `Connection.execute` does (`Connection._handle_dbapi_exception`, pinned by
+tests/test_execution.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
+
+from ..guard import store_error
+from ..steps import Shape, Statement
+from .plan import plan, read
+
+if TYPE_CHECKING:
+    from ..dialects.base import Backend
+
+
+def execute_native(conn: Connection, backend: Backend, statement: Statement, params: Mapping[str, Any]) -> Any:
+    """Run `statement` on `conn`'s DBAPI connection, in the transaction SQLAlchemy holds on it (begun now if the
+    caller's Connection had not begun one, as its autobegin would)."""
+    compiled = plan(statement, conn.dialect)
+    if not conn.in_transaction():
+        conn.begin()
+    dbapi = conn.connection.dbapi_connection
+    cursor: Any = dbapi.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(compiled.sql, compiled.parameters(params))
+        raw, description = read(cursor, compiled)
+    except BaseException as error:  # an interruption too: SQLAlchemy then invalidates the connection
+        failed, cursor = cursor, None
+        raise_handled(conn, backend, error, compiled.sql, statement.tables, failed, dbapi)
+    finally:
+        if cursor is not None:
+            cursor.close()
+    return compiled.result(raw, description)
+
+
+def raise_handled(conn: Connection, backend: Backend, error: BaseException, sql: str, tables: Sequence[str],
+                  cursor: Any, dbapi: Any) -> NoReturn:
+    """Raise a native statement's `error` as `Connection.execute` would have: the driver's errors wrapped (told to
+    ``handle_error`` listeners, the connection invalidated on a disconnect) and then the store's (see `store_error`);
+    an exit exception after invalidating the connection; any other error as it is (a socket error a driver raises
+    unwrapped, which the backend's classifier knows as a lost connection)."""
+    if isinstance(error, Exception) and not isinstance(error, conn.dialect.loaded_dbapi.Error):
+        raise error
+    try:
+        conn._handle_dbapi_exception(error, sql, None, cursor, None)
+    except DBAPIError as wrapped:
+        raise store_error(backend, wrapped, tables, dbapi) from wrapped.orig
+    raise AssertionError("unreachable")  # pragma: no cover - _handle_dbapi_exception always raises
+
+
+def execute_sqlalchemy(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
+    """Run `statement` through SQLAlchemy's `Connection.execute`: its cursor events fire (OpenTelemetry's SQLAlchemy
+    instrumentation sees it), kept out of the engine's log (`unlogged`)."""
+    with unlogged(conn):
+        result = conn.execute(statement.clause, dict(params))
+        if statement.shape is Shape.ROW:
+            return result.first()
+        if statement.shape is Shape.ROWS:
+            return result.all()
+        count = result.rowcount
+        result.close()
+    return count if statement.shape is Shape.ROWCOUNT else None
+
+
+def execute_on_dbapi(dbapi: Any, dialect: Dialect, backend: Backend, statement: Statement,
+                     params: Mapping[str, Any]) -> Any:
+    """Run `statement` on a DBAPI connection another framework owns (Django's): errors wrapped as SQLAlchemy wraps
+    them (DBAPIError, `connection_invalidated` on a disconnect), so the backend classifies them as its own."""
+    compiled = plan(statement, dialect)
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(compiled.sql, compiled.parameters(params))
+        raw, description = read(cursor, compiled)
+    except dialect.loaded_dbapi.Error as error:
+        wrapped = DBAPIError.instance(compiled.sql, None, error, dialect.loaded_dbapi.Error, hide_parameters=True,
+                                      dialect=dialect,
+                                      connection_invalidated=dialect.is_disconnect(error, dbapi, cursor))
+        assert isinstance(wrapped, DBAPIError)  # a driver error is always wrapped as one
+        raise store_error(backend, wrapped, statement.tables, dbapi) from error
+    finally:
+        cursor.close()
+    return compiled.result(raw, description)
+
+
+class unlogged:
+    """Out of SQLAlchemy's engine log for the block. With echo=True/"debug", or the ``sqlalchemy.engine`` logger at
+    INFO/DEBUG, a connection logs each statement and its result rows - a replay's row holds the stored response and
+    the claim token, which hide_parameters does not cover. The flag is per connection, so the caller's effect on the
+    same connection is logged as before; tests/test_log_secrets.py fails if SQLAlchemy renames it."""
+
+    __slots__ = ("_conn", "_echo")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._echo = getattr(conn, "_echo", False)
+
+    def __enter__(self) -> None:
+        if self._echo:
+            self._conn._echo = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self._echo:
+            self._conn._echo = self._echo

@@ -1,0 +1,25 @@
+"""Scale out by scope: one store over several databases, each scope's keys on the shard its business data lives on
+(SQLAlchemy's horizontal-sharding vocabulary: `shards` and a `shard_chooser`; Django's database routers choose the
+shard in the Django integration). See docs: Scaling out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .routing import CrossShard, OnShard, ShardChooser, ShardedClaims, UnknownShard
+from .sync import ShardedStore
+
+if TYPE_CHECKING:
+    from .aio import AsyncShardedStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AsyncShardedStore":  # SQLAlchemy's asyncio layer (greenlet) only when used, as the async store
+        from .aio import AsyncShardedStore
+
+        return AsyncShardedStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["AsyncShardedStore", "CrossShard", "OnShard", "ShardChooser", "ShardedClaims", "ShardedStore",
+           "UnknownShard"]

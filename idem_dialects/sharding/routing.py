@@ -1,0 +1,145 @@
+"""Routing by scope, written once for both stores: the shard chooser, the step that runs a flow on one shard, and
+`ShardedClaims`, the declared claim API (`Claims`) whose every flow is routed to the shard of its scope.
+
+The vocabulary is SQLAlchemy's horizontal sharding extension's: a store has `shards` (id -> a store on one database)
+and a `shard_chooser` (SQLAlchemy's takes a mapper and an instance; ours takes the key's `scope`, the owner of the key,
+which is what the business data is sharded by too). A key's record must live where the effect's transaction runs, so
+the effect always gets the connection of its scope's shard, and one transaction never spans two shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from ..claims import Claims
+from ..core import Request
+from ..errors import ConfigurationError, IdemError, RetryCause
+from ..features import Features
+from ..keys import check_identifier
+from ..outcomes import Claimed, Outcome, Result
+from ..retry import RetryPolicy, retrying
+from ..steps import Flow, Heartbeat
+
+T = TypeVar("T")
+ShardChooser = Callable[[str], str]
+"""The shard of a scope: a function from the (validated) scope to a shard id of the store's `shards`. It must be a
+pure function of the scope (the same shard on every call, in every process), or keys would cross shards."""
+
+
+class UnknownShard(ConfigurationError):
+    """The shard chooser named a shard the store does not have."""
+
+    def __init__(self, scope: str, shard: object, known: list[str]) -> None:
+        self.scope, self.shard, self.known = scope, shard, tuple(known)
+        super().__init__(f"the shard chooser sent scope {scope!r} to shard {shard!r}, which is not one of this store's"
+                         f" shards ({', '.join(known)})")
+
+
+class CrossShard(IdemError):
+    """A transaction that would span two shards, or a connection of one shard used for a key of another: a record must
+    commit in the same transaction as its effect, on the same database."""
+
+
+@dataclass(frozen=True, slots=True)
+class OnShard:
+    """Run `body` (a flow of one shard's `Claims`) on shard `shard`: in the transaction open around this step (which
+    it opens on that shard if it is the transaction's first routed step), or on the shard store's own loop."""
+
+    shard: str
+    body: Flow[Any]
+
+
+def on_shard(shard: str, body: Flow[T]) -> Flow[T]:
+    return (yield OnShard(shard, body))  # type: ignore[misc, no-any-return]  # a step only sharded loops run
+
+
+def choose(chooser: ShardChooser, shards: Mapping[str, object], scope: object) -> str:
+    """The shard id for `scope` (validated first, as every scope is, so the chooser sees only valid ones)."""
+    valid = check_identifier("scope", scope)
+    shard = chooser(valid)
+    if shard not in shards:
+        raise UnknownShard(valid, shard, list(shards))
+    return shard
+
+
+class ShardedClaims:
+    """`Claims`' API for adapters (the HTTP layer's request flow), each flow routed to the shard of its scope."""
+
+    def __init__(self, claims: Mapping[str, Claims], chooser: ShardChooser) -> None:
+        self.shards = dict(claims)
+        self.chooser = chooser
+        self._first = next(iter(self.shards.values()))
+
+    def shard(self, scope: object) -> str:
+        return choose(self.chooser, self.shards, scope)
+
+    @property
+    def features(self) -> Features:
+        """The first shard's features: shards are expected to run one engine (what differs is where they are)."""
+        return self._first.features
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        for claims in self.shards.values():
+            cause = claims.core.retry_cause(exc)
+            if cause is not None:
+                return cause
+        return None
+
+    def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
+        """`attempt()` re-run on any shard's retryable errors, within the first shard's retry budget (or `policy`)."""
+        return retrying(policy or self._first.core.retry, self.retry_cause, attempt)
+
+    def span(self, name: str, operation: str, flow: Flow[T], describe: Callable[[T], dict[str, Any]]) -> Flow[T]:
+        return self._first.span(name, operation, flow, describe)
+
+    def request(self, scope: object, operation: object, key: object, request: object,
+                lease: timedelta | None = None) -> Request:
+        return self.shards[self.shard(scope)].request(scope, operation, key, request, lease)
+
+    def claim(self, req: Request, *, wait: bool = True, fresh: bool = False) -> Flow[Outcome]:
+        shard = self.shard(req.scope)
+        return on_shard(shard, self.shards[shard].claim(req, wait=wait, fresh=fresh))
+
+    def complete(self, claimed: Claimed, response: Any, status: int = 200) -> Flow[None]:
+        shard = self.shard(claimed.scope)
+        return on_shard(shard, self.shards[shard].complete(claimed, response, status))
+
+    def release(self, claimed: Claimed) -> Flow[bool]:
+        shard = self.shard(claimed.scope)
+        return on_shard(shard, self.shards[shard].release(claimed))
+
+    def renew(self, claimed: Claimed, lease: float) -> Flow[bool]:
+        shard = self.shard(claimed.scope)
+        return on_shard(shard, self.shards[shard].renew(claimed, lease))
+
+    def heartbeat(self, claimed: Claimed, lease: float, *, in_transaction: bool = False) -> Heartbeat | None:
+        shard = self.shard(claimed.scope)
+        beat = self.shards[shard].heartbeat(claimed, lease, in_transaction=in_transaction)
+        if beat is None:
+            return None
+        inner = beat.beat
+        return Heartbeat(beat.interval, lambda: on_shard(shard, inner()))
+
+    def release_after(self, claimed: Claimed, error: BaseException) -> Flow[None]:
+        shard = self.shard(claimed.scope)
+        return on_shard(shard, self.shards[shard].release_after(claimed, error))
+
+    def run(self, *, scope: str, operation: str, key: str, request: Any, status: int = 200,
+            lease: timedelta | None = None, retry: RetryPolicy | None = None,
+            on_effect: Callable[[Any], Any] | None = None, on_in_flight: Any = "wait") -> Flow[Result]:
+        shard = self.shard(scope)
+        return on_shard(shard, self.shards[shard].run(scope=scope, operation=operation, key=key, request=request,
+                                                      status=status, lease=lease, retry=retry, on_effect=on_effect,
+                                                      on_in_flight=on_in_flight))
+
+    def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None, operation: str = "",
+               heartbeat: Heartbeat | None = None) -> Flow[tuple[Any, int]]:
+        return self._first.effect(status, on_effect, operation, heartbeat)
+
+
+def crossing(first: str, then: str) -> CrossShard:
+    return CrossShard(f"one transaction on shard {first!r} was asked to run statements on shard {then!r}: a record"
+                      " and its effect commit together, on one database")

@@ -1,0 +1,233 @@
+"""ShardedStore: one store over several databases, each scope's keys on the database its business data lives on.
+
+Every protocol call goes to the store of its scope's shard (`shard_chooser(scope)`), which runs it in its own
+transactions, so the effect gets that shard's connection and the record commits with it. Adapters (the HTTP layer)
+drive flows built on `claims` through `drive`, which opens each transaction on the shard of its first routed step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from sqlalchemy.engine import URL
+
+from ..core import NO_PAYLOAD
+from ..errors import ConfigurationError, RetryCause
+from ..fingerprint import Encoder
+from ..heartbeat import beating
+from ..inbox import OnMismatch
+from ..limits import OnInFlight
+from ..outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from ..retention import Stats
+from ..retry import RetryPolicy
+from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
+from ..store import IdempotencyStore, SyncStore
+from ..storebase import refuse_awaitable
+from .routing import CrossShard, OnShard, ShardChooser, ShardedClaims, choose, crossing
+
+T = TypeVar("T")
+
+
+class _Pending:
+    """A transaction the sharded loop has been asked for, opened on the shard of its first routed step."""
+
+    def __init__(self, begin: Begin, stack: ExitStack) -> None:
+        self.begin, self.stack = begin, stack
+        self.shard: str | None = None
+        self.connection: Any = None
+
+    def on(self, shard: str, store: SyncStore[Any]) -> Any:
+        if self.shard is None:
+            self.connection = self.stack.enter_context(store._transaction(self.begin))
+            self.shard = shard
+        elif shard != self.shard:
+            raise crossing(self.shard, shard)
+        return self.connection
+
+
+def close_store(store: object) -> None:
+    close = getattr(store, "close", None)  # a DjangoStore has none: Django closes its connections
+    if callable(close):
+        close()
+
+
+def owner(shards: Mapping[str, Any], conn: Any) -> str:
+    """The shard whose engine `conn` belongs to (a caller's connection for the step-by-step API)."""
+    engine = getattr(conn, "engine", None)
+    for shard, store in shards.items():
+        if store.engine is engine:
+            return shard
+    raise CrossShard(f"this connection belongs to none of the store's shards ({', '.join(shards)}): use"
+                     " `store.transaction(scope=...)`, or a connection of the shard's own engine")
+
+
+def checked_owner(shards: Mapping[str, Any], chooser: ShardChooser, conn: Any, scope: object) -> str:
+    shard = choose(chooser, shards, scope)
+    found = owner(shards, conn)
+    if found != shard:
+        raise CrossShard(f"scope {scope!r} lives on shard {shard!r}, but this connection is of shard {found!r}")
+    return shard
+
+
+class ShardedStore:
+    """`IdempotencyStore`'s API over several databases (`shards`: id -> a sync store, e.g. an IdempotencyStore or a
+    DjangoStore per database alias), each key on the shard `shard_chooser(scope)` names. Each shard may be its own
+    HA stack: one shard's outage or failover stops only the keys of its scopes. Thread-safe."""
+
+    def __init__(self, shards: Mapping[str, SyncStore[Any]], shard_chooser: ShardChooser) -> None:
+        if not shards:
+            raise ConfigurationError("a ShardedStore needs at least one shard")
+        self.shards: dict[str, SyncStore[Any]] = dict(shards)
+        self.shard_chooser = shard_chooser
+        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
+        self._owned = False
+
+    @classmethod
+    def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
+                  **options: Any) -> ShardedStore:
+        """One IdempotencyStore per URL (`options` go to each `from_url`); `close()` closes them."""
+        made: dict[str, SyncStore[Any]] = {}
+        try:
+            for shard, url in urls.items():
+                made[shard] = IdempotencyStore.from_url(url, **options)
+        except BaseException:
+            for store in made.values():
+                close_store(store)
+            raise
+        sharded = cls(made, shard_chooser)
+        sharded._owned = True
+        return sharded
+
+    def shard_for(self, scope: object) -> str:
+        """The shard id of `scope` (UnknownShard if the chooser names none of the store's)."""
+        return choose(self.shard_chooser, self.shards, scope)
+
+    def store_for(self, scope: object) -> SyncStore[Any]:
+        return self.shards[self.shard_for(scope)]
+
+    @property
+    def table_prefix(self) -> str:
+        return next(iter(self.shards.values())).table_prefix
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        return self.claims.retry_cause(exc)
+
+    @property
+    def encoder(self) -> Encoder | None:
+        """The first shard's encoder (give every shard the same)."""
+        return next(iter(self.shards.values())).encoder
+
+    # --- schema and retention: every shard ---------------------------------------------------------------------
+
+    def create_tables(self, *, generations: bool = False) -> None:
+        for store in self.shards.values():
+            store.create_tables(generations=generations)
+
+    def drop_tables(self) -> None:
+        for store in self.shards.values():
+            store.drop_tables()
+
+    def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
+              progress: Callable[[str, int], None] | None = None) -> int:
+        """Each shard's purge in turn; the rows deleted on all of them."""
+        return sum(store.purge(older_than, batch_size, progress) for store in self.shards.values())
+
+    def stats(self) -> dict[str, Stats]:
+        """Each shard's `stats`, by shard id."""
+        return {shard: store.stats() for shard, store in self.shards.items()}
+
+    # --- the protocol, on the scope's shard ----------------------------------------------------------------------
+
+    def transaction(self, *, scope: str) -> AbstractContextManager[Any]:
+        """A transaction on the shard of `scope`, for the step-by-step API."""
+        return self.store_for(scope).transaction()
+
+    def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
+              lease: timedelta | None = None) -> Outcome:
+        shard = checked_owner(self.shards, self.shard_chooser, conn, scope)
+        return self.shards[shard].claim(conn, scope=scope, operation=operation, key=key, request=request, lease=lease)
+
+    def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None:
+        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
+        self.shards[shard].complete(conn, claimed, response, status)
+
+    def release(self, conn: Any, claimed: Claimed) -> bool:
+        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
+        return self.shards[shard].release(conn, claimed)
+
+    def accept_message(self, conn: Any, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> bool:
+        """On the shard `conn` belongs to: the message is recorded where the handler's writes commit."""
+        return self.shards[owner(self.shards, conn)].accept_message(conn, subscriber=subscriber,
+                                                                     message_id=message_id, payload=payload)
+
+    def consume(self, *, subscriber: str, message_id: str, handler: Callable[[Any], Any], scope: str,
+                payload: Any = NO_PAYLOAD, on_mismatch: OnMismatch = Disposition.DEAD_LETTER,
+                retry: RetryPolicy | None = None) -> Delivery:
+        """`consume` on the shard of `scope`: the owner of what the handler writes (a message names no scope)."""
+        return self.store_for(scope).consume(subscriber=subscriber, message_id=message_id, handler=handler,
+                                             payload=payload, on_mismatch=on_mismatch, retry=retry)
+
+    def run(self, *, scope: str, operation: str, key: str, request: Any, effect: Callable[[Any], Any],
+            status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
+            on_in_flight: OnInFlight = "wait") -> Result:
+        """`run` on the shard of `scope`: `effect` gets that shard's connection."""
+        return self.store_for(scope).run(scope=scope, operation=operation, key=key, request=request, effect=effect,
+                                         status=status, lease=lease, retry=retry, on_in_flight=on_in_flight)
+
+    # --- the loop adapters drive `claims` with -------------------------------------------------------------------
+
+    def drive(self, flow: Flow[T], conn: Any = None, effect: Callable[[Any], Any] | None = None) -> T:
+        stepper = Stepper(flow)
+        while (step := stepper.next()) is not None:
+            try:
+                stepper.send(self._step(step, conn, effect))
+            except BaseException as exc:
+                stepper.throw(exc)
+        return stepper.value
+
+    def _step(self, step: Step | OnShard, conn: Any, effect: Callable[[Any], Any] | None) -> Any:
+        if isinstance(step, OnShard):
+            store = self.shards[step.shard]
+            if isinstance(conn, _Pending):
+                return store.drive(step.body, conn.on(step.shard, store), effect)
+            if conn is not None:  # a caller's connection (step-by-step): it must be of this shard
+                found = owner(self.shards, conn)
+                if found != step.shard:
+                    raise crossing(found, step.shard)
+            return store.drive(step.body, conn, effect)
+        if isinstance(step, Transaction):
+            with ExitStack() as stack:
+                return self.drive(step.body, _Pending(step.begin, stack), effect)
+        if isinstance(step, Effect):
+            assert effect is not None, "a flow with an Effect step needs an effect"
+            with beating(step.heartbeat, self.drive):
+                response = effect(conn.connection if isinstance(conn, _Pending) else conn)
+            refuse_awaitable(response)
+            return response
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
+            return None
+        raise CrossShard(f"{type(step).__name__} outside any shard: route it with the store's `claims`")
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the shards' stores if `from_urls` made them."""
+        if self._owned:
+            for store in self.shards.values():
+                close_store(store)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ShardedStore(shards={list(self.shards)!r})"

@@ -1,0 +1,177 @@
+"""The store runs its own statements on the driver: a replay fires none of SQLAlchemy's cursor events (sync on
+psycopg, async on asyncpg) and crosses SQLAlchemy's greenlet bridge only to open and end its transaction;
+`cursor_events=True` brings the events back. The private SQLAlchemy names this leans on are pinned here, so an
+upgrade that moves one fails loudly instead of silently changing how errors are handled."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection
+
+from idem_dialects import IdempotencyStore
+from idem_dialects.engines import Server, Unavailable, get
+
+MAX_SWITCHES = 7  # half of the 14 one replay took through SQLAlchemy's AsyncConnection per statement
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Server]:
+    try:
+        server = get("postgresql").provide()
+    except Unavailable as exc:
+        pytest.skip(f"postgresql unavailable: {exc}")
+    yield server
+    server.stop()
+
+
+def _events(engine: Any) -> list[str]:
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    return seen
+
+
+@pytest.mark.parametrize("cursor_events", [False, True], ids=["native", "cursor_events"])
+def test_sync_replay_fires_no_cursor_event_unless_asked(pg: Server, cursor_events: bool) -> None:
+    url = pg.url.set(drivername="postgresql+psycopg")
+    with IdempotencyStore.from_url(url, table_prefix=f"ex{uuid.uuid4().hex[:6]}_",
+                                   cursor_events=cursor_events) as store:
+        store.create_tables()
+        try:
+            store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "first")
+            seen = _events(store.engine)
+            again = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "never")
+            assert again.replayed and again.response == "first"
+            if cursor_events:
+                assert seen and seen[0].lstrip().upper().startswith("WITH INS")  # the claim, through SQLAlchemy
+            else:
+                assert seen == []
+        finally:
+            store.drop_tables()
+
+
+def _asyncpg_url(pg: Server) -> URL:
+    pytest.importorskip("asyncpg", reason="asyncpg is not installed (pip install 'idem-dialects[async]')")
+    return pg.url.set(drivername="postgresql+asyncpg")
+
+
+@pytest.mark.parametrize("cursor_events", [False, True], ids=["native", "cursor_events"])
+def test_async_replay_fires_no_cursor_event_unless_asked_and_crosses_the_bridge_twice(pg: Server,
+                                                                                     cursor_events: bool) -> None:
+    greenlet = pytest.importorskip("greenlet")
+    from idem_dialects import AsyncIdempotencyStore
+
+    url = _asyncpg_url(pg)
+
+    async def main() -> tuple[list[str], int, bool]:
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=f"ex{uuid.uuid4().hex[:6]}_",
+                                                  cursor_events=cursor_events) as store:
+            await store.create_tables()
+            try:
+                async def effect(conn: Any) -> str:
+                    return "first"
+
+                await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+                seen = _events(store.engine.sync_engine)
+                switches: list[str] = []
+                previous = greenlet.settrace(lambda kind, args: switches.append(kind))
+                try:
+                    again = await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+                finally:
+                    greenlet.settrace(previous)
+                return list(seen), len(switches), again.replayed
+            finally:
+                await store.drop_tables()
+
+    seen, switches, replayed = asyncio.run(main())
+    assert replayed
+    if cursor_events:
+        assert seen  # the claim went through SQLAlchemy's AsyncConnection (and its greenlet hops)
+    else:
+        assert seen == []
+        assert switches <= MAX_SWITCHES, f"{switches} greenlet switches for one replay"
+
+
+def test_the_private_sqlalchemy_names_the_executors_use() -> None:
+    """execution/sync.py and execution/aio.py hand a native statement's error to SQLAlchemy's own handler; the
+    async drivers' modules run statements in SQLAlchemy's adapters' transactions and translate errors through them."""
+    assert callable(getattr(Connection, "_handle_dbapi_exception", None))
+    from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_connection
+
+    assert "_execute_mutex" in AsyncAdapt_dbapi_connection.__slots__
+    assert callable(getattr(AsyncAdapt_dbapi_connection, "_handle_exception", None))
+    pytest.importorskip("asyncpg")
+    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+    assert {"_transaction"} <= set(AsyncAdapt_asyncpg_connection.__slots__)
+    assert asyncio.iscoroutinefunction(AsyncAdapt_asyncpg_connection._start_transaction)
+
+
+@pytest.mark.parametrize("where", ["begin", "commit"])
+def test_an_interrupted_native_statement_never_hands_its_connection_on(pg: Server, where: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task cancelled while a native statement awaits the server may leave a transaction the adapter never
+    recorded (its BEGIN went through, the cancellation arrived before asyncpg said so) or one it has forgotten (a
+    COMMIT interrupted): no ROLLBACK would end it, so the pool must replace the connection. Otherwise the next run on
+    it works inside that stale transaction, and its effect and record stay invisible to every other connection -
+    lost the moment the stale connection is closed."""
+    from sqlalchemy import text
+
+    from idem_dialects import AsyncIdempotencyStore
+    from idem_dialects.drivers.asyncpg import Asyncpg
+
+    url = _asyncpg_url(pg)
+    real_execute, real_commit = Asyncpg.execute, Asyncpg.commit
+    interrupted: list[str] = []
+
+    async def begin_then_cancelled(self: Asyncpg, connection: Any, sql: str, parameters: Any, shape: Any) -> Any:
+        if not interrupted:
+            interrupted.append(sql)
+            await connection._connection.execute("BEGIN")  # the server began; asyncpg's caller never heard back
+            raise asyncio.CancelledError
+        return await real_execute(self, connection, sql, parameters, shape)
+
+    async def commit_cancelled(self: Asyncpg, connection: Any) -> None:
+        if not interrupted:
+            interrupted.append("COMMIT")
+            connection._transaction = None  # as the driver forgets it, before the COMMIT's reply
+            raise asyncio.CancelledError
+        await real_commit(self, connection)
+
+    async def main() -> tuple[Any, int]:
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=f"ex{uuid.uuid4().hex[:6]}_",
+                                                  pool_size=1, max_overflow=0) as store:
+            await store.create_tables()
+            try:
+                async def effect(conn: Any) -> str:
+                    return "done"
+
+                if where == "begin":
+                    monkeypatch.setattr(Asyncpg, "execute", begin_then_cancelled)
+                else:
+                    monkeypatch.setattr(Asyncpg, "commit", commit_cancelled)
+                with pytest.raises(asyncio.CancelledError):
+                    await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+                monkeypatch.undo()
+                result = await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+                # The one pooled connection was replaced: another engine sees the completed record.
+                other = IdempotencyStore.from_url(pg.url.set(drivername="postgresql+psycopg"),
+                                                  table_prefix=store.table_prefix)
+                try:
+                    with other.engine.connect() as conn:
+                        done = conn.execute(text(
+                            f"SELECT count(*) FROM {store.tables.records.name} WHERE completed_at IS NOT NULL"
+                        )).scalar_one()
+                finally:
+                    other.close()
+                return result, done
+            finally:
+                await store.drop_tables()
+
+    result, done = asyncio.run(main())
+    assert interrupted and result.response == "done" and done == 1
