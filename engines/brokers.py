@@ -74,6 +74,16 @@ BROKERS: dict[str, BrokerSpec] = {spec.name: spec for spec in (
 )}
 
 
+def first_unavailable(names: list[str]) -> str | None:
+    """Why the first of these brokers that cannot be reached is unavailable (its title first), or None: what a command
+    needing them all checks before it starts anything."""
+    for name in names:
+        why = BROKERS[name].unavailable()
+        if why:
+            return f"{BROKERS[name].title} is unavailable: {why}"
+    return None
+
+
 class PrivateBroker:
     """A broker process of our own: `url` reaches it, `restart` stops it (cleanly, or with `kill=True` as a crash)
     and starts it again on the same port and data, `stop` ends it and removes its data."""

@@ -15,13 +15,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from failover_load import window_under_load  # tools/, beside this script
+
 from idem_dialects import IdempotencyStore, RetryPolicy
-from idem_dialects.conformance.test_cluster import outage
 from idem_dialects.engines.local import chown_tree, free_ports, kill_group, unprivileged_user, wait_until
 from idem_dialects.engines.pgserver import bindir
 
@@ -81,42 +81,14 @@ def measure() -> dict[str, float]:
         store = IdempotencyStore.from_url(url, table_prefix="af_", retry=RetryPolicy(total=120), pool_size=8,
                                           max_overflow=0)
         store.create_tables()
-        acked_at: list[float] = []
-        longest = [0.0]
-        errors: list[str] = []
-        stop = threading.Event()
-        lock = threading.Lock()
 
-        def worker(t: int) -> None:
-            i = 0
-            while not stop.is_set():
-                started = time.monotonic()
-                i += 1
-                try:
-                    store.run(scope="s", operation="op", key=f"k-{t}-{i}", request={}, effect=lambda c: 1)
-                except Exception as exc:
-                    errors.append(type(exc).__name__)
-                    continue
-                with lock:
-                    acked_at.append(time.monotonic())
-                    longest[0] = max(longest[0], time.monotonic() - started)
+        def recovered(killed_at: float, acked_at: list[float]) -> None:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and not [t for t in acked_at if t > killed_at + 0.5]:
+                time.sleep(0.5)
 
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-        for thread in threads:
-            thread.start()
-        time.sleep(3.0)
-        killed_at = time.monotonic()
-        kill_group(nodes[primary])  # the keeper and the postgres it supervises: a crashed machine
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not [t for t in acked_at if t > killed_at + 0.5]:
-            time.sleep(0.5)
-        time.sleep(3.0)
-        stop.set()
-        for thread in threads:
-            thread.join()
-        store.engine.dispose()
-        return {"window": round(outage(killed_at, acked_at), 1), "longest_call": round(longest[0], 1),
-                "errors": float(len(errors))}
+        # the keeper and the postgres it supervises: a crashed machine
+        return window_under_load(store, lambda: kill_group(nodes[primary]), recovered)
     finally:
         for proc in procs:
             if proc.poll() is None:

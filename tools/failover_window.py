@@ -10,11 +10,10 @@ cover for no caller to get RetriesExhausted). ``.venv/bin/python tools/failover_
 from __future__ import annotations
 
 import sys
-import threading
-import time
+
+from failover_load import window_under_load  # tools/, beside this script
 
 from idem_dialects import IdempotencyStore, RetryPolicy
-from idem_dialects.conformance.test_cluster import outage
 from idem_dialects.engines.patroni import DEFAULT_TIMING, LOOP_WAIT, RETRY_TIMEOUT, TTL, patroni_cluster
 
 TIMINGS = {"default": DEFAULT_TIMING, "tuned": (TTL, LOOP_WAIT, RETRY_TIMEOUT)}
@@ -26,40 +25,8 @@ def measure(timing: tuple[int, int, int]) -> dict[str, float]:
         store = IdempotencyStore.from_url(cluster.url(), table_prefix="fw_", retry=RetryPolicy(total=120),
                                           pool_size=8, max_overflow=0)
         store.create_tables()
-        acked_at: list[float] = []
-        longest: list[float] = [0.0]
-        errors: list[str] = []
-        stop = threading.Event()
-        lock = threading.Lock()
-
-        def worker(t: int) -> None:
-            i = 0
-            while not stop.is_set():
-                started = time.monotonic()
-                i += 1
-                try:
-                    store.run(scope="s", operation="op", key=f"k-{t}-{i}", request={}, effect=lambda c: 1)
-                except Exception as exc:
-                    errors.append(type(exc).__name__)
-                    continue
-                with lock:
-                    acked_at.append(time.monotonic())
-                    longest[0] = max(longest[0], time.monotonic() - started)
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-        for thread in threads:
-            thread.start()
-        time.sleep(3.0)
-        killed_at = time.monotonic()
-        cluster.kill()
-        cluster.await_failover()
-        time.sleep(3.0)
-        stop.set()
-        for thread in threads:
-            thread.join()
-        store.engine.dispose()
-        return {"window": round(outage(killed_at, acked_at), 1), "longest_call": round(longest[0], 1),
-                "elected_in": round(cluster.elected_in or 0.0, 1), "errors": float(len(errors))}
+        found = window_under_load(store, cluster.kill, lambda killed_at, acked_at: cluster.await_failover())
+        return {**found, "elected_in": round(cluster.elected_in or 0.0, 1)}
     finally:
         cluster.stop()
 

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ...conformance.consumer_proof import BROKER_ORDER, Proof, describe, table
     from ...engines import expand, provision
     from ...engines.brokers import BROKERS as SPECS
+    from ...engines.brokers import first_unavailable
 
     prog = "idem-dialects consumers"
     if args.messages < 10 or not 0 <= args.duplicates < 1 or args.kills < 0 or args.workers < 1:
@@ -58,11 +59,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc.args[0]}", file=sys.stderr)
         return EXIT_USAGE
     brokers = [b for b in BROKER_ORDER if b in (args.broker or BROKERS)]
-    for broker in brokers:
-        why = SPECS[broker].unavailable()
-        if why:
-            print(f"{prog}: {SPECS[broker].title} is unavailable: {why}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
+    why = first_unavailable(brokers)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
 
     def log(line: str) -> None:
         if not args.quiet:

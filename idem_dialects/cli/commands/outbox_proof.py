@@ -46,17 +46,17 @@ def run(args: argparse.Namespace) -> int:
     from ...conformance.outbox_proof import OutboxProof, table
     from ...engines import Unavailable, get, provisioning
     from ...engines.brokers import BROKERS as SPECS
+    from ...engines.brokers import first_unavailable
 
     prog = "idem-dialects outbox-proof"
     if args.requests < 10 or not 0 <= args.duplicates < 1 or args.kills < 0 or args.restarts < 0:
         print(f"{prog}: --requests >= 10, --duplicates in [0, 1), --kills >= 0, --restarts >= 0", file=sys.stderr)
         return EXIT_USAGE
     brokers = args.broker or ["rabbitmq", "nats"]
-    for broker in brokers:
-        why = SPECS[broker].unavailable()
-        if why:
-            print(f"{prog}: {SPECS[broker].title} is unavailable: {why}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
+    why = first_unavailable(brokers)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
 
     def log(line: str) -> None:
         if not args.quiet:
