@@ -14,8 +14,6 @@ from sqlalchemy.engine import URL
 
 from ..aio import AsyncIdempotencyStore
 from ..core import NO_PAYLOAD
-from ..errors import ConfigurationError, RetryCause
-from ..fingerprint import Encoder
 from ..heartbeat import beating_async
 from ..inbox import OnMismatch
 from ..limits import OnInFlight
@@ -23,7 +21,7 @@ from ..outcomes import Claimed, Delivery, Disposition, Outcome, Result
 from ..retention import Stats
 from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
-from .routing import CrossShard, OnShard, ShardChooser, ShardedClaims, choose, crossing
+from .routing import CrossShard, OnShard, ShardChooser, Sharded, crossing
 from .sync import checked_owner, owner
 
 T = TypeVar("T")
@@ -47,16 +45,10 @@ class _Pending:
         return self.connection
 
 
-class AsyncShardedStore:
+class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
     """`ShardedStore`'s API, awaited: `shards` maps ids to AsyncIdempotencyStores, `shard_chooser(scope)` picks one."""
 
-    def __init__(self, shards: Mapping[str, AsyncIdempotencyStore], shard_chooser: ShardChooser) -> None:
-        if not shards:
-            raise ConfigurationError("an AsyncShardedStore needs at least one shard")
-        self.shards: dict[str, AsyncIdempotencyStore] = dict(shards)
-        self.shard_chooser = shard_chooser
-        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
-        self._owned = False
+    needs = "an AsyncShardedStore"
 
     @classmethod
     def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
@@ -66,24 +58,6 @@ class AsyncShardedStore:
                     shard_chooser)
         store._owned = True
         return store
-
-    def shard_for(self, scope: object) -> str:
-        return choose(self.shard_chooser, self.shards, scope)
-
-    def store_for(self, scope: object) -> AsyncIdempotencyStore:
-        return self.shards[self.shard_for(scope)]
-
-    @property
-    def table_prefix(self) -> str:
-        return next(iter(self.shards.values())).table_prefix
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        return self.claims.retry_cause(exc)
-
-    @property
-    def encoder(self) -> Encoder | None:
-        """The first shard's encoder (give every shard the same)."""
-        return next(iter(self.shards.values())).encoder
 
     async def create_tables(self, *, generations: bool = False) -> None:
         for store in self.shards.values():

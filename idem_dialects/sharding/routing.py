@@ -12,18 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ..claims import Claims
 from ..core import Request
 from ..errors import ConfigurationError, IdemError, RetryCause
 from ..features import Features
+from ..fingerprint import Encoder
 from ..keys import check_identifier
 from ..outcomes import Claimed, Outcome, Result
 from ..retry import RetryPolicy, retrying
 from ..steps import Flow, Heartbeat
+from ..storebase import StoreBase
 
 T = TypeVar("T")
+S = TypeVar("S", bound=StoreBase)
 ShardChooser = Callable[[str], str]
 """The shard of a scope: a function from the (validated) scope to a shard id of the store's `shards`. It must be a
 pure function of the scope (the same shard on every call, in every process), or keys would cross shards."""
@@ -143,3 +146,36 @@ class ShardedClaims:
 def crossing(first: str, then: str) -> CrossShard:
     return CrossShard(f"one transaction on shard {first!r} was asked to run statements on shard {then!r}: a record"
                       " and its effect commit together, on one database")
+
+
+class Sharded(Generic[S]):
+    """What `ShardedStore` and `AsyncShardedStore` share: the shards by id, the chooser, and `claims` routed by it."""
+
+    needs: ClassVar[str]  # the subject of the error for no shard: "a ShardedStore"
+
+    def __init__(self, shards: Mapping[str, S], shard_chooser: ShardChooser) -> None:
+        if not shards:
+            raise ConfigurationError(f"{self.needs} needs at least one shard")
+        self.shards: dict[str, S] = dict(shards)
+        self.shard_chooser = shard_chooser
+        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
+        self._owned = False
+
+    def shard_for(self, scope: object) -> str:
+        """The shard id of `scope` (UnknownShard if the chooser names none of the store's)."""
+        return choose(self.shard_chooser, self.shards, scope)
+
+    def store_for(self, scope: object) -> S:
+        return self.shards[self.shard_for(scope)]
+
+    @property
+    def table_prefix(self) -> str:
+        return next(iter(self.shards.values())).table_prefix
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        return self.claims.retry_cause(exc)
+
+    @property
+    def encoder(self) -> Encoder | None:
+        """The first shard's encoder (give every shard the same)."""
+        return next(iter(self.shards.values())).encoder

@@ -17,8 +17,6 @@ from typing import Any, Self, TypeVar
 from sqlalchemy.engine import URL
 
 from ..core import NO_PAYLOAD
-from ..errors import ConfigurationError, RetryCause
-from ..fingerprint import Encoder
 from ..heartbeat import beating
 from ..inbox import OnMismatch
 from ..limits import OnInFlight
@@ -28,7 +26,7 @@ from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
 from ..store import IdempotencyStore, SyncStore
 from ..storebase import refuse_awaitable
-from .routing import CrossShard, OnShard, ShardChooser, ShardedClaims, choose, crossing
+from .routing import CrossShard, OnShard, ShardChooser, Sharded, choose, crossing
 
 T = TypeVar("T")
 
@@ -74,18 +72,12 @@ def checked_owner(shards: Mapping[str, Any], chooser: ShardChooser, conn: Any, s
     return shard
 
 
-class ShardedStore:
+class ShardedStore(Sharded[SyncStore[Any]]):
     """`IdempotencyStore`'s API over several databases (`shards`: id -> a sync store, e.g. an IdempotencyStore or a
     DjangoStore per database alias), each key on the shard `shard_chooser(scope)` names. Each shard may be its own
     HA stack: one shard's outage or failover stops only the keys of its scopes. Thread-safe."""
 
-    def __init__(self, shards: Mapping[str, SyncStore[Any]], shard_chooser: ShardChooser) -> None:
-        if not shards:
-            raise ConfigurationError("a ShardedStore needs at least one shard")
-        self.shards: dict[str, SyncStore[Any]] = dict(shards)
-        self.shard_chooser = shard_chooser
-        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
-        self._owned = False
+    needs = "a ShardedStore"
 
     @classmethod
     def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
@@ -102,25 +94,6 @@ class ShardedStore:
         sharded = cls(made, shard_chooser)
         sharded._owned = True
         return sharded
-
-    def shard_for(self, scope: object) -> str:
-        """The shard id of `scope` (UnknownShard if the chooser names none of the store's)."""
-        return choose(self.shard_chooser, self.shards, scope)
-
-    def store_for(self, scope: object) -> SyncStore[Any]:
-        return self.shards[self.shard_for(scope)]
-
-    @property
-    def table_prefix(self) -> str:
-        return next(iter(self.shards.values())).table_prefix
-
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        return self.claims.retry_cause(exc)
-
-    @property
-    def encoder(self) -> Encoder | None:
-        """The first shard's encoder (give every shard the same)."""
-        return next(iter(self.shards.values())).encoder
 
     # --- schema and retention: every shard ---------------------------------------------------------------------
 
