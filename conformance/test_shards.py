@@ -235,7 +235,7 @@ def test_async_keys_stay_on_their_shard(idem_engine: EngineUnderTest) -> None:
             stores = {s: AsyncIdempotencyStore.from_url(urls[s], table_prefix=shards.prefixes[s]) for s in SHARDS}
             async with AsyncShardedStore(stores, by_crc32) as store:
                 for s in stores.values():
-                    s._owns_engine = True  # closed with the sharded store: this check made them
+                    s.executor.owns_engine = True  # closed with the sharded store: this check made them
                 store._owned = True
                 for shard in SHARDS:
                     for scope in scopes_of(shard, 3):
