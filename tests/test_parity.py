@@ -15,9 +15,7 @@ import inspect
 import pkgutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from decimal import Decimal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +25,13 @@ import pytest
 pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
 pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[aiosqlite]')")
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from stores_common import DONE, EFFECTS, Side, effects, store_script
 
 import idem_dialects
 from idem_dialects import (
     AsyncIdempotencyStore,
     AsyncShardedStore,
     IdempotencyStore,
-    InvalidKey,
     ShardedStore,
     default_encoder,
 )
@@ -43,7 +40,6 @@ from idem_dialects.heartbeat import beating, beating_async
 from idem_dialects.http.policy import HttpRequest, IdempotencyPolicy
 from idem_dialects.http.problems import HttpResponse
 from idem_dialects.http.runner import AsyncIdempotency, Idempotency
-from idem_dialects.outbox import Command
 from idem_dialects.outcomes import Disposition
 from idem_dialects.relay import AsyncRelay, Relay
 from idem_dialects.steps import Heartbeat
@@ -180,161 +176,60 @@ def test_the_check_fails_when_one_side_gains_a_parameter() -> None:
 # --- behaving alike, on SQLite ---------------------------------------------------------------------------------------
 
 
-class Side:
-    """One side of a pair driven by one script: `call` runs what the side's API returns (a value, or a coroutine on
-    the async side), `effect(fn)` makes a side's effect from a sync body taking the sync Connection."""
-
-    def __init__(self, asynchronous: bool) -> None:
-        self.asynchronous = asynchronous
-        self._loop = asyncio.new_event_loop() if asynchronous else None
-
-    def call(self, value: Any) -> Any:
-        return self._loop.run_until_complete(value) if self._loop is not None else value
-
-    def effect(self, body: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        if not self.asynchronous:
-            return body
-
-        async def effect(conn: Any) -> Any:
-            return await conn.run_sync(body)
-
-        return effect
-
-    def close(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-
-
-@pytest.fixture(params=["sync", "async"])
-def side(request: pytest.FixtureRequest) -> Iterator[Side]:
-    made = Side(request.param == "async")
-    yield made
-    made.close()
-
-
-DONE = Table("parity_done", MetaData(), Column("id", Integer, primary_key=True), Column("what", String(64)))
-
-
 def _url(path: Path, side: Side) -> str:
     return f"sqlite+aiosqlite:///{path}" if side.asynchronous else f"sqlite:///{path}"
 
 
 def _effects(path: Path) -> dict[str, int]:
     with IdempotencyStore.from_url(f"sqlite:///{path}") as reader, reader.engine.connect() as conn:
-        return {str(w): int(n) for w, n in conn.execute(select(DONE.c.what, func.count()).group_by(DONE.c.what))}
+        return effects(conn)
 
 
-def _store_script(store: Any, side: Side, scope: Callable[[int], str]) -> list[Any]:
-    """What a user does with a store, the outcomes written down: run, replay, mismatch, consume, the outbox and a
-    relay, the step-by-step API, stats and purge."""
-    seen: list[Any] = []
-
-    def done(what: str) -> Callable[[Any], Any]:
-        def body(conn: Any) -> Any:
-            conn.execute(insert(DONE).values(what=what))
-            return {"what": what, "total": Decimal("1.50")}
-        return side.effect(body)
-
-    for n in range(3):
-        first = side.call(store.run(scope=scope(n), operation="op", key=f"k{n}", request={"n": n},
-                                    effect=done(f"run{n}")))
-        again = side.call(store.run(scope=scope(n), operation="op", key=f"k{n}", request={"n": n},
-                                    effect=done(f"run{n}")))
-        seen.append((first.response, first.replayed, again.response, again.replayed))
-    try:
-        side.call(store.run(scope=scope(0), operation="op", key="k0", request={"n": 9}, effect=done("never")))
-    except Exception as exc:
-        seen.append(type(exc).__name__)
-    for attempt in range(2):
-        delivery = side.call(store.consume(subscriber="sub", message_id="m1", payload={"p": 1},
-                                           handler=done("consumed"), scope=scope(1)))
-        seen.append((attempt, delivery.disposition, delivery.duplicate))
-
-    def with_command(conn: Any) -> str:
-        conn.execute(insert(DONE).values(what="commanded"))
-        return "ok"
-
-    if side.asynchronous:
-        async def commanding(conn: Any) -> str:
-            await store.add_command(conn, "dest", {"hello": 1})
-            return await conn.run_sync(with_command)
-        effect: Any = commanding
-    else:
-        def commanding_sync(conn: Any) -> str:
-            store.add_command(conn, "dest", {"hello": 1})
-            return with_command(conn)
-        effect = commanding_sync
-    seen.append(side.call(store.run(scope=scope(2), operation="cmd", key="c1", request={}, effect=effect)).response)
-    published: list[Command] = []
-
-    class Collect:
-        def publish(self, command: Command) -> None:
-            published.append(command)
-
-    relay = (AsyncRelay if side.asynchronous else Relay)(store, {"*": Collect()}, stats_every=0)
-    seen.append((side.call(relay.run_once()), side.call(relay.run_once()), [c.destination for c in published]))
-
-    async def stepwise_async() -> Any:
-        async with store.transaction(scope=scope(0)) as conn:
-            outcome = await store.claim(conn, scope=scope(0), operation="step", key="s1", request={})
-            await store.complete(conn, outcome, {"step": 1}, status=201)
-            return type(outcome).__name__
-
-    def stepwise_sync() -> Any:
-        with store.transaction(scope=scope(0)) as conn:
-            outcome = store.claim(conn, scope=scope(0), operation="step", key="s1", request={})
-            store.complete(conn, outcome, {"step": 1}, status=201)
-            return type(outcome).__name__
-
-    seen.append(side.call(stepwise_async()) if side.asynchronous else stepwise_sync())
-    stats = side.call(store.stats())
-    seen.append((stats.completed, stats.in_flight, stats.messages))
-    seen.append(side.call(store.purge(older_than=timedelta(0))))
-    with pytest.raises(InvalidKey, match="1700 bytes"):
-        wide = "\U0001f600" * 255  # 1,020 bytes: three of them exceed the 1,700-byte identity limit
-        side.call(store.run(scope=wide, operation=wide, key=wide, request={}, effect=done("never")))
-    return seen
+def _with_table(path: Path) -> None:
+    with IdempotencyStore.from_url(f"sqlite:///{path}") as made:
+        DONE.create(made.engine)
 
 
 def test_the_stores_behave_alike(tmp_path: Path) -> None:
-    outcomes, effects = {}, {}
+    outcomes, done = {}, {}
     for asynchronous in (False, True):
         side = Side(asynchronous)
         path = tmp_path / f"{asynchronous}.db"
-        kind = AsyncIdempotencyStore if asynchronous else IdempotencyStore
-        store = kind.from_url(_url(path, side), encoder=default_encoder)
+        _with_table(path)
+        store = (AsyncIdempotencyStore if asynchronous else IdempotencyStore).from_url(_url(path, side),
+                                                                                          encoder=default_encoder)
         side.call(store.create_tables())
-        DONE.create(IdempotencyStore.from_url(f"sqlite:///{path}").engine)
         try:
-            outcomes[asynchronous] = _store_script(store, side, lambda n: f"tenant{n}")
+            outcomes[asynchronous] = store_script(store, side, lambda n: f"tenant{n}")
         finally:
             side.call(store.close())
             side.close()
-        effects[asynchronous] = _effects(path)
+        done[asynchronous] = _effects(path)
     assert outcomes[False] == outcomes[True]
-    assert effects[False] == effects[True] == {"run0": 1, "run1": 1, "run2": 1, "consumed": 1, "commanded": 1}
+    assert done[False] == done[True] == EFFECTS
 
 
 def test_the_sharded_stores_behave_alike(tmp_path: Path) -> None:
-    outcomes, effects = {}, {}
+    outcomes, done = {}, {}
     for asynchronous in (False, True):
         side = Side(asynchronous)
         paths = {s: tmp_path / f"{asynchronous}-{s}.db" for s in ("a", "b")}
+        for p in paths.values():
+            _with_table(p)
         kind = AsyncShardedStore if asynchronous else ShardedStore
         store = kind.from_urls({s: _url(p, side) for s, p in paths.items()}, encoder=default_encoder,
                                shard_chooser=lambda scope: "a" if scope.endswith(("0", "2")) else "b")
         side.call(store.create_tables())
-        for p in paths.values():
-            DONE.create(IdempotencyStore.from_url(f"sqlite:///{p}").engine)
         try:
-            outcomes[asynchronous] = _store_script(store, side, lambda n: f"tenant{n}")
+            outcomes[asynchronous] = store_script(store, side, lambda n: f"tenant{n}")
         finally:
             side.call(store.close())
             side.close()
-        effects[asynchronous] = {s: _effects(p) for s, p in paths.items()}
+        done[asynchronous] = {s: _effects(p) for s, p in paths.items()}
     assert outcomes[False] == outcomes[True]
-    assert effects[False] == effects[True] == {"a": {"run0": 1, "run2": 1, "commanded": 1},
-                                               "b": {"run1": 1, "consumed": 1}}
+    assert done[False] == done[True]
+    assert done[False] == {"a": {k: v for k, v in EFFECTS.items() if k in ("run0", "run2", "processed", "commanded")},
+                           "b": {k: v for k, v in EFFECTS.items() if k in ("run1", "leased", "consumed")}}
 
 
 def _http_answers(asynchronous: bool, path: Path) -> tuple[list[Any], int]:
