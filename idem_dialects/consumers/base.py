@@ -94,7 +94,7 @@ class ConsumerBase:
                                      handler=handler, on_mismatch=self.on_mismatch, scope=self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
-        return self._settled(delivery, found)
+        return self.settled(delivery, found)
 
     async def aprocess(self, store: AsyncStoreAPI[Any], message_id: object, payload: Any,
                        handler: Callable[[Any], Awaitable[Any]], deliveries: int, message: Any = None) -> Disposition:
@@ -108,7 +108,7 @@ class ConsumerBase:
                                            on_mismatch=self.on_mismatch, scope=self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
-        return self._settled(delivery, found)
+        return self.settled(delivery, found)
 
     def _payload(self, payload: Any) -> Any:
         return payload if self.compare_payload else NO_PAYLOAD
@@ -122,7 +122,7 @@ class ConsumerBase:
             return None
         return found
 
-    def _settled(self, delivery: Delivery, message_id: str) -> Disposition:
+    def settled(self, delivery: Delivery, message_id: str) -> Disposition:
         if delivery.mismatch is not None:
             self.counts["mismatch"] += 1
             log.warning("%s: message %r was processed before with a different payload; %s", self.subscriber,

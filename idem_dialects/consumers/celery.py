@@ -131,7 +131,7 @@ def idempotent_task(app: Celery, store: AnyStore | Callable[[], AnyStore], *,
                     raise  # the body's own error, unchanged
                 policy.counts["failed"] += 1
                 raise task.retry(exc=exc, countdown=retry_delay, max_retries=None) from exc
-            disposition = policy._settled(delivery, str(message_id))
+            disposition = policy.settled(delivery, str(message_id))
             if disposition is Disposition.ACK:
                 return delivery.value
             if disposition is Disposition.RETRY:

@@ -34,6 +34,7 @@ from ..execution.sync import execute_native
 from ..fingerprint import Encoder
 from ..limits import DEFAULT_RETENTION, check_retention
 from ..retry import RetryPolicy
+from ..sqla import NothingToReturn
 from ..steps import Begin, Statement
 from ..store import SyncStore
 from ..telemetry import MeterProvider, TracerProvider
@@ -41,7 +42,7 @@ from ..telemetry import MeterProvider, TracerProvider
 T = TypeVar("T")
 
 
-class BorrowedConnection(PoolProxiedConnection):
+class BorrowedConnection(NothingToReturn, PoolProxiedConnection):
     """Django's DBAPI connection as SQLAlchemy's `Connection` expects to hold it: SQLAlchemy may begin, commit and roll
     back its own view of the transaction (autobegin, savepoints), but nothing reaches the DBAPI connection except
     statements; Django begins, commits and rolls back. A connection SQLAlchemy finds broken is closed through Django,
@@ -92,9 +93,6 @@ class BorrowedConnection(PoolProxiedConnection):
 
     def close(self) -> None:
         """Django closes its connection (CONN_MAX_AGE, the end of a request)."""
-
-    def _close_special(self, transaction_reset: bool = False) -> None:
-        """What `Connection.close()` calls after closing its own transaction: nothing to return to a pool."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dbapi_connection, name)
