@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection
@@ -22,7 +25,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.util import await_only
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result
+from idem_dialects.api import ClaimFlows, OutboxFlows, StoreAPI
+from idem_dialects.commands import Identity, Origin
+from idem_dialects.core import NO_PAYLOAD
+from idem_dialects.errors import RetryCause
+from idem_dialects.features import Features
+from idem_dialects.fingerprint import Encoder
+from idem_dialects.limits import OnInFlight
+from idem_dialects.outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome
 from idem_dialects.relay import AsyncRelay
+from idem_dialects.retention import Stats
+from idem_dialects.retry import RetryPolicy
+from idem_dialects.steps import Flow
 
 T = TypeVar("T")
 
@@ -76,7 +90,7 @@ class BridgedConnection:
 
 
 class BridgedStore:
-    """IdempotencyStore's sync API, every call served by an AsyncIdempotencyStore."""
+    """The sync store surface (`StoreAPI`), every call served by an AsyncIdempotencyStore."""
 
     def __init__(self, url: URL, sync_url: URL, *, table_prefix: str, **engine_options: Any) -> None:
         self._loop = _Loop.shared()
@@ -88,23 +102,62 @@ class BridgedStore:
                      lambda *args: self.engine.dispatch.before_cursor_execute(*args))
         # The same flows on the checks' sync connections (a check driving a Connection of `engine` itself).
         self.sync = IdempotencyStore(self.engine, table_prefix=table_prefix)
-        self.table_prefix = self.aio.table_prefix
         self.tables = self.aio.tables
         self.backend = self.aio.backend
 
+    # --- what the async store says of itself -------------------------------------------------------------------
+
     @property
-    def features(self) -> Any:
+    def table_prefix(self) -> str:
+        return self.aio.table_prefix
+
+    @property
+    def features(self) -> Features:
         return self.aio.features
 
     @property
-    def retries(self) -> Any:
+    def claims(self) -> ClaimFlows:
+        return self.aio.claims
+
+    @property
+    def outbox(self) -> OutboxFlows:
+        return self.aio.outbox
+
+    @property
+    def retries(self) -> Counter[str]:
         return self.aio.retries
 
-    def retry_cause(self, exc: BaseException) -> Any:
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.aio.retry
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        self.aio.retry = policy
+
+    @property
+    def retention(self) -> timedelta:
+        return self.aio.retention
+
+    @retention.setter
+    def retention(self, window: timedelta) -> None:
+        self.aio.retention = window
+
+    @property
+    def encoder(self) -> Encoder | None:
+        return self.aio.encoder
+
+    @encoder.setter
+    def encoder(self, encoder: Encoder | None) -> None:
+        self.aio.encoder = encoder
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
         return self.aio.retry_cause(exc)
 
-    def create_tables(self) -> None:
-        self._loop.call(self.aio.create_tables())
+    # --- the surface, each call on the bridge's loop ---------------------------------------------------------------
+
+    def create_tables(self, *, generations: bool = False) -> None:
+        self._loop.call(self.aio.create_tables(generations=generations))
 
     def drop_tables(self) -> None:
         self._loop.call(self.aio.drop_tables())
@@ -115,9 +168,16 @@ class BridgedStore:
         finally:
             self.engine.dispose()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
     @contextmanager
-    def transaction(self) -> Iterator[BridgedConnection]:
-        cm = self.aio.transaction()
+    def transaction(self, *, scope: str | None = None) -> Iterator[Any]:
+        cm = self.aio.transaction(scope=scope)
         aconn = self._loop.call(cm.__aenter__())
         try:
             yield BridgedConnection(aconn, self._loop)
@@ -129,64 +189,86 @@ class BridgedStore:
 
     # A check that drives a connection of its own `engine` (a sync Connection) gets the same protocol code run on
     # that sync connection; test_async.py proves those cases on the async drivers natively.
-    def claim(self, conn: BridgedConnection | Connection, **kwargs: Any) -> Any:
+    def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
+              lease: timedelta | None = None) -> Outcome:
         if isinstance(conn, Connection):
-            return self.sync.claim(conn, **kwargs)
-        return self._loop.call(self.aio.claim(conn.aconn, **kwargs))
+            return self.sync.claim(conn, scope=scope, operation=operation, key=key, request=request, lease=lease)
+        return self._loop.call(self.aio.claim(conn.aconn, scope=scope, operation=operation, key=key, request=request,
+                                              lease=lease))
 
-    def complete(self, conn: BridgedConnection | Connection, claimed: Any, response: Any, status: int = 200) -> None:
+    def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None:
         if isinstance(conn, Connection):
             return self.sync.complete(conn, claimed, response, status)
         self._loop.call(self.aio.complete(conn.aconn, claimed, response, status))
 
-    def release(self, conn: BridgedConnection | Connection, claimed: Any) -> bool:
+    def release(self, conn: Any, claimed: Claimed) -> bool:
         if isinstance(conn, Connection):
             return self.sync.release(conn, claimed)
         return self._loop.call(self.aio.release(conn.aconn, claimed))
 
-    def accept_message(self, conn: BridgedConnection | Connection, **kwargs: Any) -> bool:
+    def accept_message(self, conn: Any, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> bool:
         if isinstance(conn, Connection):
-            return self.sync.accept_message(conn, **kwargs)
-        return self._loop.call(self.aio.accept_message(conn.aconn, **kwargs))
+            return self.sync.accept_message(conn, subscriber=subscriber, message_id=message_id, payload=payload)
+        return self._loop.call(self.aio.accept_message(conn.aconn, subscriber=subscriber, message_id=message_id,
+                                                       payload=payload))
 
-    def drive(self, flow: Any, conn: BridgedConnection | Connection | None = None) -> Any:
-        """A flow (a backend's statements, say) run by the async store's loop on a bridged transaction."""
-        if isinstance(conn, Connection):
-            return self.sync.drive(flow, conn)
-        return self._loop.call(self.aio.drive(flow, None if conn is None else conn.aconn))
-
-    def run(self, *, effect: Callable[[Connection], Any], **kwargs: Any) -> Result:
-        if not callable(effect):  # let the async store refuse it, before any SQL, as it would refuse a user's
-            return self._loop.call(self.aio.run(effect=effect, **kwargs))
-
-        async def bridged(aconn: AsyncConnection) -> Any:
-            return await aconn.run_sync(effect)
-
-        return self._loop.call(self.aio.run(effect=bridged, **kwargs))
-
-    def purge(self, *args: Any, **kwargs: Any) -> int:
-        return self._loop.call(self.aio.purge(*args, **kwargs))
-
-    @property
-    def outbox(self) -> Any:
-        return self.aio.outbox
-
-    def add_command(self, conn: BridgedConnection | Connection, *args: Any, **kwargs: Any) -> str:
+    def add_command(self, conn: Any, destination: str, payload: Any, headers: Mapping[str, str] | None = None, *,
+                    scope: str | None = None, origin: Identity | Origin | None = None,
+                    sequence: int | None = None) -> str:
+        call = self.aio.add_command(conn.aconn if isinstance(conn, BridgedConnection) else
+                                    # The sync Connection a bridged effect gets (run_sync's greenlet, on the loop's
+                                    # thread): the async store's own flow on the AsyncConnection around it, awaited
+                                    # from that greenlet as SQLAlchemy awaits its drivers.
+                                    AsyncConnection(self.aio.engine, conn), destination, payload, headers,
+                                    scope=scope, origin=origin, sequence=sequence)
         if isinstance(conn, BridgedConnection):
-            return self._loop.call(self.aio.add_command(conn.aconn, *args, **kwargs))
-        # The sync Connection a bridged effect gets (run_sync's greenlet, on the loop's thread): the async store's
-        # own flow on the AsyncConnection around it, awaited from that greenlet as SQLAlchemy awaits its drivers.
-        return await_only(self.aio.add_command(AsyncConnection(self.aio.engine, conn), *args, **kwargs))
+            return self._loop.call(call)
+        return await_only(call)
 
-    def consume(self, *, handler: Callable[[Connection], Any], **kwargs: Any) -> Any:
+    def consume(self, *, subscriber: str, message_id: str, handler: Callable[[Any], Any], payload: Any = NO_PAYLOAD,
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None,
+                scope: str | None = None) -> Delivery:
         async def bridged(aconn: AsyncConnection) -> Any:
             return await aconn.run_sync(handler)
 
-        return self._loop.call(self.aio.consume(handler=bridged, **kwargs))
+        return self._loop.call(self.aio.consume(subscriber=subscriber, message_id=message_id, handler=bridged,
+                                                payload=payload, on_mismatch=on_mismatch, retry=retry, scope=scope))
+
+    def run(self, *, scope: str, operation: str, key: str, request: Any, effect: Callable[[Any], Any],
+            status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
+            on_in_flight: OnInFlight = "wait") -> Result:
+        async def bridged(aconn: AsyncConnection) -> Any:
+            return await aconn.run_sync(effect)
+
+        # Not callable: the async store refuses it, before any SQL, as it would refuse a user's.
+        return self._loop.call(self.aio.run(scope=scope, operation=operation, key=key, request=request,
+                                            effect=bridged if callable(effect) else effect, status=status,
+                                            lease=lease, retry=retry, on_in_flight=on_in_flight))
+
+    def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
+              progress: Callable[[str, int], None] | None = None) -> int:
+        return self._loop.call(self.aio.purge(older_than, batch_size, progress))
+
+    def stats(self) -> Stats:
+        return self._loop.call(self.aio.stats())
+
+    def drive(self, flow: Flow[T], conn: Any = None, effect: Callable[[Any], Any] | None = None) -> T:
+        """A flow (a backend's statements, say) run by the async store's loop on a bridged transaction."""
+        if isinstance(conn, Connection):
+            return self.sync.drive(flow, conn, effect)
+        bridged = None if effect is None else _awaiting(effect)
+        return self._loop.call(self.aio.drive(flow, None if conn is None else conn.aconn, bridged))
 
     def relay(self, routes: Any, **options: Any) -> BridgedRelay:
         """An AsyncRelay on the async store, its rounds run on the bridge's loop."""
         return BridgedRelay(AsyncRelay(self.aio, routes, **options), self._loop)
+
+
+def _awaiting(effect: Callable[[Any], Any]) -> Callable[[AsyncConnection], Awaitable[Any]]:
+    async def bridged(aconn: AsyncConnection) -> Any:
+        return await aconn.run_sync(effect)
+
+    return bridged
 
 
 class BridgedRelay:
@@ -205,3 +287,8 @@ class BridgedRelay:
 
 async def _make(url: URL, table_prefix: str, engine_options: dict[str, Any]) -> AsyncIdempotencyStore:
     return AsyncIdempotencyStore.from_url(url, table_prefix=table_prefix, **engine_options)
+
+
+if TYPE_CHECKING:  # mypy holds the bridge against the declared surface (idem_dialects.api)
+    def _surface(it: BridgedStore) -> StoreAPI[Any]:
+        return it

@@ -325,7 +325,7 @@ def test_async_leased_claim_commit_reply_lost_continues_as_owner(idem_engine: En
 
     async def main() -> None:
         async with async_store(idem_engine) as (store, effects):
-            real = store._transaction  # every transaction the store's loop opens
+            real = store.executor.transaction  # every transaction the store's loop opens
             lost: list[bool] = []
 
             @asynccontextmanager
@@ -337,7 +337,7 @@ def test_async_leased_claim_commit_reply_lost_continues_as_owner(idem_engine: En
                     raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"),
                                            connection_invalidated=True)
 
-            store._transaction = reply_lost_once  # type: ignore[method-assign]
+            store.executor.transaction = reply_lost_once  # type: ignore[method-assign]
             effect = functools.partial(_applied, effects)
             result = await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect,
                                      lease=timedelta(seconds=30), retry=RetryPolicy(total=5))

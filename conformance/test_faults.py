@@ -85,7 +85,7 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: Idempoten
     """A leased run whose claim COMMIT went through but whose reply was lost retries, finds its own claim token on
     the in-flight record and carries on as the owner: the run completes and the effect ran once."""
     store, effects = idem_store, idem_effects
-    real = store._transaction  # every transaction the store's loop opens
+    real = store.executor.transaction  # every transaction the store's loop opens
     lost: list[bool] = []
 
     @contextmanager
@@ -96,7 +96,7 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: Idempoten
             lost.append(True)
             raise _lost_reply()
 
-    monkeypatch.setattr(store, "_transaction", reply_lost_once)
+    monkeypatch.setattr(store.executor, "transaction", reply_lost_once)
     result = store.run(scope="s", operation="op", key="k", request=REQ, effect=effects.effect("k"),
                        lease=timedelta(seconds=30), retry=RetryPolicy(total=5))
     assert lost and not result.replayed

@@ -16,16 +16,19 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.pool import NullPool
 
 from idem_dialects import Claimed, CrossShard, IdempotencyStore, RetryPolicy, ShardedStore
 from idem_dialects.dialects.options import driver_url
 from idem_dialects.engines import provisioning
+from idem_dialects.outbox import Command
+from idem_dialects.relay import AsyncRelay, Relay
 from idem_dialects.steps import Begin, Flow, transaction
 
 from .faultproxy import PROTOCOLS, FaultProxy, wire_protocol
@@ -235,7 +238,7 @@ def test_async_keys_stay_on_their_shard(idem_engine: EngineUnderTest) -> None:
             stores = {s: AsyncIdempotencyStore.from_url(urls[s], table_prefix=shards.prefixes[s]) for s in SHARDS}
             async with AsyncShardedStore(stores, by_crc32) as store:
                 for s in stores.values():
-                    s._owns_engine = True  # closed with the sharded store: this check made them
+                    s.executor.owns_engine = True  # closed with the sharded store: this check made them
                 store._owned = True
                 for shard in SHARDS:
                     for scope in scopes_of(shard, 3):
@@ -250,3 +253,124 @@ def test_async_keys_stay_on_their_shard(idem_engine: EngineUnderTest) -> None:
         asyncio.run(main())
         for shard in SHARDS:
             assert sorted(shards.records(shard)) == sorted((s, "k") for s in scopes_of(shard, 3))
+
+
+class _Collect:
+    """A publisher that keeps what it was given (a relay's destination)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Command] = []
+        self.lock = threading.Lock()
+
+    def publish(self, command: Command) -> None:
+        with self.lock:
+            self.seen.append(command)
+
+
+def _rows(shards: Shards, shard: str, table: str) -> int:
+    own = shards.store.shards[shard]
+    with own.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(getattr(own.tables, table))).scalar_one())
+
+
+def _features_through_shards(shards: Shards, run: Callable[[str, str], Any], consume: Callable[[str, str], Any],
+                             relay_rounds: Callable[[], int], stats: Callable[[], Any],
+                             purge: Callable[[], int], published: _Collect) -> None:
+    """The same script through a sync or an async sharded store: commands, messages, stats and purge on each
+    scope's shard, and every shard's commands published once by one relay of the sharded store."""
+    written = {shard: [run(scope, f"c{i}") for scope in scopes_of(shard, 2) for i in range(2)] for shard in SHARDS}
+    for shard in SHARDS:
+        assert _rows(shards, shard, "outbox") == len(written[shard]) == 4, "a command landed off its scope's shard"
+    for _ in range(2):  # a redelivery: the handler does not run again
+        for shard in SHARDS:
+            consume(scopes_of(shard, 1)[0], f"m-{shard}")
+    for shard in SHARDS:
+        assert _rows(shards, shard, "messages") == 1
+    assert relay_rounds() == 8 and relay_rounds() == 0
+    ids = [c.id for c in published.seen]
+    assert sorted(ids) == sorted(i for shard in SHARDS for i in written[shard]) and len(set(ids)) == len(ids)
+    now = stats()
+    assert {s: (now.shards[s].completed, now.shards[s].messages) for s in SHARDS} == {s: (4, 1) for s in SHARDS}
+    assert (now.completed, now.messages) == (8, 2)
+    assert purge() == 2 * (4 + 1 + 4)  # each shard: its records, its message, its published commands
+    after = stats()
+    assert (after.completed, after.messages) == (0, 0)
+    for shard in SHARDS:
+        assert shards.effects[shard].count() == 4 + 1  # the runs' effects and the message's handler, once each
+
+
+@pytest.mark.idem_api("sync")
+def test_outbox_consume_stats_and_purge_through_shards(idem_engine: EngineUnderTest) -> None:
+    """ShardedStore: `add_command` in an effect writes the command on its scope's shard, a relay of the sharded store
+    publishes every shard's commands exactly once, `consume` records a message on its scope's shard, and `stats` and
+    `purge` cover every shard."""
+    with two_shards(idem_engine) as shards:
+        store, published = shards.store, _Collect()
+        relay = Relay(store, {"*": published}, stats_every=0)
+
+        def run(scope: str, key: str) -> str:
+            def effect(conn: Connection) -> str:
+                shards.effect_for(scope, key)(conn)
+                return store.add_command(conn, "orders", {"key": key})
+
+            return str(store.run(scope=scope, operation="order:v1", key=key, request={}, effect=effect).response)
+
+        def consume(scope: str, message_id: str) -> None:
+            store.consume(subscriber="projection", message_id=message_id, scope=scope,
+                          handler=lambda conn: shards.effects[store.shard_for(scope)].apply(conn, message_id))
+
+        def rounds() -> int:
+            total = 0
+            while n := relay.run_once():
+                total += n
+            return total
+
+        _features_through_shards(shards, run, consume, rounds, store.stats,
+                                 lambda: store.purge(older_than=timedelta(0)), published)
+
+
+@pytest.mark.idem_api("async")
+def test_async_outbox_consume_stats_and_purge_through_shards(idem_engine: EngineUnderTest) -> None:
+    """AsyncShardedStore: what the sync check proves, through the async store and an AsyncRelay."""
+    from idem_dialects import AsyncIdempotencyStore, AsyncShardedStore
+
+    with two_shards(idem_engine) as shards:
+        loop = asyncio.new_event_loop()
+        proxies = shards.proxies
+        urls = {s: proxies[s].provision.plaintext_url(idem_engine.url, "127.0.0.1", proxies[s].port)
+                .set(database=shards.databases[s]) for s in SHARDS}  # the async driver's own "no TLS"
+        stores = {s: AsyncIdempotencyStore.from_url(urls[s], table_prefix=shards.prefixes[s]) for s in SHARDS}
+        store = AsyncShardedStore(stores, by_crc32)
+        published = _Collect()
+        relay = AsyncRelay(store, {"*": published}, stats_every=0)
+
+        def run(scope: str, key: str) -> str:
+            async def effect(conn: Any) -> str:
+                await conn.run_sync(shards.effects[store.shard_for(scope)].apply, f"{scope}|{key}")
+                return await store.add_command(conn, "orders", {"key": key})
+
+            result = loop.run_until_complete(store.run(scope=scope, operation="order:v1", key=key, request={},
+                                                       effect=effect))
+            return str(result.response)
+
+        def consume(scope: str, message_id: str) -> None:
+            async def handler(conn: Any) -> None:
+                await conn.run_sync(shards.effects[store.shard_for(scope)].apply, message_id)
+
+            loop.run_until_complete(store.consume(subscriber="projection", message_id=message_id, scope=scope,
+                                                  handler=handler))
+
+        def rounds() -> int:
+            total = 0
+            while n := loop.run_until_complete(relay.run_once()):
+                total += n
+            return total
+
+        try:
+            _features_through_shards(shards, run, consume, rounds, lambda: loop.run_until_complete(store.stats()),
+                                     lambda: loop.run_until_complete(store.purge(older_than=timedelta(0))),
+                                     published)
+        finally:
+            for own in stores.values():
+                loop.run_until_complete(own.close())
+            loop.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .api import AsyncExecutor, AsyncStoreAPI, Executor, StoreAPI
 from .claims import Reply
 from .encoding import default_encoder
 from .errors import (
@@ -54,11 +55,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-
 __all__ = [
+    "AsyncExecutor",
     "AsyncIdempotencyStore",
     "AsyncMisuse",
     "AsyncShardedStore",
+    "AsyncStoreAPI",
     "CannotConnect",
     "ClaimRaced",
     "Claimed",
@@ -67,6 +69,7 @@ __all__ = [
     "CrossShard",
     "Delivery",
     "Disposition",
+    "Executor",
     "Features",
     "IdemError",
     "IdemWarning",
@@ -89,6 +92,7 @@ __all__ = [
     "RetryCause",
     "RetryPolicy",
     "ShardedStore",
+    "StoreAPI",
     "TransientError",
     "UnknownShard",
     "UnsupportedEngine",

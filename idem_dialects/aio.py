@@ -14,93 +14,48 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from . import dialects
+from .api import AsyncExecutor, AsyncStoreAPI
 from .commands import Identity, Origin
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
 from .execution.aio import commit_async, execute_async
 from .fingerprint import Encoder
 from .heartbeat import beating_async
-from .inbox import OnMismatch
 from .limits import DEFAULT_RETENTION, OnInFlight
-from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Ddl, Effect, Exec, Flow, Step, Stepper, Transaction
+from .steps import Begin, Ddl, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
 
+if TYPE_CHECKING:
+    from .drivers import Driver
+
 T = TypeVar("T")
+C = TypeVar("C")  # the connection a store's transactions (and so its effects) get
 AsyncEffect = Callable[[AsyncConnection], Awaitable[Any]]
 
 
-class AsyncIdempotencyStore(StoreBase):
-    """Idempotency records for one database, for asyncio code: the sync store's API, awaited. Share one per engine.
+class AsyncStore(StoreBase, Generic[C]):
+    """The async store surface (`api.AsyncStoreAPI`), written once over an `AsyncExecutor`: the sync store's API,
+    awaited, and the loop that awaits the flows. `AsyncIdempotencyStore` is this on an `AsyncEngineExecutor`."""
 
-    `async with store:` (or `await store.close()`) disposes of an engine the store created (`from_url`) and leaves
-    an engine the caller passed in alone. Telemetry providers, `cursor_events` and `statement_hook` as for
-    IdempotencyStore (a driver
-    without a native async form, such as aioodbc, always runs the store's statements through SQLAlchemy)."""
+    engine: AsyncEngine
 
-    def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
-                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
-                 cursor_events: bool = False, statement_hook: StatementHook | None = None) -> None:
-        if not isinstance(engine, AsyncEngine):
-            raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
-                              f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
-                              " create_async_engine on an async driver")
-        self.engine = engine
-        self.cursor_events = cursor_events
+    def __init__(self, core: Core, executor: AsyncExecutor[C], statement_hook: StatementHook | None = None) -> None:
+        self._adopt(core)
+        self.executor = executor
         self._hook = statement_hook
-        self._adopt(Core(engine.sync_engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
-                         meter_provider=meter_provider))
-        dialect = engine.sync_engine.dialect
-        driver = dialects.driver(type(self.backend), dialect.driver)
-        native = driver is not None and driver.native_async and not cursor_events
-        self._driver = driver if native else None
-        # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
-        self._turns = None if self.features.concurrent_connections else asyncio.Lock()
-
-    @classmethod
-    def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
-                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
-                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
-                 cursor_events: bool = False, statement_hook: StatementHook | None = None,
-                 **engine_options: Any) -> AsyncIdempotencyStore:
-        """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
-        found = target(url)
-        if not found.async_capable:
-            raise AsyncMisuse(f"{found.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
-                              f" or an async driver here ({async_drivers_hint(found.backend)})")
-        engine = found.create_async_engine(**engine_options)
-        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
-                                         retention=retention, tracer_provider=tracer_provider,
-                                         meter_provider=meter_provider, cursor_events=cursor_events,
-                                         statement_hook=statement_hook),
-                             engine.sync_engine.dispose)
-
-    async def close(self) -> None:
-        """Dispose of the engine's connections if this store created the engine; a caller's engine is theirs."""
-        if self._owns_engine:
-            await self.engine.dispose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncIdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
+        self._execute_statement = executor.execute  # bound once: the loop's hottest call
 
     # --- schema --------------------------------------------------------------------------------------------------
 
@@ -113,28 +68,38 @@ class AsyncIdempotencyStore(StoreBase):
 
     # --- the step-by-step API ------------------------------------------------------------------------------------
 
-    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
+    def transaction(self, *, scope: str | None = None) -> AbstractAsyncContextManager[C]:
         """A connection in a transaction begun the way the engine needs; commits on success, rolls back on an
-        error or cancellation (or discards the connection if that fails)."""
-        return self._transaction(Begin.STORE)
+        error or cancellation (or discards the connection if that fails). `scope` as for the sync store."""
+        self._core.scope(scope)
+        return self.begin(Begin.STORE)
 
-    async def claim(self, conn: AsyncConnection, *, scope: str, operation: str, key: str, request: Any,
+    @asynccontextmanager
+    async def begin(self, how: Begin = Begin.STORE) -> AsyncIterator[C]:
+        """What the sync store's `begin` does, awaited."""
+        async with self.executor.transaction(how) as conn:
+            await self.drive(self._core.begin(how), conn)
+            yield conn
+
+    async def claim(self, conn: C, *, scope: str, operation: str, key: str, request: Any,
                     lease: timedelta | None = None) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
         req = self.claims.request(scope, operation, key, request, lease)
         await self._check(conn)
         return await self.drive(self.claims.claim(req), conn)
 
-    async def complete(self, conn: AsyncConnection, claimed: Claimed, response: Any, status: int = 200) -> None:
+    async def complete(self, conn: C, claimed: Claimed, response: Any, status: int = 200) -> None:
         """Store the result in the caller's transaction, fenced by the claim token (LeaseLost if taken over)."""
-        await self.drive(self.claims.complete(claimed, response, status), _own(conn))
+        flow = self.claims.complete(claimed, response, status)
+        await self._check(conn)
+        await self.drive(flow, conn)
 
-    async def release(self, conn: AsyncConnection, claimed: Claimed) -> bool:
+    async def release(self, conn: C, claimed: Claimed) -> bool:
         """Give up a claim that was not completed, so the next attempt may claim at once; False if not held."""
-        return await self.drive(self.claims.release(claimed), _own(conn))
+        await self._check(conn)
+        return await self.drive(self.claims.release(claimed), conn)
 
-    async def accept_message(self, conn: AsyncConnection, *, subscriber: str, message_id: str,
-                             payload: Any = NO_PAYLOAD) -> bool:
+    async def accept_message(self, conn: C, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> bool:
         """True the first time (subscriber, message_id) is seen, in the caller's transaction; False on redelivery.
         A redelivery whose payload differs from the first one's raises RequestMismatch."""
         flow = self._inbox.accept_message(subscriber, message_id, payload)
@@ -143,30 +108,32 @@ class AsyncIdempotencyStore(StoreBase):
 
     # --- the outbox --------------------------------------------------------------------------------------------
 
-    async def add_command(self, conn: AsyncConnection, destination: str, payload: Any,
-                          headers: Mapping[str, str] | None = None, *, scope: str | None = None,
-                          origin: Identity | Origin | None = None, sequence: int | None = None) -> str:
+    async def add_command(self, conn: C, destination: str, payload: Any, headers: Mapping[str, str] | None = None,
+                          *, scope: str | None = None, origin: Identity | Origin | None = None,
+                          sequence: int | None = None) -> str:
         """What the sync `add_command` does, awaited, in the transaction of `conn` (the effect's AsyncConnection)."""
         command = self._command(destination, payload, headers, scope, origin, sequence)
         await self._check(conn)
-        await self.drive(self.outbox.add(command), _own(conn))
+        await self.drive(self.outbox.add(command), conn)
         return command.id
 
     # --- the idempotent consumer -------------------------------------------------------------------------------
 
-    async def consume(self, *, subscriber: str, message_id: str, handler: AsyncEffect, payload: Any = NO_PAYLOAD,
-                      on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Delivery:
+    async def consume(self, *, subscriber: str, message_id: str, handler: Callable[[C], Awaitable[Any]],
+                      payload: Any = NO_PAYLOAD, on_mismatch: OnMismatch = Disposition.DEAD_LETTER,
+                      retry: RetryPolicy | None = None, scope: str | None = None) -> Delivery:
         """Await `handler(conn)` and record (subscriber, message_id) in one transaction, once per message id.
 
         What the sync `consume` does, awaited; `handler` is an `async def` taking the AsyncConnection."""
         flow = self._inbox.consume(subscriber=subscriber, message_id=message_id, payload=payload,
                                    on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
+        self._core.scope(scope)
         refuse_sync_effect(handler, "handler")
         return await self.drive(flow, effect=handler)
 
     # --- the whole protocol in one call --------------------------------------------------------------------------
 
-    async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: AsyncEffect,
+    async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: Callable[[C], Awaitable[Any]],
                   status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
                   on_in_flight: OnInFlight = "wait") -> Result:
         """Claim, await `effect(conn)` and store its response once; replay it to every retry.
@@ -195,10 +162,23 @@ class AsyncIdempotencyStore(StoreBase):
         reports it (one read; no lock a claim waits for)."""
         return await self.drive(self._retention.stats())
 
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Let go of what the store opened itself (the engine `from_url` created); a caller's engine is theirs."""
+        await self.executor.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
     # --- the loop ------------------------------------------------------------------------------------------------
 
-    async def drive(self, flow: Flow[T], conn: AsyncConnection | None = None,
-                    effect: AsyncEffect | None = None) -> T:
+    async def drive(self, flow: Flow[T], conn: C | None = None,
+                    effect: Callable[[C], Awaitable[Any]] | None = None) -> T:
         """Run `flow` to its end, each step awaited here (how adapters such as the HTTP runner run their flows)."""
         stepper = Stepper(flow)
         while (step := stepper.next()) is not None:
@@ -207,11 +187,11 @@ class AsyncIdempotencyStore(StoreBase):
                     assert conn is not None, "a statement step needs a transaction"
                     hook = self._hook
                     if hook is None:
-                        stepper.send(await execute_async(conn, self.backend, self._driver, step.statement, step.params))
+                        stepper.send(await self._execute_statement(conn, step.statement, step.params))
                         continue
-                    sql = statement_sql(step, self.engine.sync_engine.dialect)
+                    sql = statement_sql(step, self._core.engine.dialect)
                     hook(sql, False)
-                    stepper.send(await execute_async(conn, self.backend, self._driver, step.statement, step.params))
+                    stepper.send(await self._execute_statement(conn, step.statement, step.params))
                     hook(sql, True)
                 else:
                     stepper.send(await self._execute(step, conn, effect))
@@ -219,7 +199,7 @@ class AsyncIdempotencyStore(StoreBase):
                 stepper.throw(exc)
         return stepper.value
 
-    async def _execute(self, step: Step, conn: AsyncConnection | None, effect: AsyncEffect | None) -> Any:
+    async def _execute(self, step: Step, conn: C | None, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             async with beating_async(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
@@ -230,28 +210,60 @@ class AsyncIdempotencyStore(StoreBase):
             return await (asyncio.shield(body) if step.shielded else body)
         if isinstance(step, Ddl):
             assert conn is not None, "a schema step needs a transaction"
-            return await conn.run_sync(step.action)
+            return await self.executor.ddl(conn, step.action)
         assert not isinstance(step, Exec)
         await asyncio.sleep(step.seconds)
         return None
 
-    async def _in_transaction(self, step: Transaction, effect: AsyncEffect | None) -> Any:
-        async with self._transaction(step.begin) as conn:
+    async def _in_transaction(self, step: Transaction, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
+        async with self.begin(step.begin) as conn:
             return await self.drive(step.body, conn, effect)
 
+    async def _check(self, conn: C) -> None:
+        """A caller's connection for the step-by-step API: allowed, and the features refined on first use."""
+        self.executor.check(conn)
+        if not self._core.refined:
+            await self.drive(self._core.refine(), conn)
+
+
+class AsyncEngineExecutor:
+    """The `AsyncExecutor` on an SQLAlchemy AsyncEngine: its pool's connections and SQLAlchemy's transaction on each
+    (one greenlet to check a connection out and begin, one to end the transaction and give the connection back),
+    the store's statements and COMMIT on the async driver's own API where its driver module has a native form."""
+
+    def __init__(self, engine: AsyncEngine, core: Core, *, driver: Driver | None, owns_engine: bool = False) -> None:
+        self.engine, self._core, self._backend = engine, core, core.backend
+        self.driver = driver  # None: statements through SQLAlchemy (`run_sync`)
+        self.owns_engine = owns_engine
+        # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
+        self._turns = None if core.features.concurrent_connections else asyncio.Lock()
+
     @asynccontextmanager
-    async def _transaction(self, begin: Begin) -> AsyncIterator[AsyncConnection]:
+    async def transaction(self, begin: Begin) -> AsyncIterator[AsyncConnection]:
         async with self._turn():
-            # One greenlet to check a connection out and begin, one to commit (or roll back) and give it back.
             sync, ending = await greenlet_spawn(self._begin, begin)
             conn = AsyncConnection(self.engine, sync)
             try:
-                await self.drive(self._core.begin(begin), conn)
                 yield conn
             except BaseException as exc:
                 await _end(conn, ending, exc)
                 raise
             await self._commit(conn, ending)
+
+    async def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Any:
+        return await execute_async(conn, self._backend, self.driver, statement, params)
+
+    async def ddl(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
+        return await conn.run_sync(action)
+
+    def check(self, conn: AsyncConnection) -> None:
+        sync = _own(conn).sync_connection
+        assert sync is not None
+        self._core.checked(sync)  # no round trip: attributes of the connection only
+
+    async def close(self) -> None:
+        if self.owns_engine:
+            await self.engine.dispose()
 
     def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[None]]:
         """In SQLAlchemy's greenlet: a connection (failing to get one raises what the backend's classifier makes of
@@ -260,32 +272,25 @@ class AsyncIdempotencyStore(StoreBase):
         try:
             conn = self.engine.sync_engine.connect()
         except Exception as exc:  # asyncpg raises OSError and its own errors unwrapped: classified all the same
-            problem = self.backend.errors.checkout_error(exc)
+            problem = self._backend.errors.checkout_error(exc)
             if problem is None:
                 raise
             raise problem from exc
         try:
             self._core.ready(conn)
-            ending = self.backend.transaction(conn, begin)
+            ending = self._backend.transaction(conn, begin)
             ending.__enter__()
         except BaseException:
             conn.close()
             raise
         return conn, ending
 
-    async def _check(self, conn: object) -> None:
-        own = _own(conn)
-        assert own.sync_connection is not None
-        self._core.checked(own.sync_connection)  # no round trip: attributes of the connection only
-        if not self._core.refined:
-            await self.drive(self._core.refine(), own)
-
     async def _commit(self, conn: AsyncConnection, ending: AbstractContextManager[None]) -> None:
         """Commit and give the connection back: the COMMIT on the driver's own API where it has one (no greenlet
         switch to send it), then SQLAlchemy's commit, with nothing left to send, and the pool's check-in."""
-        if self._driver is not None:
+        if self.driver is not None:
             try:
-                await commit_async(conn, self.backend, self._driver)
+                await commit_async(conn, self._backend, self.driver)
             except BaseException as exc:
                 await _end(conn, ending, exc)
                 raise
@@ -293,6 +298,56 @@ class AsyncIdempotencyStore(StoreBase):
 
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
+
+
+class AsyncIdempotencyStore(AsyncStore[AsyncConnection]):
+    """Idempotency records for one database, for asyncio code: the sync store's API, awaited. Share one per engine.
+
+    `async with store:` (or `await store.close()`) disposes of an engine the store created (`from_url`) and leaves
+    an engine the caller passed in alone. Telemetry providers, `cursor_events` and `statement_hook` as for
+    IdempotencyStore (a driver without a native async form, such as aioodbc, always runs the store's statements
+    through SQLAlchemy)."""
+
+    executor: AsyncEngineExecutor
+
+    def __init__(self, engine: AsyncEngine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
+                 cursor_events: bool = False, statement_hook: StatementHook | None = None) -> None:
+        if not isinstance(engine, AsyncEngine):
+            raise AsyncMisuse(f"AsyncIdempotencyStore needs a sqlalchemy.ext.asyncio.AsyncEngine, got"
+                              f" {type(engine).__name__}; use IdempotencyStore for a sync Engine, or build one with"
+                              " create_async_engine on an async driver")
+        self.engine = engine
+        self.cursor_events = cursor_events
+        core = Core(engine.sync_engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
+                    meter_provider=meter_provider)
+        driver = dialects.driver(type(core.backend), engine.sync_engine.dialect.driver)
+        native = driver is not None and driver.native_async and not cursor_events
+        super().__init__(core, AsyncEngineExecutor(engine, core, driver=driver if native else None), statement_hook)
+
+    @classmethod
+    def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
+                 encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
+                 tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
+                 cursor_events: bool = False, statement_hook: StatementHook | None = None,
+                 **engine_options: Any) -> AsyncIdempotencyStore:
+        """Build the AsyncEngine (options go to `create_async_engine`) and the backend its dialect name selects."""
+        found = target(url)
+        if not found.async_capable:
+            raise AsyncMisuse(f"{found.drivername} is not an asyncio driver: use IdempotencyStore.from_url for it,"
+                              f" or an async driver here ({async_drivers_hint(found.backend)})")
+        engine = found.create_async_engine(**engine_options)
+        store = owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
+                                          retention=retention, tracer_provider=tracer_provider,
+                                          meter_provider=meter_provider, cursor_events=cursor_events,
+                                          statement_hook=statement_hook),
+                              engine.sync_engine.dispose)
+        store.executor.owns_engine = True
+        return store
+
+    def __repr__(self) -> str:
+        return f"AsyncIdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
 
 
 def _own(conn: object) -> AsyncConnection:
@@ -321,3 +376,11 @@ async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc:
             await conn.close()
         if exc is None:
             raise
+
+
+if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)
+    def _surface(it: AsyncIdempotencyStore) -> AsyncStoreAPI[AsyncConnection]:
+        return it
+
+    def _executor(it: AsyncEngineExecutor) -> AsyncExecutor[AsyncConnection]:
+        return it

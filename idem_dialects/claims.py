@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from .commands import Origin, entering, leaving
 from .core import ROUNDS, Core, Request
 from .dialects.base import binds, params, statement
-from .errors import ClaimRaced, LeaseLost, RequestInFlight, RequestMismatch
+from .errors import ClaimRaced, LeaseLost, RequestInFlight, RequestMismatch, RetryCause
 from .features import Features
 from .fingerprint import decode_response, encode_response
 from .limits import OnInFlight, check_on_in_flight, check_status
@@ -84,6 +84,10 @@ class Claims:
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
         """`attempt()` re-run on the backend's retryable errors within the store's retry budget, as `run` is."""
         return self.core.retrying(attempt, policy)
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        """Why `retrying` would run an attempt again after `exc` (None: it propagates unchanged)."""
+        return self.core.retry_cause(exc)
 
     def span(self, name: str, operation: str, flow: Flow[T], describe: Callable[[T], dict[str, Any]]) -> Flow[T]:
         """`flow` under a span of the store's telemetry, current while it runs (an adapter's request span)."""

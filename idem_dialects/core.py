@@ -177,9 +177,17 @@ class Core:
             self.refined = True
 
     def begin(self, begin: Begin) -> Flow[None]:
-        """What a transaction the store opens runs first: the backend's BEGIN, and the features refined once."""
-        yield from self.backend.begin(begin)
+        """What a transaction the store opens runs first: the backend's BEGIN (where the store begins its own
+        transactions), and the features refined once."""
+        if self.own_transactions:
+            yield from self.backend.begin(begin)
         yield from self.refine()
+
+    def scope(self, scope: object) -> None:
+        """A routing scope given to a store on one database: checked as every scope is (a sharded store routes by
+        it), then not needed."""
+        if scope is not None:
+            check_identifier("scope", scope)
 
     # --- retries -------------------------------------------------------------------------------------------------
 

@@ -3,20 +3,16 @@ handler's effect, its payload fingerprint compared on redelivery. Flows, run by 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .claims import call_effect
 from .commands import MESSAGE, MESSAGE_OPERATION, Origin
 from .core import NO_PAYLOAD, ROUNDS, Core
 from .errors import ClaimRaced, InvalidPayload, RequestMismatch
-from .outcomes import Delivery, Disposition
+from .outcomes import Delivery, Disposition, OnMismatch
 from .retry import RetryPolicy
 from .schema import MESSAGE_KEY_COLUMNS
 from .steps import Flow, transaction
-
-# What a consumer does with a message whose id was first processed with a different payload.
-OnMismatch = Disposition | Callable[[RequestMismatch], Disposition]
 
 
 class Inbox:

@@ -84,6 +84,14 @@ class OutboxStats:
         return {"pending": self.pending, "published": self.published, "dead": self.dead,
                 "oldest_pending_age_seconds": self.oldest_pending_age}
 
+    @classmethod
+    def combined(cls, parts: Sequence[OutboxStats]) -> OutboxStats:
+        """Several outboxes (a sharded store's) as one: counts summed, the oldest pending command of any of them (its
+        age on its own database's clock)."""
+        oldest = max(parts, key=lambda p: p.oldest_pending_age)
+        return cls(oldest.db_now, sum(p.pending for p in parts), sum(p.published for p in parts),
+                   sum(p.dead for p in parts), oldest.oldest_pending)
+
 
 def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
@@ -132,6 +140,11 @@ class Outbox:
     def telemetry(self) -> Telemetry:
         """The store's telemetry, where relays report what they published."""
         return self.core.telemetry
+
+    @property
+    def table(self) -> str:
+        """The outbox table's name."""
+        return self.core.tables.outbox.name
 
     # --- writing, in the effect's transaction ------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from .errors import RequestMismatch
@@ -92,3 +93,7 @@ class Delivery:
     mismatch: RequestMismatch | None = None
     """The message id was first processed with a different payload: the handler did not run, and `disposition`
     is what the caller's `on_mismatch` chose."""
+
+
+OnMismatch: TypeAlias = "Disposition | Callable[[RequestMismatch], Disposition]"
+"""What a consumer does with a message whose id was first processed with a different payload."""

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,8 +32,7 @@ from .errors import IdemError
 from .outbox import Command, Failure, OutboxStats, backoff
 
 if TYPE_CHECKING:
-    from .aio import AsyncIdempotencyStore
-    from .storebase import StoreBase
+    from .api import AsyncStoreAPI, StoreAPI
 
 log = logging.getLogger("idem_dialects.relay")
 
@@ -99,7 +98,8 @@ class Round:
 class _Relaying:
     """The options and decisions both loops share."""
 
-    def __init__(self, store: StoreBase, routes: Mapping[str, AnyPublisher], *, batch: int, lease: float,
+    def __init__(self, store: StoreAPI[Any] | AsyncStoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int,
+                 lease: float,
                  max_attempts: int, backoff_base: float, backoff_cap: float, ordered: bool, idle: float,
                  stats_every: float, name: str | None) -> None:
         if not routes:
@@ -144,7 +144,7 @@ class _Relaying:
 
     def sampled(self, stats: OutboxStats) -> None:
         self.metrics.pending, self.metrics.oldest_pending_age = stats.pending, stats.oldest_pending_age
-        self.store.outbox.telemetry.backlog(self.store.tables.outbox.name, stats.pending, stats.oldest_pending_age)
+        self.store.outbox.telemetry.backlog(self.store.outbox.table, stats.pending, stats.oldest_pending_age)
 
     def due_for_stats(self) -> bool:
         now = time.monotonic()
@@ -159,25 +159,26 @@ def _failed(command: Command) -> BaseException:
 
 
 class Relay(_Relaying):
-    """Publishes the outbox of a sync store (IdempotencyStore, a Django store). `routes` maps a destination (or
-    '*') to a publisher; an async publisher (RabbitMQ's, NATS's) runs on an event loop of the relay's own thread.
-    `run(stop)` until `stop` is set, or `run_once()` from a loop of your own."""
+    """Publishes the outbox of a sync store (IdempotencyStore, a Django store, a ShardedStore: every shard's). `routes`
+    maps a destination (or '*') to a publisher; an async publisher (RabbitMQ's, NATS's) runs on an event loop of the
+    relay's own thread. `run(stop)` until `stop` is set, or `run_once()` from a loop of your own."""
 
-    def __init__(self, store: StoreBase, routes: Mapping[str, AnyPublisher], *, batch: int = 100,
+    def __init__(self, store: StoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int = 100,
                  lease: float = 30.0, max_attempts: int = 10, backoff_base: float = 1.0, backoff_cap: float = 300.0,
                  ordered: bool = True, idle: float = 0.5, stats_every: float = 10.0, name: str | None = None) -> None:
         super().__init__(store, routes, batch=batch, lease=lease, max_attempts=max_attempts,
                          backoff_base=backoff_base, backoff_cap=backoff_cap, ordered=ordered, idle=idle,
                          stats_every=stats_every, name=name)
+        self.sstore = store
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> int:
         """One round; how many commands it published."""
-        drive: Callable[[Any], Any] = self.store.drive  # type: ignore[attr-defined]
+        drive, outbox = self.sstore.drive, self.sstore.outbox
         if self.due_for_stats():
-            self.sampled(drive(self.store.outbox.stats()))
-        commands: list[Command] = drive(self.store.outbox.claim(self.token, self.batch, self.lease, self.ordered))
+            self.sampled(drive(outbox.stats()))
+        commands = drive(outbox.claim(self.token, self.batch, self.lease, self.ordered))
         if not commands:
             return 0
         results: list[BaseException | None] = []
@@ -191,7 +192,7 @@ class Relay(_Relaying):
                 down.add(command.destination)
             results.append(error)
         done = self.decide(commands, results)
-        drive(self.store.outbox.settle(self.token, done.published, done.failed, done.released))
+        drive(outbox.settle(self.token, done.published, done.failed, done.released))
         self._unreachable = done.unreachable
         return len(done.published)
 
@@ -239,15 +240,18 @@ class Relay(_Relaying):
         return self._loop
 
     def close(self) -> None:
-        """Close the async publishers' connections and stop their event loop, if one was started."""
+        """Close the publishers' connections, and stop the async publishers' event loop if one was started."""
+        for publisher in self.routes.values():
+            close = getattr(publisher, "close", None)
+            try:
+                if not inspect.iscoroutinefunction(close):
+                    if callable(close):
+                        close()
+                elif self._loop is not None:  # an async publisher never used opened nothing
+                    asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+            except Exception as exc:  # closing what may be broken already: the others are closed all the same
+                log.debug("%s: closing a publisher failed: %s", self.name, type(exc).__name__)
         if self._loop is not None and self._thread is not None:
-            for publisher in self.routes.values():
-                close = getattr(publisher, "close", None)
-                if inspect.iscoroutinefunction(close):
-                    try:
-                        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-                    except Exception as exc:  # closing what may be broken already: the loop stops all the same
-                        log.debug("%s: closing a publisher failed: %s", self.name, type(exc).__name__)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             self._loop.close()
@@ -257,10 +261,11 @@ class Relay(_Relaying):
 
 
 class AsyncRelay(_Relaying):
-    """Publishes the outbox of an AsyncIdempotencyStore: a round's commands are published concurrently (each scope
-    has at most one in a round when `ordered`). A sync publisher is called in a worker thread."""
+    """Publishes the outbox of an async store (AsyncIdempotencyStore, an AsyncShardedStore: every shard's): a round's
+    commands are published concurrently (each scope has at most one in a round when `ordered`). A sync publisher is
+    called in a worker thread."""
 
-    def __init__(self, store: AsyncIdempotencyStore, routes: Mapping[str, AnyPublisher], *, batch: int = 100,
+    def __init__(self, store: AsyncStoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int = 100,
                  lease: float = 30.0, max_attempts: int = 10, backoff_base: float = 1.0, backoff_cap: float = 300.0,
                  ordered: bool = True, idle: float = 0.5, stats_every: float = 10.0, name: str | None = None) -> None:
         super().__init__(store, routes, batch=batch, lease=lease, max_attempts=max_attempts,
@@ -297,7 +302,24 @@ class AsyncRelay(_Relaying):
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Rounds until `stop` is set (see `Relay.run`)."""
-        stop = stop or asyncio.Event()
+        try:
+            await self._rounds(stop or asyncio.Event())
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the publishers' connections."""
+        for publisher in self.routes.values():
+            close = getattr(publisher, "close", None)
+            try:
+                if inspect.iscoroutinefunction(close):
+                    await close()
+                elif callable(close):
+                    close()
+            except Exception as exc:  # closing what may be broken already: the others are closed all the same
+                log.debug("%s: closing a publisher failed: %s", self.name, type(exc).__name__)
+
+    async def _rounds(self, stop: asyncio.Event) -> None:
         pause = self.idle
         while not stop.is_set():
             self._unreachable = False

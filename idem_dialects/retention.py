@@ -7,7 +7,7 @@ exactly what the next `purge` would delete.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -90,6 +90,25 @@ class Stats:
     # estimate of a range): "records", "completed", "purgeable", "messages", "purgeable_messages". Claims not
     # completed (in_flight, expired, oldest_open) are always counted, on the completion index's NULLs.
     estimated: tuple[str, ...] = ()
+    shards: dict[str, Stats] = field(default_factory=dict)  # a sharded store's: each shard's own, by shard id
+
+    @classmethod
+    def combined(cls, by_shard: Mapping[str, Stats]) -> Stats:
+        """A sharded store's tables as one: counts summed, the oldest open claim of any shard (its age on its own
+        shard's clock), each size under "shard/table", and every shard's own figures in `shards`."""
+        parts = list(by_shard.values())
+        oldest = max(parts, key=lambda p: p.oldest_open_age or timedelta(-1))
+        return cls(
+            retention=parts[0].retention, db_now=oldest.db_now,
+            completed=sum(p.completed for p in parts), in_flight=sum(p.in_flight for p in parts),
+            expired=sum(p.expired for p in parts), purgeable=sum(p.purgeable for p in parts),
+            oldest_open=oldest.oldest_open, messages=sum(p.messages for p in parts),
+            purgeable_messages=sum(p.purgeable_messages for p in parts),
+            sizes={f"{shard}/{name}": size for shard, p in by_shard.items() for name, size in p.sizes.items()},
+            sizes_unavailable="; ".join(f"{shard}: {p.sizes_unavailable}" for shard, p in by_shard.items()
+                                        if p.sizes_unavailable) or None,
+            estimated=tuple(sorted({name for p in parts for name in p.estimated})),
+            shards=dict(by_shard))
 
     @property
     def records(self) -> int:
@@ -115,6 +134,7 @@ class Stats:
                       for name, size in self.sizes.items()},
             "sizes_unavailable": self.sizes_unavailable,
             "estimated": list(self.estimated),
+            **({"shards": {shard: part.as_dict() for shard, part in self.shards.items()}} if self.shards else {}),
         }
 
 

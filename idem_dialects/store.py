@@ -1,7 +1,8 @@
 """IdempotencyStore: the protocol's flows executed with plain calls, for sync code.
 
-`SyncStore` is the sync API and its loop, written once; a store says only how it opens a transaction and runs a
-statement on a connection: `IdempotencyStore` on an SQLAlchemy engine, `DjangoStore` on Django's connection.
+`SyncStore` is the sync store surface and its loop, written once over an `Executor` (`api.py`), which says how a
+transaction begins and a statement runs on a connection: `IdempotencyStore` on an SQLAlchemy engine
+(`EngineExecutor`), `DjangoStore` on Django's connection.
 """
 
 from __future__ import annotations
@@ -11,23 +12,24 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, Connection
 
 from . import dialects
+from .api import Executor, StoreAPI
 from .claims import Reply as Reply  # re-exported: its home before the flows were split by job
 from .commands import Identity, Origin
 from .core import NO_PAYLOAD, Core
 from .dialects.base import Backend
+from .drivers import Driver
 from .errors import AsyncMisuse
 from .execution.sync import execute_native, execute_sqlalchemy
 from .fingerprint import Encoder
 from .heartbeat import beating
-from .inbox import OnMismatch
 from .limits import DEFAULT_RETENTION, OnInFlight
-from .outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
 from .steps import Begin, Ddl, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
@@ -37,13 +39,19 @@ from .url import target
 
 T = TypeVar("T")
 C = TypeVar("C")  # the connection a store's transactions (and so its effects) get
-SyncEffect = Callable[[Connection], Any]
 
 
 class SyncStore(StoreBase, Generic[C]):
-    """The sync API over a store's flows, and the loop that executes them."""
+    """The sync store surface (`api.StoreAPI`), written once over an `Executor`: the API, and the loop that executes
+    the flows. `IdempotencyStore` is this on an `EngineExecutor`, `DjangoStore` on Django's connection."""
 
     engine: Engine
+
+    def __init__(self, core: Core, executor: Executor[C], statement_hook: StatementHook | None = None) -> None:
+        self._adopt(core)
+        self.executor = executor
+        self._hook = statement_hook
+        self._execute_statement = executor.execute  # bound once: the loop's hottest call
 
     # --- schema --------------------------------------------------------------------------------------------------
 
@@ -60,9 +68,19 @@ class SyncStore(StoreBase, Generic[C]):
 
     # --- the step-by-step API ------------------------------------------------------------------------------------
 
-    def transaction(self) -> AbstractContextManager[C]:
-        """A connection in a transaction begun the way the engine needs; commits on success."""
-        return self._transaction(Begin.STORE)
+    def transaction(self, *, scope: str | None = None) -> AbstractContextManager[C]:
+        """A connection in a transaction begun the way the engine needs; commits on success. `scope` (checked, not
+        needed on one database) is what a sharded store routes by."""
+        self._core.scope(scope)
+        return self.begin(Begin.STORE)
+
+    @contextmanager
+    def begin(self, how: Begin = Begin.STORE) -> Iterator[C]:
+        """A connection of the store's own in a transaction begun as `how` says, with what the store runs first (the
+        backend's BEGIN, the server's features read once): what `transaction()` and every flow's transaction are."""
+        with self.executor.transaction(how) as conn:
+            self.drive(self._core.begin(how), conn)
+            yield conn
 
     def claim(self, conn: C, *, scope: str, operation: str, key: str, request: Any,
               lease: timedelta | None = None) -> Outcome:
@@ -105,15 +123,19 @@ class SyncStore(StoreBase, Generic[C]):
     # --- the idempotent consumer -------------------------------------------------------------------------------
 
     def consume(self, *, subscriber: str, message_id: str, handler: Callable[[C], Any], payload: Any = NO_PAYLOAD,
-                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None) -> Delivery:
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None,
+                scope: str | None = None) -> Delivery:
         """Run `handler(conn)` and record (subscriber, message_id) in one transaction, once per message id.
 
         A redelivery (or a duplicate publish) of a message processed before returns a Delivery with
         `duplicate=True` and `Disposition.ACK` without calling the handler; one whose `payload` differs from the
         first one's gets the disposition `on_mismatch` chooses. Retried like `run`; the handler's error reaches the
-        caller unchanged (nothing is recorded: the message is not processed)."""
+        caller unchanged (nothing is recorded: the message is not processed). `scope`: the owner of what the
+        handler writes, which a sharded store routes by (a message names none); checked, not needed on one
+        database."""
         flow = self._inbox.consume(subscriber=subscriber, message_id=message_id, payload=payload,
                                    on_mismatch=on_mismatch, retry=retry)  # validates before the first connection
+        self._core.scope(scope)
         refuse_async_effect(handler, "handler")
         return self.drive(flow, effect=handler)
 
@@ -157,6 +179,19 @@ class SyncStore(StoreBase, Generic[C]):
         reports it (one read; no lock a claim waits for)."""
         return self.drive(self._retention.stats())
 
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Let go of what the store opened itself (the engine `from_url` created); a caller's engine is theirs."""
+        self.executor.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def drive(self, flow: Flow[T], conn: C | None = None, effect: Callable[[C], Any] | None = None) -> T:
@@ -167,11 +202,11 @@ class SyncStore(StoreBase, Generic[C]):
                 if isinstance(step, Exec):
                     hook = self._hook
                     if hook is None:
-                        stepper.send(self._statement(conn, step.statement, step.params))  # type: ignore[arg-type]
+                        stepper.send(self._execute_statement(conn, step.statement, step.params))  # type: ignore[arg-type]
                         continue
                     sql = statement_sql(step, self.engine.dialect)
                     hook(sql, False)
-                    stepper.send(self._statement(conn, step.statement, step.params))  # type: ignore[arg-type]
+                    stepper.send(self._execute_statement(conn, step.statement, step.params))  # type: ignore[arg-type]
                     hook(sql, True)
                 else:
                     stepper.send(self._execute(step, conn, effect))
@@ -187,29 +222,52 @@ class SyncStore(StoreBase, Generic[C]):
             refuse_awaitable(response)
             return response
         if isinstance(step, Transaction):
-            with self._transaction(step.begin) as c:  # nothing to shield from: a sync call is not cancelled
+            with self.begin(step.begin) as c:  # nothing to shield from: a sync call is not cancelled
                 return self.drive(step.body, c, effect)
         if isinstance(step, Ddl):
-            return self._ddl(conn, step.action)  # type: ignore[arg-type]
+            return self.executor.ddl(conn, step.action)  # type: ignore[arg-type]
         assert not isinstance(step, Exec)
         time.sleep(step.seconds)
         return None
 
-    # --- what a store says about its connections -----------------------------------------------------------------
-
-    def _transaction(self, begin: Begin) -> AbstractContextManager[C]:
-        """A connection of its own in a transaction begun as `begin` says, the features refined on first use."""
-        raise NotImplementedError
-
-    def _statement(self, conn: C, statement: Statement, params: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-    def _ddl(self, conn: C, action: Callable[[Connection], T]) -> T:
-        raise NotImplementedError
-
     def _check(self, conn: C) -> None:
         """A caller's connection for the step-by-step API: allowed, and the features refined on first use."""
-        raise NotImplementedError
+        self.executor.check(conn)
+        if not self._core.refined:
+            self.drive(self._core.refine(), conn)
+
+
+class EngineExecutor:
+    """The `Executor` on an SQLAlchemy engine: its pool's connections, SQLAlchemy's transaction on each, the store's
+    statements on the DBAPI cursor in that transaction where the driver module runs them natively (else through
+    `Connection.execute`)."""
+
+    def __init__(self, engine: Engine, core: Core, *, driver: Driver | None, owns_engine: bool = False) -> None:
+        self.engine, self._core, self._backend = engine, core, core.backend
+        self.driver = driver  # None: statements through SQLAlchemy's `Connection.execute`
+        self.owns_engine = owns_engine
+
+    @contextmanager
+    def transaction(self, begin: Begin) -> Iterator[Connection]:
+        with connect(self.engine, self._backend) as conn:
+            self._core.ready(conn)
+            with self._backend.transaction(conn, begin):
+                yield conn
+
+    def execute(self, conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
+        if self.driver is not None:
+            return execute_native(conn, self._backend, statement, params)
+        return execute_sqlalchemy(conn, statement, params)
+
+    def ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
+        return action(conn)
+
+    def check(self, conn: Connection) -> None:
+        self._core.checked(conn)
+
+    def close(self) -> None:
+        if self.owns_engine:
+            self.engine.dispose()
 
 
 class IdempotencyStore(SyncStore[Connection]):
@@ -226,6 +284,8 @@ class IdempotencyStore(SyncStore[Connection]):
     given, is called with each of those statements' SQL (never their parameters) before and after it runs, either
     way: for tests and tracing. The effect always runs on SQLAlchemy's `Connection`."""
 
+    executor: EngineExecutor
+
     def __init__(self, engine: Engine, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
                  tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
@@ -235,11 +295,11 @@ class IdempotencyStore(SyncStore[Connection]):
                               " asyncio driver; use idem_dialects.AsyncIdempotencyStore for an AsyncEngine")
         self.engine = engine
         self.cursor_events = cursor_events
-        self._hook = statement_hook
-        self._adopt(Core(engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
-                         meter_provider=meter_provider))
-        driver = dialects.driver(type(self.backend), engine.dialect.driver)
-        self._native = not cursor_events and driver is not None and driver.native
+        core = Core(engine, table_prefix, retry, encoder, retention, tracer_provider=tracer_provider,
+                    meter_provider=meter_provider)
+        driver = dialects.driver(type(core.backend), engine.dialect.driver)
+        native = not cursor_events and driver is not None and driver.native
+        super().__init__(core, EngineExecutor(engine, core, driver=driver if native else None), statement_hook)
 
     @classmethod
     def from_url(cls, url: str | URL, *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
@@ -253,47 +313,16 @@ class IdempotencyStore(SyncStore[Connection]):
             raise AsyncMisuse(f"{found.drivername} is an asyncio driver: use"
                               f" idem_dialects.AsyncIdempotencyStore.from_url for it, or a sync driver here")
         engine = found.create_engine(**engine_options)
-        return owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
-                                         retention=retention, tracer_provider=tracer_provider,
-                                         meter_provider=meter_provider, cursor_events=cursor_events,
-                                         statement_hook=statement_hook),
-                             engine.dispose)
-
-    def close(self) -> None:
-        """Dispose of the engine's connections if this store created the engine; a caller's engine is theirs."""
-        if self._owns_engine:
-            self.engine.dispose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        store = owning_engine(lambda: cls(engine, table_prefix=table_prefix, retry=retry, encoder=encoder,
+                                          retention=retention, tracer_provider=tracer_provider,
+                                          meter_provider=meter_provider, cursor_events=cursor_events,
+                                          statement_hook=statement_hook),
+                              engine.dispose)
+        store.executor.owns_engine = True
+        return store
 
     def __repr__(self) -> str:
         return f"IdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
-
-    @contextmanager
-    def _transaction(self, begin: Begin) -> Iterator[Connection]:
-        with connect(self.engine, self.backend) as conn:
-            self._core.ready(conn)
-            with self.backend.transaction(conn, begin):
-                self.drive(self._core.begin(begin), conn)
-                yield conn
-
-    def _statement(self, conn: Connection, statement: Statement, params: dict[str, Any]) -> Any:
-        if self._native:
-            return execute_native(conn, self.backend, statement, params)
-        return execute_sqlalchemy(conn, statement, params)
-
-    def _ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
-        return action(conn)
-
-    def _check(self, conn: Connection) -> None:
-        self._core.checked(conn)
-        if not self._core.refined:
-            self.drive(self._core.refine(), conn)
 
 
 @contextmanager
@@ -310,3 +339,11 @@ def connect(engine: Engine, backend: Backend) -> Iterator[Connection]:
         raise problem from exc
     with conn:
         yield conn
+
+
+if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)
+    def _surface(it: IdempotencyStore) -> StoreAPI[Connection]:
+        return it
+
+    def _executor(it: EngineExecutor) -> Executor[Connection]:
+        return it

@@ -42,7 +42,6 @@ class StoreBase:
     flows (claim, settle, stats, requeue), which the relays drive."""
 
     _core: Core
-    _owns_engine: bool
     _hook: StatementHook | None = None
 
     def _adopt(self, core: Core) -> None:
@@ -56,7 +55,6 @@ class StoreBase:
         self.tables: Tables = core.tables
         self.identity_limit: int = core.identity_limit
         self.retries: Counter[str] = core.retries  # retries absorbed, by cause, since this store was made
-        self._owns_engine = False
 
     @property
     def features(self) -> Features:
@@ -124,15 +122,13 @@ _Store = TypeVar("_Store", bound=StoreBase)
 
 
 def owning_engine(make: Callable[[], _Store], dispose: Callable[[], object]) -> _Store:
-    """The store `make` builds on an engine its `from_url` created: `close()` disposes of that engine later; if the
-    store cannot be built, the engine is disposed of now, since no caller ever holds it."""
+    """The store `make` builds on an engine its `from_url` created (its executor then disposes of that engine on
+    `close()`); if the store cannot be built, the engine is disposed of now, since no caller ever holds it."""
     try:
-        store = make()
+        return make()
     except BaseException:
         dispose()
         raise
-    store._owns_engine = True
-    return store
 
 
 # --- keeping sync and async apart ----------------------------------------------------------------------------------

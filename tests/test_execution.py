@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore
 from idem_dialects.engines import Server, Unavailable, get
@@ -95,21 +95,6 @@ def test_async_replay_fires_no_cursor_event_unless_asked_and_crosses_the_bridge_
     else:
         assert seen == []
         assert switches <= MAX_SWITCHES, f"{switches} greenlet switches for one replay"
-
-
-def test_the_private_sqlalchemy_names_the_executors_use() -> None:
-    """execution/sync.py and execution/aio.py hand a native statement's error to SQLAlchemy's own handler; the
-    async drivers' modules run statements in SQLAlchemy's adapters' transactions and translate errors through them."""
-    assert callable(getattr(Connection, "_handle_dbapi_exception", None))
-    from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_connection
-
-    assert "_execute_mutex" in AsyncAdapt_dbapi_connection.__slots__
-    assert callable(getattr(AsyncAdapt_dbapi_connection, "_handle_exception", None))
-    pytest.importorskip("asyncpg")
-    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
-
-    assert {"_transaction"} <= set(AsyncAdapt_asyncpg_connection.__slots__)
-    assert asyncio.iscoroutinefunction(AsyncAdapt_asyncpg_connection._start_transaction)
 
 
 @pytest.mark.parametrize("where", ["begin", "commit"])

@@ -163,9 +163,9 @@ def test_no_import_cycle() -> None:
 # contract and each engine); what executes statements and guards their errors; the protocol's flows; the stores;
 # the adapters. Then the workshop: the engine catalogue, the conformance suite, the command line.
 LAYERS: list[tuple[str, ...]] = [
-    ("idem_dialects.version", "idem_dialects.errors", "idem_dialects.features", "idem_dialects.outcomes",
-     "idem_dialects.keys", "idem_dialects.limits", "idem_dialects.encoding", "idem_dialects.fingerprint",
-     "idem_dialects.commands"),
+    ("idem_dialects.version", "idem_dialects.sqla", "idem_dialects.errors", "idem_dialects.features",
+     "idem_dialects.outcomes", "idem_dialects.keys", "idem_dialects.limits", "idem_dialects.encoding",
+     "idem_dialects.fingerprint", "idem_dialects.commands"),
     ("idem_dialects.steps", "idem_dialects.retry", "idem_dialects.telemetry", "idem_dialects.heartbeat"),
     ("idem_dialects.drivers",),
     ("idem_dialects.dialects",),
@@ -173,7 +173,8 @@ LAYERS: list[tuple[str, ...]] = [
      "idem_dialects.migrations"),
     ("idem_dialects.core", "idem_dialects.claims", "idem_dialects.inbox", "idem_dialects.retention",
      "idem_dialects.outbox"),
-    ("idem_dialects.storebase", "idem_dialects.store", "idem_dialects.aio", "idem_dialects.sharding"),
+    ("idem_dialects.api", "idem_dialects.storebase", "idem_dialects.store", "idem_dialects.aio",
+     "idem_dialects.sharding"),
     ("idem_dialects.http", "idem_dialects.consumers", "idem_dialects.django", "idem_dialects.relay",
      "idem_dialects.publishers"),
     ("idem_dialects",),  # the package's own __init__: the public names
@@ -203,3 +204,19 @@ def test_no_library_module_is_over_400_lines() -> None:
     long = {f"{path.relative_to(ROOT)}": n for name, path in modules().items() if name.startswith("idem_dialects.")
             and not name.startswith(WORKSHOP[1:]) and (n := len(path.read_text(encoding="utf-8").splitlines())) > 400}
     assert long == {}, f"modules over 400 lines: {long}"
+
+
+def test_no_module_calls_another_objects_private_method() -> None:
+    """The extension point is public (a store's `executor`, its `begin`): no library module calls a private method
+    (`obj._name(...)`) of any object but its own (`self`, `cls`)."""
+    calls = []
+    for name, path in modules().items():
+        if not name.startswith("idem_dialects.") or name.startswith(WORKSHOP) or name == "idem_dialects.sqla":
+            continue  # sqla: SQLAlchemy's private names, in one place (tests/test_sqla_pins.py)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr.startswith("_") and not node.func.attr.startswith("__")
+                    and node.func.attr not in ("_replace", "_make", "_asdict")  # a named tuple's public API
+                    and not (isinstance(node.func.value, ast.Name) and node.func.value.id in ("self", "cls"))):
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}(...)")
+    assert calls == [], "private methods called on another object:\n" + "\n".join(calls)

@@ -67,6 +67,8 @@ def _attribute_docs(obj: Any) -> set[str]:
 def describe(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
     if not name.startswith("idem_dialects"):
         return
+    if what == "class" and getattr(obj, "_is_protocol", False):
+        return  # a typing.Protocol is a surface to implement, never constructed: its members carry the parameters
     found = _signature(obj, what)
     if found is None:
         return

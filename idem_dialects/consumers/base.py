@@ -14,18 +14,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import NO_PAYLOAD
 from ..errors import InvalidKey, InvalidPayload, RetriesExhausted, TransientError
-from ..inbox import OnMismatch
 from ..keys import check_identifier
-from ..outcomes import Delivery, Disposition
+from ..outcomes import Delivery, Disposition, OnMismatch
 
 if TYPE_CHECKING:
-    from ..aio import AsyncIdempotencyStore
-    from ..sharding.aio import AsyncShardedStore
-    from ..sharding.sync import ShardedStore
-    from ..store import IdempotencyStore
-
-    SyncStores = IdempotencyStore | ShardedStore
-    AsyncStores = AsyncIdempotencyStore | AsyncShardedStore
+    from ..api import AsyncStoreAPI, StoreAPI
 
 M = TypeVar("M")
 MessageId = Callable[[M], "str | bytes | None"]
@@ -61,7 +54,7 @@ MessageScope = Callable[[Any], str]
 the broker's message (Celery: from the task's arguments)."""
 
 
-def transient(store: SyncStores | AsyncStores, error: BaseException) -> bool:
+def transient(store: StoreAPI[Any] | AsyncStoreAPI[Any], error: BaseException) -> bool:
     """An error of the database rather than of the message (unreachable, retries outlasted): redeliver later,
     however often; never a reason to dead-letter."""
     return isinstance(error, (RetriesExhausted, TransientError)) or store.retry_cause(error) is not None
@@ -86,11 +79,11 @@ class ConsumerBase:
         self.scope = scope  # a sharded store's routing of each message (None: a store on one database)
         self.counts: Counter[str] = Counter()
 
-    def routed(self, message: Any) -> dict[str, Any]:
+    def routed(self, message: Any) -> str | None:
         """`consume`'s routing for a sharded store: the message's scope, where `scope` is given."""
-        return {} if self.scope is None else {"scope": self.scope(message)}
+        return None if self.scope is None else self.scope(message)
 
-    def process(self, store: SyncStores, message_id: object, payload: Any,
+    def process(self, store: StoreAPI[Any], message_id: object, payload: Any,
                 handler: Callable[[Any], Any], deliveries: int, message: Any = None) -> Disposition:
         """Consume one message with the sync store; the disposition to give it."""
         found = self._identified(message_id)
@@ -98,12 +91,12 @@ class ConsumerBase:
             return self._counted(Disposition.DEAD_LETTER)
         try:
             delivery = store.consume(subscriber=self.subscriber, message_id=found, payload=self._payload(payload),
-                                     handler=handler, on_mismatch=self.on_mismatch, **self.routed(message))
+                                     handler=handler, on_mismatch=self.on_mismatch, scope=self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
-        return self._settled(delivery, found)
+        return self.settled(delivery, found)
 
-    async def aprocess(self, store: AsyncStores, message_id: object, payload: Any,
+    async def aprocess(self, store: AsyncStoreAPI[Any], message_id: object, payload: Any,
                        handler: Callable[[Any], Awaitable[Any]], deliveries: int, message: Any = None) -> Disposition:
         """Consume one message with the async store; the disposition to give it."""
         found = self._identified(message_id)
@@ -112,10 +105,10 @@ class ConsumerBase:
         try:
             delivery = await store.consume(subscriber=self.subscriber, message_id=found,
                                            payload=self._payload(payload), handler=handler,
-                                           on_mismatch=self.on_mismatch, **self.routed(message))
+                                           on_mismatch=self.on_mismatch, scope=self.routed(message))
         except Exception as exc:
             return self._failed(store, exc, found, deliveries)
-        return self._settled(delivery, found)
+        return self.settled(delivery, found)
 
     def _payload(self, payload: Any) -> Any:
         return payload if self.compare_payload else NO_PAYLOAD
@@ -129,7 +122,7 @@ class ConsumerBase:
             return None
         return found
 
-    def _settled(self, delivery: Delivery, message_id: str) -> Disposition:
+    def settled(self, delivery: Delivery, message_id: str) -> Disposition:
         if delivery.mismatch is not None:
             self.counts["mismatch"] += 1
             log.warning("%s: message %r was processed before with a different payload; %s", self.subscriber,
@@ -138,7 +131,7 @@ class ConsumerBase:
             self.counts["duplicate" if delivery.duplicate else "processed"] += 1
         return self._counted(delivery.disposition)
 
-    def _failed(self, store: SyncStores | AsyncStores, error: Exception, message_id: str,
+    def _failed(self, store: StoreAPI[Any] | AsyncStoreAPI[Any], error: Exception, message_id: str,
                 deliveries: int) -> Disposition:
         """A poison message (the handler keeps failing) is retried until `max_deliveries`, then dead-lettered; an
         invalid id or payload, or DeadLetter, at once; the database's own failures are retried however long."""

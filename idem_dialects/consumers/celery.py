@@ -36,30 +36,28 @@ from celery.exceptions import Reject
 from kombu.utils import json as kombu_json
 from sqlalchemy.engine import Connection
 
+from ..api import StoreAPI
 from ..core import NO_PAYLOAD
 from ..errors import InvalidKey, InvalidPayload
 from ..fingerprint import Encoder, to_json
-from ..inbox import OnMismatch
-from ..outcomes import Disposition
-from ..sharding.sync import ShardedStore
-from ..store import IdempotencyStore
+from ..outcomes import Disposition, OnMismatch
 from .base import ConsumerBase, log, transient
 
 __all__ = ["idempotent_task"]  # public: the API reference documents each
 
 Body = Callable[..., Any]  # body(conn, *args, **kwargs)
+AnyStore = StoreAPI[Any]  # a sync store of any type: IdempotencyStore, ShardedStore, DjangoStore
 
 
 class _PerProcess:
     """The store, made once per process from a factory (a forked worker must not reuse its parent's connections)."""
 
-    def __init__(self, store: IdempotencyStore | ShardedStore | Callable[[], IdempotencyStore | ShardedStore]
-                 ) -> None:
+    def __init__(self, store: AnyStore | Callable[[], AnyStore]) -> None:
         self._given, self._lock = store, threading.Lock()
-        self._made: tuple[int, IdempotencyStore | ShardedStore] | None = None
+        self._made: tuple[int, AnyStore] | None = None
 
-    def get(self) -> IdempotencyStore | ShardedStore:
-        if isinstance(self._given, IdempotencyStore | ShardedStore):
+    def get(self) -> AnyStore:
+        if not callable(self._given):  # a store, not a factory of one
             return self._given
         with self._lock:
             if self._made is None or self._made[0] != os.getpid():
@@ -81,9 +79,6 @@ def arguments(encoder: Encoder | None, *args: Any, **kwargs: Any) -> object:
                                             " payload=callable(*args, **kwargs) giving what to compare, or"
                                             " compare_payload=False") from None
     return value
-
-
-AnyStore = IdempotencyStore | ShardedStore
 
 
 def idempotent_task(app: Celery, store: AnyStore | Callable[[], AnyStore], *,
@@ -118,9 +113,9 @@ def idempotent_task(app: Celery, store: AnyStore | Callable[[], AnyStore], *,
             try:
                 compared = (NO_PAYLOAD if not compare_payload else payload(*args, **kwargs) if payload is not None
                             else arguments(resolved.encoder, *args, **kwargs))
-                routed: dict[str, Any] = {} if scope is None else {"scope": scope(*args, **kwargs)}
                 delivery = resolved.consume(subscriber=policy.subscriber, message_id=message_id, payload=compared,
-                                            handler=handler, on_mismatch=on_mismatch, **routed)
+                                            handler=handler, on_mismatch=on_mismatch,
+                                            scope=None if scope is None else scope(*args, **kwargs))
             except (InvalidKey, InvalidPayload) as exc:
                 if ran:
                     raise  # the body's own error, unchanged
@@ -136,7 +131,7 @@ def idempotent_task(app: Celery, store: AnyStore | Callable[[], AnyStore], *,
                     raise  # the body's own error, unchanged
                 policy.counts["failed"] += 1
                 raise task.retry(exc=exc, countdown=retry_delay, max_retries=None) from exc
-            disposition = policy._settled(delivery, str(message_id))
+            disposition = policy.settled(delivery, str(message_id))
             if disposition is Disposition.ACK:
                 return delivery.value
             if disposition is Disposition.RETRY:

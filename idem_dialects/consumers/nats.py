@@ -22,10 +22,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..aio import AsyncIdempotencyStore
-from ..inbox import OnMismatch
-from ..outcomes import Disposition
-from ..sharding.aio import AsyncShardedStore
+from ..api import AsyncStoreAPI
+from ..outcomes import Disposition, OnMismatch
 from .base import ConsumerBase, MessageId, MessageScope, header, log, text
 
 __all__ = ["MSG_ID_HEADER", "IdempotentConsumer", "nats_msg_id"]  # public: the API reference documents each
@@ -43,7 +41,7 @@ class IdempotentConsumer(ConsumerBase):
     """`await handler(conn, msg)` once per message id, in the transaction that records the id; `msg.ack()` after
     the commit. `message_id` finds the id (default: the ``Nats-Msg-Id`` header)."""
 
-    def __init__(self, store: AsyncIdempotencyStore | AsyncShardedStore, handler: Handler, *, subscriber: str,
+    def __init__(self, store: AsyncStoreAPI[Any], handler: Handler, *, subscriber: str,
                  message_id: MessageId[Msg] = nats_msg_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
                  retry_delay: float = 1.0, compare_payload: bool = True, jetstream: JetStreamContext | None = None,

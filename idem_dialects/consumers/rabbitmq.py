@@ -21,10 +21,8 @@ import aio_pika.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..aio import AsyncIdempotencyStore
-from ..inbox import OnMismatch
-from ..outcomes import Disposition
-from ..sharding.aio import AsyncShardedStore
+from ..api import AsyncStoreAPI
+from ..outcomes import Disposition, OnMismatch
 from .base import ConsumerBase, MessageId, MessageScope, log
 
 __all__ = ["IdempotentConsumer", "amqp_message_id"]  # public: the API reference documents each
@@ -44,7 +42,7 @@ class IdempotentConsumer(ConsumerBase):
     acknowledged after the commit. `message_id` finds the id (default: the AMQP message-id property; `header(name)`
     for a header). A changed payload (body) under a known id gets `on_mismatch`'s disposition."""
 
-    def __init__(self, store: AsyncIdempotencyStore | AsyncShardedStore, handler: Handler, *, subscriber: str,
+    def __init__(self, store: AsyncStoreAPI[Any], handler: Handler, *, subscriber: str,
                  message_id: MessageId[AbstractIncomingMessage] = amqp_message_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
                  retry_delay: float = 1.0, compare_payload: bool = True, scope: MessageScope | None = None) -> None:

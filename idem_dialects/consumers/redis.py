@@ -23,10 +23,8 @@ import redis
 import redis.exceptions
 from sqlalchemy.engine import Connection
 
-from ..inbox import OnMismatch
-from ..outcomes import Disposition
-from ..sharding.sync import ShardedStore
-from ..store import IdempotencyStore
+from ..api import StoreAPI
+from ..outcomes import Disposition, OnMismatch
 from .base import ConsumerBase, MessageId, MessageScope, log
 
 __all__ = ["Entry", "StreamConsumer", "field"]  # public: the API reference documents each
@@ -80,7 +78,7 @@ class StreamConsumer(ConsumerBase):
     `subscriber` defaults to the group's name; `consumer` is this reader's name in the group (keep it stable across
     restarts: the entries it had read are read again first)."""
 
-    def __init__(self, store: IdempotencyStore | ShardedStore, client: redis.Redis, handler: Handler, *, stream: str,
+    def __init__(self, store: StoreAPI[Any], client: redis.Redis, handler: Handler, *, stream: str,
                  group: str, consumer: str, subscriber: str | None = None, message_id: MessageId[Entry] = entry_id,
                  on_mismatch: OnMismatch = Disposition.DEAD_LETTER, max_deliveries: int | None = 5,
                  claim_idle: float = 30.0, batch: int = 10, block: float = 1.0, compare_payload: bool = True,

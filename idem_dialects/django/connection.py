@@ -1,8 +1,8 @@
 """The store on Django's own connection: the protocol's SQL runs on the DBAPI connection Django holds for a database
 alias, inside Django's transaction, so the record commits or rolls back with the ORM's writes.
 
-How: the flows are driven by the sync store's loop (`SyncStore.drive`); a `Transaction` step is Django's
-`transaction.atomic(using=alias)` (a savepoint when the caller is already in an atomic block), and the store's
+How: the flows are driven by the sync store's loop (`SyncStore.drive`) on a `DjangoExecutor`: a `Transaction` step is
+Django's `transaction.atomic(using=alias)` (a savepoint when the caller is already in an atomic block), and the store's
 statements run natively on Django's DBAPI connection for that alias, not a second connection. An SQLAlchemy
 `Connection` is still wrapped around that DBAPI connection (`BorrowedConnection`), because effects get SQLAlchemy's
 Connection and the schema's DDL and the dialect's first-connection setup need one; its commit and rollback are
@@ -14,25 +14,27 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from django.db import DatabaseError as DjangoDatabaseError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
+from ..api import Executor, StoreAPI
 from ..core import Core
 from ..errors import ConfigurationError
 from ..execution.sync import execute_native
 from ..fingerprint import Encoder
 from ..limits import DEFAULT_RETENTION, check_retention
 from ..retry import RetryPolicy
+from ..sqla import NothingToReturn
 from ..steps import Begin, Statement
 from ..store import SyncStore
 from ..telemetry import MeterProvider, TracerProvider
@@ -40,7 +42,7 @@ from ..telemetry import MeterProvider, TracerProvider
 T = TypeVar("T")
 
 
-class BorrowedConnection(PoolProxiedConnection):
+class BorrowedConnection(NothingToReturn, PoolProxiedConnection):
     """Django's DBAPI connection as SQLAlchemy's `Connection` expects to hold it: SQLAlchemy may begin, commit and roll
     back its own view of the transaction (autobegin, savepoints), but nothing reaches the DBAPI connection except
     statements; Django begins, commits and rolls back. A connection SQLAlchemy finds broken is closed through Django,
@@ -92,9 +94,6 @@ class BorrowedConnection(PoolProxiedConnection):
     def close(self) -> None:
         """Django closes its connection (CONN_MAX_AGE, the end of a request)."""
 
-    def _close_special(self, transaction_reset: bool = False) -> None:
-        """What `Connection.close()` calls after closing its own transaction: nothing to return to a pool."""
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dbapi_connection, name)
 
@@ -122,25 +121,88 @@ def engine_url(wrapper: BaseDatabaseWrapper) -> URL:
                              f" through the {module} driver module, so idem-dialects cannot run its statements there")
 
 
+class DjangoExecutor:
+    """The `Executor` on Django's connection for a database alias: a transaction is Django's
+    `transaction.atomic(using=alias)` (a savepoint when the caller is already in an atomic block), and the store's
+    statements run natively on Django's DBAPI connection for that alias, not a second connection."""
+
+    def __init__(self, using: str, engine: Engine, core: Core) -> None:
+        self.using, self.engine, self._core = using, engine, core
+        self._borrowed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, BorrowedConnection] = weakref.WeakKeyDictionary()
+        self._initialized = False
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """An SQLAlchemy Connection on Django's connection for the alias, in whatever transaction Django has open."""
+        wrapper = connections[self.using]
+        wrapper.ensure_connection()
+        borrowed = self._borrowed.get(wrapper)
+        if borrowed is None or borrowed.dbapi_connection is not wrapper.connection or not borrowed.is_valid:
+            borrowed = self._borrowed[wrapper] = BorrowedConnection(wrapper)
+            self._core.backend.session_setup(wrapper.connection)  # a new DBAPI connection: Django's transaction ends it
+        conn = Connection(self.engine, connection=borrowed)
+        try:
+            if not self._initialized:
+                self._initialize(conn)
+            yield conn
+        finally:
+            conn.close()
+
+    def _initialize(self, conn: Connection) -> None:
+        # What an engine does on its first connection (the server's version, its settings), minus the ROLLBACK that
+        # follows it there: here the transaction may be Django's.
+        with self._lock:
+            if not self._initialized:
+                self.engine.dialect.initialize(conn)
+                self._initialized = True
+
+    @contextmanager
+    def transaction(self, begin: Begin) -> Iterator[Connection]:
+        # `begin` is the backend's way to begin its own transactions; in Django the connection's settings decide
+        # (e.g. SQLite's OPTIONS {"transaction_mode": "IMMEDIATE"}).
+        try:
+            with transaction.atomic(using=self.using), self.connection() as conn:
+                yield conn
+        except (DjangoDatabaseError, DBAPIError):
+            # A connection that died under Django's BEGIN or COMMIT is closed only at the request's end; close it now
+            # (as Django would then) so that a retry of this attempt gets a new one.
+            wrapper = connections[self.using]
+            if not wrapper.in_atomic_block:
+                wrapper.close_if_unusable_or_obsolete()
+            raise
+
+    def execute(self, conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
+        return execute_native(conn, self._core.backend, statement, params)
+
+    def ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
+        return action(conn)
+
+    def check(self, conn: Connection) -> None:
+        """Any Connection on Django's connection (`DjangoStore.connection()`, or an effect's) may be used."""
+
+    def close(self) -> None:
+        """Django closes its connections (CONN_MAX_AGE, the end of a request)."""
+
+
 class DjangoStore(SyncStore[Connection]):
     """A store on Django's connection for the database alias `using`, with IdempotencyStore's API: every transaction
     the protocol runs is a Django atomic block there, so a record commits with the ORM's writes or not at all.
     Thread-safe (Django gives each thread its own connection); share one per alias (`idem_dialects.django.get_store`).
     Effects get an SQLAlchemy Connection on Django's connection."""
 
+    executor: DjangoExecutor
+
     def __init__(self, using: str = "default", *, table_prefix: str = "idem_", retry: RetryPolicy | None = None,
                  encoder: Encoder | None = None, retention: timedelta = DEFAULT_RETENTION,
                  tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None) -> None:
         self.using = using
-        wrapper = connections[using]
-        url = engine_url(wrapper)
+        url = engine_url(connections[using])
         self.engine = create_engine(url, poolclass=NullPool, creator=_never_connects, hide_parameters=True)
-        self._borrowed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, BorrowedConnection] = weakref.WeakKeyDictionary()
-        self._initialized = False
-        self._lock = threading.Lock()
-        self._adopt(Core(self.engine, table_prefix, retry, encoder, check_retention(retention),
-                         tracer_provider=tracer_provider, meter_provider=meter_provider, own_transactions=False,
-                         retry_filter=self._retryable))
+        core = Core(self.engine, table_prefix, retry, encoder, check_retention(retention),
+                    tracer_provider=tracer_provider, meter_provider=meter_provider, own_transactions=False,
+                    retry_filter=self._retryable)
+        super().__init__(core, DjangoExecutor(using, self.engine, core))
 
     def _retryable(self, exc: BaseException) -> BaseException | None:
         """What the backend is shown of `exc` to classify for a retry. Classified after our atomic block ended: one
@@ -161,60 +223,18 @@ class DjangoStore(SyncStore[Connection]):
     def __repr__(self) -> str:
         return f"DjangoStore(using={self.using!r}, table_prefix={self.table_prefix!r})"
 
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
+    def connection(self) -> AbstractContextManager[Connection]:
         """An SQLAlchemy Connection on Django's connection for the alias, in whatever transaction Django has open."""
-        wrapper = connections[self.using]
-        wrapper.ensure_connection()
-        borrowed = self._borrowed.get(wrapper)
-        if borrowed is None or borrowed.dbapi_connection is not wrapper.connection or not borrowed.is_valid:
-            borrowed = self._borrowed[wrapper] = BorrowedConnection(wrapper)
-            self.backend.session_setup(wrapper.connection)  # a new DBAPI connection: Django's transaction ends it
-        conn = Connection(self.engine, connection=borrowed)
-        try:
-            if not self._initialized:
-                self._initialize(conn)
-            yield conn
-        finally:
-            conn.close()
-
-    def _initialize(self, conn: Connection) -> None:
-        # What an engine does on its first connection (the server's version, its settings), minus the ROLLBACK that
-        # follows it there: here the transaction may be Django's.
-        with self._lock:
-            if not self._initialized:
-                self.engine.dialect.initialize(conn)
-                self._initialized = True
-
-    @contextmanager
-    def _transaction(self, begin: Begin) -> Iterator[Connection]:
-        # `begin` is the backend's way to begin its own transactions; in Django the connection's settings decide
-        # (e.g. SQLite's OPTIONS {"transaction_mode": "IMMEDIATE"}).
-        try:
-            with transaction.atomic(using=self.using), self.connection() as conn:
-                if not self._core.refined:
-                    self.drive(self._core.refine(), conn)
-                yield conn
-        except (DjangoDatabaseError, DBAPIError):
-            # A connection that died under Django's BEGIN or COMMIT is closed only at the request's end; close it now
-            # (as Django would then) so that a retry of this attempt gets a new one.
-            wrapper = connections[self.using]
-            if not wrapper.in_atomic_block:
-                wrapper.close_if_unusable_or_obsolete()
-            raise
-
-
-
-    def _statement(self, conn: Connection, statement: Statement, params: dict[str, Any]) -> Any:
-        return execute_native(conn, self.backend, statement, params)
-
-    def _ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
-        return action(conn)
-
-    def _check(self, conn: Connection) -> None:
-        if not self._core.refined:
-            self.drive(self._core.refine(), conn)
+        return self.executor.connection()
 
 
 def _never_connects() -> NoReturn:
     raise ConfigurationError("a DjangoStore's engine never opens connections: it runs on Django's")
+
+
+if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)
+    def _surface(it: DjangoStore) -> StoreAPI[Connection]:
+        return it
+
+    def _executor(it: DjangoExecutor) -> Executor[Connection]:
+        return it

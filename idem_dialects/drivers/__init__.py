@@ -12,8 +12,9 @@ import ctypes
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from ..sqla import driver_connection, raise_as_adapter
 from ..steps import Shape
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class Driver:
         """Commit the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to commit):
         its own connection's `commit()` here; errors as the adapter raises them."""
         try:
-            await connection._connection.commit()
+            await driver_connection(connection).commit()
         except Exception as error:
             raise_as_adapter(connection, error)
 
@@ -163,14 +164,6 @@ class Driver:
 def hex_size(value: bytes) -> int:
     """`sent_size` for a driver that sends bytes as a hex text literal (``\\x`` and two digits a byte)."""
     return 2 * len(value) + 2
-
-
-def raise_as_adapter(connection: Any, error: Exception) -> NoReturn:
-    """Raise `error` as SQLAlchemy's async adapter `connection` raises it (its emulation of PEP 249's classes, the
-    SQLSTATE kept), so a native statement's error is classified as the same statement's through SQLAlchemy.
-    `_handle_exception` is the adapters' one translation point; tests/test_drivers.py fails if it moves."""
-    connection._handle_exception(error)
-    raise error  # pragma: no cover - _handle_exception always raises
 
 
 async def read(cursor: Any, shape: Shape) -> tuple[Any, Any]:

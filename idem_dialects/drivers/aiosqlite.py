@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, raise_as_adapter, read
+from . import Driver, read
 from .pysqlite import AUTOCOMMIT
 
 
@@ -20,9 +21,9 @@ class Aiosqlite(Driver):
                 " logging.getLogger('aiosqlite').setLevel(logging.INFO) to keep them out")
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
-        async with connection._execute_mutex:
+        async with statement_lock(connection):
             try:
-                cursor = await connection._connection.execute(sql, parameters)
+                cursor = await driver_connection(connection).execute(sql, parameters)
                 try:
                     return await read(cursor, shape)
                 finally:

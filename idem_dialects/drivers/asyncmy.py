@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, raise_as_adapter, read
+from . import Driver, read
 from .pymysql import AUTOCOMMIT, escaped_size
 
 
@@ -15,9 +16,9 @@ class Asyncmy(Driver):
         return escaped_size(value)  # an escaped string literal in the statement's text
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
-        async with connection._execute_mutex:
+        async with statement_lock(connection):
             try:
-                async with connection._connection.cursor() as cursor:
+                async with driver_connection(connection).cursor() as cursor:
                     await cursor.execute(sql, parameters)
                     return await read(cursor, shape)
             except Exception as error:

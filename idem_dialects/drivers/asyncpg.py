@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..sqla import asyncpg_begin, asyncpg_take_transaction, driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, raise_as_adapter
+from . import Driver
 from .psycopg import session_id_is_pooled
 
 
@@ -28,14 +29,12 @@ class Asyncpg(Driver):
         return session_id_is_pooled(dbapi_connection, driver_connection.get_server_pid())
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
-        # `connection` is SQLAlchemy's adapter: its mutex keeps one statement at a time on the connection, and its
-        # transaction (BEGIN sent on first use) is the one SQLAlchemy commits. Private names of the adapter; the
-        # driver test fails loudly if they move.
-        async with connection._execute_mutex:
+        # `connection` is SQLAlchemy's adapter: its lock keeps one statement at a time on the connection, and its
+        # transaction (BEGIN sent on first use) is the one SQLAlchemy commits.
+        async with statement_lock(connection):
             try:
-                if connection._transaction is None:
-                    await connection._start_transaction()
-                raw = connection._connection
+                await asyncpg_begin(connection)
+                raw = driver_connection(connection)
                 if shape is Shape.ROW:
                     return await raw.fetchrow(sql, *parameters), None
                 if shape is Shape.ROWS:
@@ -48,7 +47,7 @@ class Asyncpg(Driver):
 
     async def commit(self, connection: Any) -> None:
         # The adapter's transaction object, as its own commit() ends it (and forgets it whatever the outcome).
-        transaction, connection._transaction = connection._transaction, None
+        transaction = asyncpg_take_transaction(connection)
         if transaction is None:
             return
         try:

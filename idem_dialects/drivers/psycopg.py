@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..sqla import driver_connection, raise_as_adapter
 from ..steps import Shape
-from . import Driver, raise_as_adapter, read
+from . import Driver, read
 
 IMPLICIT_BEGIN = "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
 
@@ -35,7 +36,7 @@ class Psycopg(Driver):
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
         # psycopg's own connection lock serializes statements (SQLAlchemy's adapter takes no mutex for it either).
-        raw = connection._connection
+        raw = driver_connection(connection)
         try:
             async with raw.cursor() as cursor:
                 await cursor.execute(sql, parameters)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import BindParameter
 
+from ..sqla import bind_processor, result_processor
 from ..steps import Shape, Statement
 
 Processor = Callable[[Any], Any] | None
@@ -76,7 +77,7 @@ class Plan:
         if processors is None:  # the driver's column types are the same on every execution: read them once
             coltypes = [d[1] for d in description] if description else []
             processors = self._processors = [
-                type_._cached_result_processor(self._dialect, coltypes[i] if i < len(coltypes) else None)
+                result_processor(type_, self._dialect, coltypes[i] if i < len(coltypes) else None)
                 for i, type_ in enumerate(self._types)]
         return self._row._make([value if proc is None else proc(value)
                                 for value, proc in zip(raw, processors, strict=True)])
@@ -88,7 +89,7 @@ class Plan:
 
 
 def _bind(key: str, bind: BindParameter[Any], dialect: Dialect) -> tuple[str, str | None, Processor, Any]:
-    processor: Processor = bind.type._cached_bind_processor(dialect)
+    processor: Processor = bind_processor(bind.type, dialect)
     if bind.required:  # a parameter of every call
         return key, bind.key, processor, None
     value = bind.effective_value  # a constant fixed when the statement was built

@@ -4,8 +4,7 @@ through ``cursor.setinputsizes``), or on a DBAPI connection another framework ow
 
 Native statements skip SQLAlchemy's execution context and its cursor events: the library's own span and metrics
 cover them. Their errors are still SQLAlchemy's: wrapped, told to ``handle_error`` listeners, the connection
-invalidated on a disconnect, exactly as `Connection.execute` does (`Connection._handle_dbapi_exception`, pinned by
-tests/test_execution.py).
+invalidated on a disconnect, exactly as `Connection.execute` does (`sqla.handle_dbapi_exception`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 
 from ..guard import store_error
+from ..sqla import handle_dbapi_exception
 from ..steps import Shape, Statement
 from .plan import plan, read
 
@@ -53,10 +53,9 @@ def raise_handled(conn: Connection, backend: Backend, error: BaseException, sql:
     if isinstance(error, Exception) and not isinstance(error, conn.dialect.loaded_dbapi.Error):
         raise error
     try:
-        conn._handle_dbapi_exception(error, sql, None, cursor, None)
+        handle_dbapi_exception(conn, error, sql, cursor)
     except DBAPIError as wrapped:
         raise store_error(backend, wrapped, tables, dbapi) from wrapped.orig
-    raise AssertionError("unreachable")  # pragma: no cover - _handle_dbapi_exception always raises
 
 
 def execute_sqlalchemy(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:

@@ -12,8 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
 
-from ..aio import AsyncIdempotencyStore
-from ..sharding.aio import AsyncShardedStore
+from ..api import AsyncStoreAPI
 from .core import Buffer, Entry, declared_too_large, entry, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
@@ -100,7 +99,7 @@ async def send_response(resp: HttpResponse, send: Send) -> None:
 class IdempotencyMiddleware:
     """Wrap an ASGI app: requests the policy selects are claimed, run once, stored and replayed."""
 
-    def __init__(self, app: ASGIApp, store: AsyncIdempotencyStore | AsyncShardedStore,
+    def __init__(self, app: ASGIApp, store: AsyncStoreAPI[Any],
                  policy: IdempotencyPolicy) -> None:
         self.app = app
         self.policy = policy

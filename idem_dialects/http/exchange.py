@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..claims import Claims, Reply
+from ..api import ClaimFlows
+from ..claims import Reply
 from ..errors import IdemError
 from ..outcomes import Claimed
-from ..sharding.routing import ShardedClaims
 from ..steps import Begin, Effect, Flow, transaction
 from ..telemetry import REQUEST_SPAN
 from .core import (
@@ -39,10 +39,8 @@ from .core import (
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 
-AnyClaims = Claims | ShardedClaims  # a store's, or a sharded store's (routed to the shard of each scope)
 
-
-def exchange(claims: AnyClaims, store: str, policy: IdempotencyPolicy, req: HttpRequest,
+def exchange(claims: ClaimFlows, store: str, policy: IdempotencyPolicy, req: HttpRequest,
              errors: HandlerErrors) -> Flow[HttpResponse]:
     """The answer to `req`: the handler's response (an `Effect` step), a replay, or a problem, on the store whose
     `claims` these are and whose identity is `store` (`core.store_identity`). `errors` holds what the handler raised,
@@ -86,7 +84,7 @@ class _Kept:
         return Reply(encode_stored(self.policy, resp), resp.status)
 
 
-def _atomic(claims: AnyClaims, policy: IdempotencyPolicy, req: HttpRequest, call: Call, errors: HandlerErrors
+def _atomic(claims: ClaimFlows, policy: IdempotencyPolicy, req: HttpRequest, call: Call, errors: HandlerErrors
             ) -> Flow[HttpResponse]:
     kept = _Kept(policy, req)
     try:
@@ -102,7 +100,7 @@ def _atomic(claims: AnyClaims, policy: IdempotencyPolicy, req: HttpRequest, call
     return kept.response
 
 
-def _external(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, call: Call, errors: HandlerErrors
+def _external(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, call: Call, errors: HandlerErrors
               ) -> Flow[HttpResponse]:
     try:
         return (yield from _leased(claims, policy, http, call))
@@ -110,7 +108,7 @@ def _external(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, c
         return errors.answer(policy, exc, claims.features)
 
 
-def _leased(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
+def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
     req = claims.request(call.scope, call.operation, call.key, call.request, policy.lease)
     outcome = yield from claims.retrying(lambda: transaction(claims.claim(req, fresh=True), Begin.CLAIM))
     if not isinstance(outcome, Claimed):
@@ -135,7 +133,7 @@ def _leased(claims: AnyClaims, policy: IdempotencyPolicy, http: HttpRequest, cal
     return resp
 
 
-def _release(claims: AnyClaims, claimed: Claimed) -> Flow[None]:
+def _release(claims: ClaimFlows, claimed: Claimed) -> Flow[None]:
     try:
         yield from claims.retrying(lambda: transaction(claims.release(claimed)))
     except Exception:  # the lease ends on its own; the handler's outcome matters more

@@ -25,8 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..aio import AsyncIdempotencyStore
-from ..sharding.aio import AsyncShardedStore
+from ..api import AsyncStoreAPI
 from .asgi import STATE_KEY, captured, decode_headers, has_key
 from .core import Buffer, Entry, current_connection, declared_too_large, entry, response_body, routed, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
@@ -116,7 +115,7 @@ def key_parameter(policy: IdempotencyPolicy) -> Callable[..., Coroutine[Any, Any
     return idempotency_key
 
 
-def idempotent_route(store: AsyncIdempotencyStore | AsyncShardedStore, policy: IdempotencyPolicy) -> type[APIRoute]:
+def idempotent_route(store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> type[APIRoute]:
     """A route class whose endpoints run under `policy` (methods outside `policy.methods` pass through)."""
     idempotency = AsyncIdempotency(store, policy)
     documented = key_parameter(policy)

@@ -24,8 +24,7 @@ from typing import Any, TypeVar, cast
 import flask
 from werkzeug.exceptions import HTTPException
 
-from ..sharding.sync import ShardedStore
-from ..store import IdempotencyStore
+from ..api import StoreAPI
 from .core import Entry, entry, response_body, routed
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
@@ -45,7 +44,7 @@ def request_from_flask(req: flask.Request, max_bytes: int) -> HttpRequest:
                        context=req.environ, route=True)
 
 
-def idempotent_view(store: IdempotencyStore | ShardedStore, policy: IdempotencyPolicy) -> Callable[[F], F]:
+def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable[[F], F]:
     """A decorator making Flask views idempotent under `policy` (methods outside `policy.methods` pass through)."""
     idempotency = Idempotency(store, policy)
 

@@ -12,16 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from ..sharding.sync import ShardedStore
-from ..store import SyncStore
 from .core import HandlerErrors, store_identity
 from .exchange import exchange
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 
 if TYPE_CHECKING:
-    from ..aio import AsyncIdempotencyStore
-    from ..sharding.aio import AsyncShardedStore
+    from ..api import AsyncStoreAPI, StoreAPI
 
 Handler = Callable[[Connection | None], HttpResponse]
 AsyncHandler = Callable[[Any], Awaitable[HttpResponse]]
@@ -39,7 +36,7 @@ class Idempotency:
     """One sync store and one policy: `handle(request, handler)` answers a request, running the handler at most
     once per key (in atomic mode with the record's connection, also `current_connection()`)."""
 
-    def __init__(self, store: SyncStore[Connection] | ShardedStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, store: StoreAPI[Any], policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
         self.identity = identity(store)  # see core.claimed_outside
@@ -54,7 +51,7 @@ class AsyncIdempotency:
     """One async store and one policy: `await handle(request, handler)` answers a request, awaiting the handler at
     most once per key (in atomic mode with the record's AsyncConnection, also `current_connection()`)."""
 
-    def __init__(self, store: AsyncIdempotencyStore | AsyncShardedStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> None:
         self.store = store
         self.policy = policy
         self.identity = identity(store)  # see core.claimed_outside

@@ -16,8 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..sharding.sync import ShardedStore
-from ..store import IdempotencyStore
+from ..api import StoreAPI
 from .core import Buffer, Entry, entry
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
@@ -119,7 +118,7 @@ def status_line(status: int) -> str:
 class IdempotencyMiddleware:
     """Wrap a WSGI app: requests the policy selects are claimed, run once, stored and replayed."""
 
-    def __init__(self, app: WSGIApp, store: IdempotencyStore | ShardedStore, policy: IdempotencyPolicy) -> None:
+    def __init__(self, app: WSGIApp, store: StoreAPI[Any], policy: IdempotencyPolicy) -> None:
         self.app = app
         self.idempotency = Idempotency(store, policy)
         self.policy = policy

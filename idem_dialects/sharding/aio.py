@@ -1,5 +1,5 @@
-"""AsyncShardedStore: `ShardedStore` for asyncio code, each shard an AsyncIdempotencyStore (the routing and the
-claim flows are the sync store's, `routing.py`; only this loop awaits)."""
+"""AsyncShardedStore: `ShardedStore` for asyncio code, each shard an AsyncIdempotencyStore (the routing, the claim
+and outbox flows are the sync store's, `routing.py`; only this loop awaits)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy.engine import URL
 
-from ..aio import AsyncIdempotencyStore
+from ..aio import AsyncIdempotencyStore, AsyncStore
+from ..api import AsyncStoreAPI
+from ..commands import Identity, Origin
 from ..core import NO_PAYLOAD
 from ..heartbeat import beating_async
-from ..inbox import OnMismatch
 from ..limits import OnInFlight
-from ..outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats
 from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
-from .routing import CrossShard, OnShard, ShardChooser, Sharded, crossing
-from .sync import checked_owner, owner
+from .routing import CrossShard, OnShard, ShardChooser, Sharded, crossing, from_urls, owner
 
 T = TypeVar("T")
 AsyncEffect = Callable[[Any], Awaitable[Any]]
@@ -36,16 +36,21 @@ class _Pending:
         self.shard: str | None = None
         self.connection: Any = None
 
-    async def on(self, shard: str, store: AsyncIdempotencyStore) -> Any:
+    async def on(self, shard: str, store: AsyncStore[Any]) -> Any:
         if self.shard is None:
-            self.connection = await self.stack.enter_async_context(store._transaction(self.begin))
+            self.connection = await self.stack.enter_async_context(store.begin(self.begin))
             self.shard = shard
         elif shard != self.shard:
             raise crossing(self.shard, shard)
         return self.connection
 
 
-class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
+def _dispose(store: AsyncStore[Any]) -> None:
+    """A store `from_urls` made but will not hand out: its engine never connected, so disposing needs no await."""
+    store.engine.sync_engine.dispose()
+
+
+class AsyncShardedStore(Sharded[AsyncStore[Any]]):
     """`ShardedStore`'s API, awaited: `shards` maps ids to AsyncIdempotencyStores, `shard_chooser(scope)` picks one."""
 
     needs = "an AsyncShardedStore"
@@ -54,10 +59,12 @@ class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
     def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
                   **options: Any) -> AsyncShardedStore:
         """One AsyncIdempotencyStore per URL (`options` go to each `from_url`); `await close()` closes them."""
-        store = cls({shard: AsyncIdempotencyStore.from_url(url, **options) for shard, url in urls.items()},
-                    shard_chooser)
-        store._owned = True
-        return store
+        sharded = cls(from_urls(lambda url: AsyncIdempotencyStore.from_url(url, **options), _dispose, urls),
+                      shard_chooser)
+        sharded._owned = True
+        return sharded
+
+    # --- schema and retention: every shard ---------------------------------------------------------------------
 
     async def create_tables(self, *, generations: bool = False) -> None:
         for store in self.shards.values():
@@ -69,45 +76,59 @@ class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
 
     async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
                     progress: Callable[[str, int], None] | None = None) -> int:
+        """Each shard's purge in turn; the rows deleted on all of them."""
         return sum([await store.purge(older_than, batch_size, progress) for store in self.shards.values()])
 
-    async def stats(self) -> dict[str, Stats]:
-        return {shard: await store.stats() for shard, store in self.shards.items()}
+    async def stats(self) -> Stats:
+        """Every shard's `stats` as one (`Stats.combined`), each shard's own in `.shards`."""
+        return Stats.combined({shard: await store.stats() for shard, store in self.shards.items()})
 
-    def transaction(self, *, scope: str) -> AbstractAsyncContextManager[Any]:
-        return self.store_for(scope).transaction()
+    # --- the protocol, on the scope's shard ----------------------------------------------------------------------
+
+    def transaction(self, *, scope: str | None = None) -> AbstractAsyncContextManager[Any]:
+        """A transaction on the shard of `scope`, for the step-by-step API."""
+        return self._routed(scope, "transaction()").transaction()
 
     async def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
                     lease: timedelta | None = None) -> Outcome:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, scope)
-        return await self.shards[shard].claim(conn, scope=scope, operation=operation, key=key, request=request,
-                                              lease=lease)
+        return await self._owner(conn, scope).claim(conn, scope=scope, operation=operation, key=key,
+                                                    request=request, lease=lease)
 
     async def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
-        await self.shards[shard].complete(conn, claimed, response, status)
+        await self._owner(conn, claimed.scope).complete(conn, claimed, response, status)
 
     async def release(self, conn: Any, claimed: Claimed) -> bool:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
-        return await self.shards[shard].release(conn, claimed)
+        return await self._owner(conn, claimed.scope).release(conn, claimed)
 
-    async def accept_message(self, conn: Any, *, subscriber: str, message_id: str,
-                             payload: Any = NO_PAYLOAD) -> bool:
-        return await self.shards[owner(self.shards, conn)].accept_message(
-            conn, subscriber=subscriber, message_id=message_id, payload=payload)
+    async def accept_message(self, conn: Any, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> bool:
+        """On the shard `conn` belongs to: the message is recorded where the handler's writes commit."""
+        return await self._owner(conn).accept_message(conn, subscriber=subscriber, message_id=message_id,
+                                                      payload=payload)
 
-    async def consume(self, *, subscriber: str, message_id: str, handler: AsyncEffect, scope: str,
-                      payload: Any = NO_PAYLOAD, on_mismatch: OnMismatch = Disposition.DEAD_LETTER,
-                      retry: RetryPolicy | None = None) -> Delivery:
-        return await self.store_for(scope).consume(subscriber=subscriber, message_id=message_id, handler=handler,
-                                                   payload=payload, on_mismatch=on_mismatch, retry=retry)
+    async def add_command(self, conn: Any, destination: str, payload: Any, headers: Mapping[str, str] | None = None,
+                          *, scope: str | None = None, origin: Identity | Origin | None = None,
+                          sequence: int | None = None) -> str:
+        """On the shard `conn` belongs to (see the sync `ShardedStore.add_command`)."""
+        return await self._owner(conn).add_command(conn, destination, payload, headers, scope=scope, origin=origin,
+                                                   sequence=sequence)
+
+    async def consume(self, *, subscriber: str, message_id: str, handler: AsyncEffect, payload: Any = NO_PAYLOAD,
+                      on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None,
+                      scope: str | None = None) -> Delivery:
+        """`consume` on the shard of `scope`: the owner of what the handler writes (a message names no scope)."""
+        return await self._routed(scope, "consume()").consume(subscriber=subscriber, message_id=message_id,
+                                                                handler=handler, payload=payload,
+                                                                on_mismatch=on_mismatch, retry=retry)
 
     async def run(self, *, scope: str, operation: str, key: str, request: Any, effect: AsyncEffect,
                   status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
                   on_in_flight: OnInFlight = "wait") -> Result:
+        """`run` on the shard of `scope`: `effect` gets that shard's connection."""
         return await self.store_for(scope).run(scope=scope, operation=operation, key=key, request=request,
                                                effect=effect, status=status, lease=lease, retry=retry,
                                                on_in_flight=on_in_flight)
+
+    # --- the loop adapters drive `claims` and `outbox` with -------------------------------------------------------
 
     async def drive(self, flow: Flow[T], conn: Any = None, effect: AsyncEffect | None = None) -> T:
         stepper = Stepper(flow)
@@ -144,7 +165,10 @@ class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
         async with AsyncExitStack() as stack:
             return await self.drive(step.body, _Pending(step.begin, stack), effect)
 
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
     async def close(self) -> None:
+        """Close the shards' stores if `from_urls` made them."""
         if self._owned:
             for store in self.shards.values():
                 await store.close()
@@ -158,3 +182,8 @@ class AsyncShardedStore(Sharded[AsyncIdempotencyStore]):
 
     def __repr__(self) -> str:
         return f"AsyncShardedStore(shards={list(self.shards)!r})"
+
+
+if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)
+    def _surface(it: AsyncShardedStore) -> AsyncStoreAPI[Any]:
+        return it

@@ -9,21 +9,29 @@ the effect always gets the connection of its scope's shard, and one transaction 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from sqlalchemy.engine import URL
+
+from ..api import OutboxFlows
 from ..claims import Claims
 from ..core import Request
 from ..errors import ConfigurationError, IdemError, RetryCause
 from ..features import Features
 from ..fingerprint import Encoder
 from ..keys import check_identifier
+from ..outbox import Command, Failure, OutboxStats
 from ..outcomes import Claimed, Outcome, Result
 from ..retry import RetryPolicy, retrying
 from ..steps import Flow, Heartbeat
 from ..storebase import StoreBase
+
+if TYPE_CHECKING:
+    from ..telemetry import Telemetry
 
 T = TypeVar("T")
 S = TypeVar("S", bound=StoreBase)
@@ -86,7 +94,7 @@ class ShardedClaims:
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         for claims in self.shards.values():
-            cause = claims.core.retry_cause(exc)
+            cause = claims.retry_cause(exc)
             if cause is not None:
                 return cause
         return None
@@ -148,8 +156,90 @@ def crossing(first: str, then: str) -> CrossShard:
                       " and its effect commit together, on one database")
 
 
+class ShardedOutbox:
+    """The outbox flows over every shard, for a relay of a sharded store: a claim takes each shard's due commands in
+    turn (the first place rotates, so no shard waits behind another's backlog), and the settle marks each command on
+    the shard it was claimed from."""
+
+    def __init__(self, outboxes: Mapping[str, OutboxFlows]) -> None:
+        self.shards = dict(outboxes)
+        self._first = next(iter(self.shards.values()))
+        self._placed: dict[str, str] = {}  # a claimed command's id -> its shard, until it is settled
+        self._turn = 0
+
+    @property
+    def telemetry(self) -> Telemetry:
+        return self._first.telemetry
+
+    @property
+    def table(self) -> str:
+        return self._first.table
+
+    def claim(self, token: str, limit: int, lease: float, ordered: bool = True) -> Flow[list[Command]]:
+        names = list(self.shards)
+        self._turn = (self._turn + 1) % len(names)
+        taken: list[Command] = []
+        for shard in names[self._turn:] + names[:self._turn]:
+            if len(taken) >= limit:
+                break
+            found = yield from on_shard(shard, self.shards[shard].claim(token, limit - len(taken), lease, ordered))
+            self._placed.update((command.id, shard) for command in found)
+            taken.extend(found)
+        return taken
+
+    def settle(self, token: str, published: Sequence[str], failed: Sequence[Failure] = (),
+               released: Sequence[str] = ()) -> Flow[int]:
+        done = 0
+        for shard, outbox in self.shards.items():
+            mine = [i for i in published if self._placed.get(i) == shard]
+            lost = [f for f in failed if self._placed.get(f.id) == shard]
+            back = [i for i in released if self._placed.get(i) == shard]
+            if mine or lost or back:
+                done += yield from on_shard(shard, outbox.settle(token, mine, lost, back))
+        for ident in (*published, *(f.id for f in failed), *released):
+            self._placed.pop(ident, None)
+        return done
+
+    def stats(self) -> Flow[OutboxStats]:
+        parts = []
+        for shard, outbox in self.shards.items():
+            parts.append((yield from on_shard(shard, outbox.stats())))
+        return OutboxStats.combined(parts)
+
+    def requeue(self) -> Flow[int]:
+        count = 0
+        for shard, outbox in self.shards.items():
+            count += yield from on_shard(shard, outbox.requeue())
+        return count
+
+
+def owner(shards: Mapping[str, Any], conn: Any) -> str:
+    """The shard whose engine `conn` belongs to (a caller's connection for the step-by-step API)."""
+    engine = getattr(conn, "engine", None)
+    for shard, store in shards.items():
+        if store.engine is engine:
+            return shard
+    raise CrossShard(f"this connection belongs to none of the store's shards ({', '.join(shards)}): use"
+                     " `store.transaction(scope=...)`, or a connection of the shard's own engine")
+
+
+def from_urls(make: Callable[[str | URL], S], close: Callable[[S], object],
+              urls: Mapping[str, str | URL]) -> dict[str, S]:
+    """One store per URL; if one cannot be made, those made before it are closed, since no caller ever holds them."""
+    made: dict[str, S] = {}
+    try:
+        for shard, url in urls.items():
+            made[shard] = make(url)
+    except BaseException:
+        for store in made.values():
+            close(store)
+        raise
+    return made
+
+
 class Sharded(Generic[S]):
-    """What `ShardedStore` and `AsyncShardedStore` share: the shards by id, the chooser, and `claims` routed by it."""
+    """What `ShardedStore` and `AsyncShardedStore` share: the shards by id, the chooser, `claims` and `outbox` routed
+    by it, the settings every shard is given, and the routing of the step-by-step API."""
 
     needs: ClassVar[str]  # the subject of the error for no shard: "a ShardedStore"
 
@@ -159,6 +249,8 @@ class Sharded(Generic[S]):
         self.shards: dict[str, S] = dict(shards)
         self.shard_chooser = shard_chooser
         self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
+        self.outbox = ShardedOutbox({k: s.outbox for k, s in self.shards.items()})
+        self._first = next(iter(self.shards.values()))
         self._owned = False
 
     def shard_for(self, scope: object) -> str:
@@ -168,14 +260,68 @@ class Sharded(Generic[S]):
     def store_for(self, scope: object) -> S:
         return self.shards[self.shard_for(scope)]
 
+    def _routed(self, scope: str | None, call: str) -> S:
+        """The store of `scope`, for a call that names no key (a transaction, a message): on one shard none is
+        needed."""
+        if scope is None:
+            if len(self.shards) == 1:
+                return self._first
+            raise IdemError(f"{call} on a sharded store needs scope=: the owner of what it writes, whose shard it"
+                            " runs on")
+        return self.store_for(scope)
+
+    def _owner(self, conn: Any, scope: object | None = None) -> S:
+        """The shard store a caller's connection belongs to (checked against `scope`'s shard where one is named)."""
+        found = owner(self.shards, conn)
+        if scope is not None:
+            shard = self.shard_for(scope)
+            if found != shard:
+                raise CrossShard(f"scope {scope!r} lives on shard {shard!r}, but this connection is of shard {found!r}")
+        return self.shards[found]
+
     @property
     def table_prefix(self) -> str:
-        return next(iter(self.shards.values())).table_prefix
+        return self._first.table_prefix
 
-    def retry_cause(self, exc: BaseException) -> RetryCause | None:
-        return self.claims.retry_cause(exc)
+    @property
+    def features(self) -> Features:
+        """The first shard's features: shards are expected to run one engine (what differs is where they are)."""
+        return self._first.features
+
+    @property
+    def retries(self) -> Counter[str]:
+        """Retries absorbed, by cause, on every shard since the stores were made."""
+        return sum((s.retries for s in self.shards.values()), Counter())
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The first shard's retry budget; setting it sets every shard's."""
+        return self._first.retry
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        for store in self.shards.values():
+            store.retry = policy
+
+    @property
+    def retention(self) -> timedelta:
+        """The first shard's retention; setting it sets every shard's."""
+        return self._first.retention
+
+    @retention.setter
+    def retention(self, window: timedelta) -> None:
+        for store in self.shards.values():
+            store.retention = window
 
     @property
     def encoder(self) -> Encoder | None:
-        """The first shard's encoder (give every shard the same)."""
-        return next(iter(self.shards.values())).encoder
+        """The first shard's encoder; setting it sets every shard's."""
+        return self._first.encoder
+
+    @encoder.setter
+    def encoder(self, encoder: Encoder | None) -> None:
+        for store in self.shards.values():
+            store.encoder = encoder
+
+    def retry_cause(self, exc: BaseException) -> RetryCause | None:
+        return self.claims.retry_cause(exc)

@@ -1,8 +1,9 @@
 """ShardedStore: one store over several databases, each scope's keys on the database its business data lives on.
 
 Every protocol call goes to the store of its scope's shard (`shard_chooser(scope)`), which runs it in its own
-transactions, so the effect gets that shard's connection and the record commits with it. Adapters (the HTTP layer)
-drive flows built on `claims` through `drive`, which opens each transaction on the shard of its first routed step.
+transactions, so the effect gets that shard's connection and the record commits with it. Adapters (the HTTP layer,
+the relays) drive flows built on `claims` and `outbox` through `drive`, which opens each transaction on the shard of
+its first routed step.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy.engine import URL
 
+from ..api import StoreAPI
+from ..commands import Identity, Origin
 from ..core import NO_PAYLOAD
 from ..heartbeat import beating
-from ..inbox import OnMismatch
 from ..limits import OnInFlight
-from ..outcomes import Claimed, Delivery, Disposition, Outcome, Result
+from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats
 from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
 from ..store import IdempotencyStore, SyncStore
 from ..storebase import refuse_awaitable
-from .routing import CrossShard, OnShard, ShardChooser, Sharded, choose, crossing
+from .routing import CrossShard, OnShard, ShardChooser, Sharded, crossing, from_urls, owner
 
 T = TypeVar("T")
 
@@ -41,35 +43,11 @@ class _Pending:
 
     def on(self, shard: str, store: SyncStore[Any]) -> Any:
         if self.shard is None:
-            self.connection = self.stack.enter_context(store._transaction(self.begin))
+            self.connection = self.stack.enter_context(store.begin(self.begin))
             self.shard = shard
         elif shard != self.shard:
             raise crossing(self.shard, shard)
         return self.connection
-
-
-def close_store(store: object) -> None:
-    close = getattr(store, "close", None)  # a DjangoStore has none: Django closes its connections
-    if callable(close):
-        close()
-
-
-def owner(shards: Mapping[str, Any], conn: Any) -> str:
-    """The shard whose engine `conn` belongs to (a caller's connection for the step-by-step API)."""
-    engine = getattr(conn, "engine", None)
-    for shard, store in shards.items():
-        if store.engine is engine:
-            return shard
-    raise CrossShard(f"this connection belongs to none of the store's shards ({', '.join(shards)}): use"
-                     " `store.transaction(scope=...)`, or a connection of the shard's own engine")
-
-
-def checked_owner(shards: Mapping[str, Any], chooser: ShardChooser, conn: Any, scope: object) -> str:
-    shard = choose(chooser, shards, scope)
-    found = owner(shards, conn)
-    if found != shard:
-        raise CrossShard(f"scope {scope!r} lives on shard {shard!r}, but this connection is of shard {found!r}")
-    return shard
 
 
 class ShardedStore(Sharded[SyncStore[Any]]):
@@ -83,15 +61,8 @@ class ShardedStore(Sharded[SyncStore[Any]]):
     def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
                   **options: Any) -> ShardedStore:
         """One IdempotencyStore per URL (`options` go to each `from_url`); `close()` closes them."""
-        made: dict[str, SyncStore[Any]] = {}
-        try:
-            for shard, url in urls.items():
-                made[shard] = IdempotencyStore.from_url(url, **options)
-        except BaseException:
-            for store in made.values():
-                close_store(store)
-            raise
-        sharded = cls(made, shard_chooser)
+        sharded = cls(from_urls(lambda url: IdempotencyStore.from_url(url, **options), SyncStore.close, urls),
+                      shard_chooser)
         sharded._owned = True
         return sharded
 
@@ -110,40 +81,45 @@ class ShardedStore(Sharded[SyncStore[Any]]):
         """Each shard's purge in turn; the rows deleted on all of them."""
         return sum(store.purge(older_than, batch_size, progress) for store in self.shards.values())
 
-    def stats(self) -> dict[str, Stats]:
-        """Each shard's `stats`, by shard id."""
-        return {shard: store.stats() for shard, store in self.shards.items()}
+    def stats(self) -> Stats:
+        """Every shard's `stats` as one (`Stats.combined`), each shard's own in `.shards`."""
+        return Stats.combined({shard: store.stats() for shard, store in self.shards.items()})
 
     # --- the protocol, on the scope's shard ----------------------------------------------------------------------
 
-    def transaction(self, *, scope: str) -> AbstractContextManager[Any]:
+    def transaction(self, *, scope: str | None = None) -> AbstractContextManager[Any]:
         """A transaction on the shard of `scope`, for the step-by-step API."""
-        return self.store_for(scope).transaction()
+        return self._routed(scope, "transaction()").transaction()
 
     def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
               lease: timedelta | None = None) -> Outcome:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, scope)
-        return self.shards[shard].claim(conn, scope=scope, operation=operation, key=key, request=request, lease=lease)
+        return self._owner(conn, scope).claim(conn, scope=scope, operation=operation, key=key, request=request,
+                                              lease=lease)
 
     def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
-        self.shards[shard].complete(conn, claimed, response, status)
+        self._owner(conn, claimed.scope).complete(conn, claimed, response, status)
 
     def release(self, conn: Any, claimed: Claimed) -> bool:
-        shard = checked_owner(self.shards, self.shard_chooser, conn, claimed.scope)
-        return self.shards[shard].release(conn, claimed)
+        return self._owner(conn, claimed.scope).release(conn, claimed)
 
     def accept_message(self, conn: Any, *, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> bool:
         """On the shard `conn` belongs to: the message is recorded where the handler's writes commit."""
-        return self.shards[owner(self.shards, conn)].accept_message(conn, subscriber=subscriber,
-                                                                     message_id=message_id, payload=payload)
+        return self._owner(conn).accept_message(conn, subscriber=subscriber, message_id=message_id, payload=payload)
 
-    def consume(self, *, subscriber: str, message_id: str, handler: Callable[[Any], Any], scope: str,
-                payload: Any = NO_PAYLOAD, on_mismatch: OnMismatch = Disposition.DEAD_LETTER,
-                retry: RetryPolicy | None = None) -> Delivery:
+    def add_command(self, conn: Any, destination: str, payload: Any, headers: Mapping[str, str] | None = None, *,
+                    scope: str | None = None, origin: Identity | Origin | None = None,
+                    sequence: int | None = None) -> str:
+        """On the shard `conn` belongs to: the command commits with the effect's writes, and that shard's outbox
+        holds it until a relay (of this store, or of that shard) publishes it."""
+        return self._owner(conn).add_command(conn, destination, payload, headers, scope=scope, origin=origin,
+                                             sequence=sequence)
+
+    def consume(self, *, subscriber: str, message_id: str, handler: Callable[[Any], Any], payload: Any = NO_PAYLOAD,
+                on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None,
+                scope: str | None = None) -> Delivery:
         """`consume` on the shard of `scope`: the owner of what the handler writes (a message names no scope)."""
-        return self.store_for(scope).consume(subscriber=subscriber, message_id=message_id, handler=handler,
-                                             payload=payload, on_mismatch=on_mismatch, retry=retry)
+        return self._routed(scope, "consume()").consume(subscriber=subscriber, message_id=message_id, handler=handler,
+                                                          payload=payload, on_mismatch=on_mismatch, retry=retry)
 
     def run(self, *, scope: str, operation: str, key: str, request: Any, effect: Callable[[Any], Any],
             status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
@@ -152,7 +128,7 @@ class ShardedStore(Sharded[SyncStore[Any]]):
         return self.store_for(scope).run(scope=scope, operation=operation, key=key, request=request, effect=effect,
                                          status=status, lease=lease, retry=retry, on_in_flight=on_in_flight)
 
-    # --- the loop adapters drive `claims` with -------------------------------------------------------------------
+    # --- the loop adapters drive `claims` and `outbox` with -------------------------------------------------------
 
     def drive(self, flow: Flow[T], conn: Any = None, effect: Callable[[Any], Any] | None = None) -> T:
         stepper = Stepper(flow)
@@ -193,7 +169,7 @@ class ShardedStore(Sharded[SyncStore[Any]]):
         """Close the shards' stores if `from_urls` made them."""
         if self._owned:
             for store in self.shards.values():
-                close_store(store)
+                store.close()
 
     def __enter__(self) -> Self:
         return self
@@ -204,3 +180,8 @@ class ShardedStore(Sharded[SyncStore[Any]]):
 
     def __repr__(self) -> str:
         return f"ShardedStore(shards={list(self.shards)!r})"
+
+
+if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)
+    def _surface(it: ShardedStore) -> StoreAPI[Any]:
+        return it

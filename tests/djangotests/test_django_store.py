@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +18,9 @@ from django.test import RequestFactory, override_settings
 from django_common import new_key
 from django_site.models import Payment
 from sqlalchemy import create_engine
+from stores_common import DONE, EFFECTS, Side, effects, store_script
 
-from idem_dialects import Claimed, RetryCause, dialects, engines
+from idem_dialects import Claimed, IdempotencyStore, RetryCause, default_encoder, dialects, engines
 from idem_dialects.django import DjangoStore, get_store, idempotent
 from idem_dialects.django.connection import engine_url
 from idem_dialects.engines import provisioning
@@ -220,3 +222,29 @@ def test_the_test_settings_patch_no_driver_mariadb_urls_still_mean_pymysql() -> 
         warnings.simplefilter("error")  # PyMySQL's "'db' is deprecated" among them
         with IdempotencyStore.from_url(url) as store, store.engine.connect():
             pass
+
+
+def test_the_store_script_runs_through_django_as_through_an_idempotency_store(alias: str, tmp_path: Path) -> None:
+    """The script every store type runs (tests/stores_common.py) gives DjangoStore's outcomes and effects exactly
+    the plain IdempotencyStore's: a cell of docs/store-types.md's table."""
+    outcomes, done = [], []
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'plain.db'}", encoder=default_encoder) as plain:
+        plain.create_tables()
+        DONE.create(plain.engine)
+        outcomes.append(store_script(plain, Side(False), lambda n: f"tenant{n}"))
+        with plain.engine.connect() as conn:
+            done.append(effects(conn))
+    store = DjangoStore(alias, table_prefix="script_", encoder=default_encoder)
+    store.create_tables()
+    with store.connection() as conn:
+        DONE.create(conn, checkfirst=True)
+    try:
+        outcomes.append(store_script(store, Side(False), lambda n: f"tenant{n}"))
+        with store.connection() as conn:
+            done.append(effects(conn))
+    finally:
+        with store.connection() as conn:
+            DONE.drop(conn, checkfirst=True)
+        store.drop_tables()
+    assert outcomes[0] == outcomes[1]
+    assert done[0] == done[1] == EFFECTS

@@ -1,0 +1,96 @@
+"""SQLAlchemy's private names, in one place: every one the library leans on is reached through this module, and
+`PINNED` lists each for tests/test_sqla_pins.py, which fails loudly (naming it) if a SQLAlchemy release moves one.
+pyproject.toml pins SQLAlchemy below the next minor release for the same reason; CI runs the conformance suite on the
+oldest 2.0 release the project supports and on the newest.
+
+Why private names at all: the store runs its statements on the driver's own API, under the transaction SQLAlchemy
+holds (docs: Development, how a statement runs). That needs SQLAlchemy's async adapters' driver connection and
+their one-statement-at-a-time lock, its translation of driver errors, and its type processors — each used as
+SQLAlchemy itself uses it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from asyncio import Lock
+
+    from sqlalchemy.engine import Connection, Dialect
+    from sqlalchemy.types import TypeEngine
+
+# (where, name): the class (by import path) and the private member of it the library uses. The async adapters are
+# named one by one: their common base moved between SQLAlchemy 2.0 and 2.1.
+_ADAPTERS = ("sqlalchemy.dialects.postgresql.asyncpg.AsyncAdapt_asyncpg_connection",
+             "sqlalchemy.dialects.postgresql.psycopg.AsyncAdapt_psycopg_connection",
+             "sqlalchemy.dialects.sqlite.aiosqlite.AsyncAdapt_aiosqlite_connection",
+             "sqlalchemy.dialects.mysql.asyncmy.AsyncAdapt_asyncmy_connection")
+PINNED: tuple[tuple[str, str], ...] = (
+    ("sqlalchemy.engine.Connection", "_handle_dbapi_exception"),
+    ("sqlalchemy.types.TypeEngine", "_cached_bind_processor"),
+    ("sqlalchemy.types.TypeEngine", "_cached_result_processor"),
+    ("sqlalchemy.pool.base._ConnectionFairy", "_close_special"),  # what `Connection.close()` calls
+    *((adapter, name) for adapter in _ADAPTERS for name in ("_connection", "_handle_exception")),
+    *((adapter, "_execute_mutex") for adapter in _ADAPTERS if "psycopg" not in adapter),  # psycopg locks itself
+    (_ADAPTERS[0], "_transaction"),
+    (_ADAPTERS[0], "_start_transaction"),
+)
+
+
+# --- SQLAlchemy's async adapters (the DB-API connection an AsyncEngine's pool holds) ------------------------------
+
+
+def driver_connection(adapter: Any) -> Any:
+    """The async driver's own connection (asyncpg's, psycopg's, aiosqlite's, asyncmy's) under SQLAlchemy's adapter."""
+    return adapter._connection
+
+
+def statement_lock(adapter: Any) -> Lock:
+    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, aiosqlite, asyncmy)."""
+    return adapter._execute_mutex  # type: ignore[no-any-return]
+
+
+def raise_as_adapter(adapter: Any, error: Exception) -> NoReturn:
+    """Raise a driver's `error` as the adapter raises it: its emulation of PEP 249's classes, the SQLSTATE kept."""
+    adapter._handle_exception(error)
+    raise error  # pragma: no cover - _handle_exception always raises
+
+
+async def asyncpg_begin(adapter: Any) -> None:
+    """Begin the asyncpg adapter's transaction, as its first statement would (BEGIN on first use)."""
+    if adapter._transaction is None:
+        await adapter._start_transaction()
+
+
+def asyncpg_take_transaction(adapter: Any) -> Any:
+    """The asyncpg adapter's transaction, forgotten by it as its own commit() does (whatever the outcome)."""
+    transaction, adapter._transaction = adapter._transaction, None
+    return transaction
+
+
+# --- the sync engine ------------------------------------------------------------------------------------------------
+
+
+def handle_dbapi_exception(conn: Connection, error: BaseException, sql: str, cursor: Any) -> NoReturn:
+    """Raise a driver's `error` as `Connection.execute` does: wrapped, told to ``handle_error`` listeners, the
+    connection invalidated on a disconnect."""
+    conn._handle_dbapi_exception(error, sql, None, cursor, None)
+    raise AssertionError("unreachable")  # pragma: no cover - _handle_dbapi_exception always raises
+
+
+def bind_processor(type_: TypeEngine[Any], dialect: Dialect) -> Any:
+    """The type's bind processor for `dialect`, cached by SQLAlchemy as for its own statements."""
+    return type_._cached_bind_processor(dialect)
+
+
+def result_processor(type_: TypeEngine[Any], dialect: Dialect, coltype: Any) -> Any:
+    """The type's result processor for `dialect` and the driver's column type, cached as for SQLAlchemy's own."""
+    return type_._cached_result_processor(dialect, coltype)
+
+
+class NothingToReturn:
+    """A `PoolProxiedConnection` that belongs to no pool (Django's connection under SQLAlchemy's `Connection`):
+    what `Connection.close()` calls after closing its own transaction has nothing to give back."""
+
+    def _close_special(self, transaction_reset: bool = False) -> None:
+        pass
