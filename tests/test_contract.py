@@ -1,9 +1,7 @@
-"""The backend contract is declared and small, every registered backend meets it, and the lists that must agree do:
-the conformance checks `idem-dialects check` and `matrix` run are the ones this test suite runs."""
+"""The backend contract is declared and small, and every registered backend meets it."""
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +12,6 @@ from sqlalchemy import func
 from sqlalchemy.sql.elements import ColumnElement
 
 from idem_dialects import ConfigurationError, dialects
-from idem_dialects.conformance import CHECK_MODULES
 from idem_dialects.dialects.base import REQUIRED, Backend
 from idem_dialects.dialects.classify import ErrorClassifier
 from idem_dialects.drivers.pysqlite import DRIVER as PYSQLITE
@@ -66,15 +63,3 @@ def test_a_backend_missing_a_required_member_is_refused_naming_it(monkeypatch: p
         dialects.load("noclock")
     monkeypatch.setitem(registry, "noclock", _Complete)  # type: ignore[index]
     assert dialects.load("noclock") is _Complete
-
-
-def _imported_check_modules(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    return [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module is not None
-            and node.module.startswith("idem_dialects.conformance.test_")]
-
-
-def test_the_cli_runs_every_check_the_test_suite_runs() -> None:
-    on_disk = {f"idem_dialects.conformance.{p.stem}" for p in (ROOT / "conformance").glob("test_*.py")}
-    assert set(CHECK_MODULES) == on_disk, "conformance/__init__.py's CHECK_MODULES lacks or invents a check module"
-    assert _imported_check_modules(ROOT / "tests" / "test_conformance.py") == list(CHECK_MODULES)
