@@ -20,14 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def own_members(cls: type) -> list[str]:
-    """What a class defines itself, dunders aside: the contract a subclass author reads."""
-    return sorted(name for name in vars(cls) if not (name.startswith("__") and name.endswith("__")))
+    """The public members a class declares itself: the contract a subclass author reads. Annotations count: a member
+    declared only by its type (`name: ClassVar[str]`, which every backend must set) is not in `vars()`."""
+    declared = set(vars(cls)) | set(vars(cls).get("__annotations__", {}))
+    return sorted(name for name in declared if not name.startswith("_"))
 
 
 def test_the_backend_base_class_is_small() -> None:
     members = own_members(Backend)
+    assert set(REQUIRED) <= set(members)
+    assert {"name", "drivers", "classifier"} <= set(members) - set(vars(Backend))  # the annotation-only ones count
     assert len(members) <= 30, members
-    assert set(REQUIRED) <= set(members) | set(Backend.__annotations__)
 
 
 @pytest.mark.parametrize("name", dialects.names())
