@@ -70,7 +70,7 @@ class Collector:
             if not isinstance(engine, str):  # None, or pytest's NOTSET: no column for it (async-only under sync)
                 continue
             if ident not in self.checks:
-                # The module that defines the check, not the one that collected it (a suite's star-import).
+                # The module that defines the check, not the one that collected it (a suite that imports it).
                 module = getattr(getattr(item, "function", None), "__module__", "")
                 self.checks[ident] = Check(ident, check_statement(item), module)
             self.where[item.nodeid] = (ident, variant, engine)

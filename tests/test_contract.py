@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
+from contract_common import own_members
 from sqlalchemy import func
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -15,15 +15,6 @@ from idem_dialects import ConfigurationError, dialects
 from idem_dialects.dialects.base import REQUIRED, Backend
 from idem_dialects.dialects.classify import ErrorClassifier
 from idem_dialects.drivers.pysqlite import DRIVER as PYSQLITE
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def own_members(cls: type) -> list[str]:
-    """The public members a class declares itself: the contract a subclass author reads. Annotations count: a member
-    declared only by its type (`name: ClassVar[str]`, which every backend must set) is not in `vars()`."""
-    declared = set(vars(cls)) | set(vars(cls).get("__annotations__", {}))
-    return sorted(name for name in declared if not name.startswith("_"))
 
 
 def test_the_backend_base_class_is_small() -> None:

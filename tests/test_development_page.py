@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from contract_common import own_members
 
 from idem_dialects.conformance import suite
 from idem_dialects.dialects.base import Backend
@@ -81,12 +82,6 @@ def test_the_layout_tree_is_read_as_written() -> None:
     assert "test_layering.py" not in named(spans["idem_dialects/"])  # a path elsewhere, not a module here
 
 
-def members(cls: type) -> set[str]:
-    """The public members a class declares itself, annotation-only ones included (as tests/test_contract.py counts)."""
-    declared = set(vars(cls)) | set(vars(cls).get("__annotations__", {}))
-    return {name for name in declared if not name.startswith("_")}
-
-
 def backticked(text: str) -> set[str]:
     """Every identifier inside `code` spans: `now_plus(seconds)` names now_plus, `Features.max_statement_bytes` both."""
     return {word for span in re.findall(r"`([^`]+)`", text) for word in re.findall(r"\w+", span)}
@@ -96,5 +91,5 @@ def backticked(text: str) -> set[str]:
                                              (Maintenance, "Adding an engine"), (Driver, "Adding a driver")],
                          ids=lambda value: getattr(value, "__name__", None))
 def test_the_page_names_every_member_an_author_sets_overrides_or_calls(cls: type, title: str) -> None:
-    missing = sorted(members(cls) - backticked(section(title)))
+    missing = sorted(set(own_members(cls)) - backticked(section(title)))
     assert missing == [], f"{cls.__name__} members that docs/development.md ({title}) does not name"
