@@ -1,5 +1,5 @@
-"""Oracle's maintenance part: table sizes from the schema's segments (`user_segments`). No generations and no
-estimates."""
+"""Oracle's maintenance part: table sizes from the schema's segments (`user_segments`); no generations or estimates
+(the portable default's: purge in batches, exact counts)."""
 
 from __future__ import annotations
 
