@@ -29,10 +29,11 @@ import pytest
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
-from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, resolve
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, provisioning, resolve
 from idem_dialects.errors import InvalidURL
 from idem_dialects.features import Features
 
+from .faultproxy import PROTOCOLS, FaultProxy, wire_protocol
 from .naming import PROVISIONED, check_id, observation_property
 from .support import Effects, effects_table, stores
 
@@ -279,3 +280,14 @@ def idem_effects(idem_store: IdempotencyStore) -> Iterator[Effects]:
     """The business table effects write to, on the same database and prefix as `idem_store`."""
     with effects_table(idem_store) as fx:
         yield fx
+
+
+@pytest.fixture
+def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
+    if wire_protocol(idem_engine.url) is None:
+        reason = ("it is embedded: there is no connection to cut" if provisioning(idem_engine.backend).embedded else
+                  f"the fault proxy reads the {' and '.join(PROTOCOLS)} wire protocols, not {idem_engine.backend}'s")
+        pytest.skip(f"no wire faults: {reason}")
+    with FaultProxy(idem_engine.url) as started:
+        yield started

@@ -18,7 +18,6 @@ from idem_dialects import __version__
 from idem_dialects.engines import EngineStatus, Unavailable
 from idem_dialects.errors import InsufficientPrivilege
 
-from . import CHECK_MODULES
 from .naming import PROVISIONED, check_id, check_statement, observation_name
 
 SCHEMA_VERSION = 1
@@ -71,7 +70,8 @@ class Collector:
             if not isinstance(engine, str):  # None, or pytest's NOTSET: no column for it (async-only under sync)
                 continue
             if ident not in self.checks:
-                module = getattr(getattr(item, "module", None), "__name__", "")
+                # The module that defines the check, not the one that collected it (a suite that imports it).
+                module = getattr(getattr(item, "function", None), "__module__", "")
                 self.checks[ident] = Check(ident, check_statement(item), module)
             self.where[item.nodeid] = (ident, variant, engine)
         self.total = sum(1 for _, _, e in self.where.values() if self.statuses[e].available)
@@ -141,19 +141,28 @@ def _crash_message(report: Any) -> str:
 
 def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collector, select: str | None,
               api: str = "sync") -> int:
-    """Run the shipped checks in-process on `names` (already provisioned: `collector` carries the servers); pytest's
-    exit status."""
+    """Run the shipped checks (`idem_dialects.conformance.suite`) in-process on `names` (already provisioned:
+    `collector` carries the servers); pytest's exit status."""
     import pytest  # the suite's runner, imported only when the suite runs
 
+    from . import suite
+
+    class Suite:
+        """pytest plugin: the suite module collected as imported, by its package name. pytest would import the file
+        again under a name of its own (``conformance.suite``, where an editable install maps conformance/)."""
+
+        def pytest_pycollect_makemodule(self, module_path: Path, parent: Any) -> Any:
+            if module_path != Path(suite.__file__ or ""):
+                return None
+            module = pytest.Module.from_parent(parent, path=module_path)
+            module.obj = suite
+            return module
+
     with tempfile.TemporaryDirectory(prefix="idem-matrix-") as tmp:
-        # An empty ini and rootdir of our own, so the caller's project configuration cannot change the run; one
-        # module star-importing the checks, so they are collected under their installed module names.
+        # An empty ini and rootdir of our own, so the caller's project configuration cannot change the run.
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n", encoding="utf-8")
-        module = Path(tmp) / "test_idem_conformance.py"
-        module.write_text("".join(f"from {name} import *  # noqa: F403\n" for name in CHECK_MODULES),
-                          encoding="utf-8")
-        args = [str(module), "-c", str(ini), "--rootdir", tmp, "-p", "no:cacheprovider", "-p", "no:terminal",
+        args = [str(suite.__file__), "-c", str(ini), "--rootdir", tmp, "-p", "no:cacheprovider", "-p", "no:terminal",
                 "-W", "ignore::pytest.PytestAssertRewriteWarning", "-p", PLUGIN]
         for name in names:
             args += ["--idem-engine", name]
@@ -165,11 +174,10 @@ def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collecto
         # PYTEST_ADDOPTS belongs to whatever pytest run launched us (e.g. CI's --idem-require), not to this one.
         saved = os.environ.pop("PYTEST_ADDOPTS", None)
         try:
-            return int(pytest.main(args, plugins=[collector]))
+            return int(pytest.main(args, plugins=[collector, Suite()]))
         finally:
             if saved is not None:
                 os.environ["PYTEST_ADDOPTS"] = saved
-
 
 
 def aggregate(variants: Mapping[str, Outcome]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # at run time only the async columns load them: without green
 
 REQ = {"amount": 100}
 Observe = Callable[[str, object], None]
-# Not `pytestmark`: suites star-import the check modules, and a module mark would travel with the import.
+# Not `pytestmark`: the suite carries each check function, never its module's marks (tests/test_suite_list.py).
 async_only = pytest.mark.idem_api("async")
 
 

@@ -20,8 +20,7 @@ from sqlalchemy.exc import OperationalError
 from idem_dialects import IdemError, IdempotencyStore, RequestInFlight, Result, RetryCause, RetryPolicy
 from idem_dialects.engines import provisioning
 
-from .faultproxy import PROTOCOLS, Action, Fault, FaultProxy, statement, wire_protocol
-from .plugin import EngineUnderTest
+from .faultproxy import Action, Fault, FaultProxy, statement
 from .support import Effects
 
 REQ = {"amount": 100}
@@ -119,17 +118,6 @@ _STEPS = {
                ("complete", "UPDATE {records}", 1), ("effect commit", "COMMIT", 2)],
 }
 _FAULTS: tuple[Action, ...] = ("cut_before", "cut_after", "lose_reply")
-
-
-@pytest.fixture
-def idem_fault_proxy(idem_engine: EngineUnderTest) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the engine's server (wire protocols it reads only; others skip, saying why)."""
-    if wire_protocol(idem_engine.url) is None:
-        reason = ("it is embedded: there is no connection to cut" if provisioning(idem_engine.backend).embedded else
-                  f"the fault proxy reads the {' and '.join(PROTOCOLS)} wire protocols, not {idem_engine.backend}'s")
-        pytest.skip(f"no wire faults: {reason}")
-    with FaultProxy(idem_engine.url) as started:
-        yield started
 
 
 def _table_pattern(pattern: str, store: IdempotencyStore) -> str:

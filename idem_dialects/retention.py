@@ -301,7 +301,7 @@ class Retention:
     def _sizes(self) -> Flow[dict[str, TableSize | None]]:
         sizes: dict[str, TableSize | None] = {}
         for table in (self.core.tables.records, *self._previous(), self.core.tables.messages):
-            clause = self.core.backend.size_statement(table)
+            clause = self.core.backend.maintenance.size_statement(table)
             row = None if clause is None else (yield from execute(Statement(clause, Shape.ROW)))
             sizes[table.name] = None if row is None or row[0] is None else TableSize(int(row[0]), int(row[1] or 0))
         return sizes

@@ -155,7 +155,7 @@ def test_async_store_has_the_same_retention_and_stats(tmp_path: Path) -> None:
 def _compiled(url: str) -> tuple[str, dict[str, Any]]:
     backend = offline(url)
     tables = build_tables("idem_", backend)
-    statement = backend.size_statement(tables.records)
+    statement = backend.maintenance.size_statement(tables.records)
     assert statement is not None
     compiled = statement.compile(dialect=backend.engine.dialect)
     return str(compiled), dict(compiled.params)
@@ -180,7 +180,7 @@ def test_oracle_size_statement_compiles() -> None:
 def test_every_backend_reports_sizes_or_says_it_does_not() -> None:
     for url in ("sqlite", "postgresql", "mysql", "mariadb"):
         backend = offline(url)
-        assert backend.size_statement(build_tables("idem_", backend).records) is not None, url
+        assert backend.maintenance.size_statement(build_tables("idem_", backend).records) is not None, url
 
 
 def test_purge_counts_what_stats_called_the_backlog(tmp_path: Path) -> None:

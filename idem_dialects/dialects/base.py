@@ -314,11 +314,6 @@ class Backend(ABC):
 
     # --- operations ------------------------------------------------------------------------------------------
 
-    def size_statement(self, table: Table) -> Executable | None:
-        """A statement giving one row (table bytes, index bytes) for `table` from the engine's catalog, or None if the
-        engine reports no sizes. Table bytes include the table's LOB/TOAST storage; index bytes every index's."""
-        return None
-
     @property
     def db_system_name(self) -> str:
         """`db.system.name` in OpenTelemetry's conventions: the backend's name, where the two agree."""

@@ -7,11 +7,11 @@ watching them cheaply, beside the protocol's statements, as Django splits a back
   completed is always in the current table (complete, release, renew and takeover never look elsewhere). A claim
   reads the previous table before it inserts into the current one: that table changes only in a rotation, which
   takes each engine's exclusive table lock and so waits for every claim that touched them.
-- **Estimates**: what the engine keeps about a table (catalog row counts, the planner's estimate of a range), so
-  `stats` answers in constant time on a table of any size.
+- **Estimates**: what the engine keeps about a table (catalog row counts, the planner's estimate of a range, its size
+  on disk), so `stats` answers in constant time on a table of any size.
 
-The portable default offers neither: exact counts, and purge deletes row by row (small installations, and engines
-where that is the only way). Engine-specific SQL lives in each engine's `<engine>_maintenance.py`.
+The portable default offers none: exact counts, no sizes, and purge deletes row by row (small installations, and
+engines where that is the only way). Engine-specific SQL lives in each engine's `<engine>_maintenance.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from sqlalchemy import Table, func, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..features import Features
@@ -31,11 +32,12 @@ class Maintained(Protocol):
     @property
     def name(self) -> str: ...
 
+    engine: Engine
     features: Features
 
 
 class Maintenance:
-    """The portable default: no generations, no estimates."""
+    """The portable default: no generations, no estimates, no sizes."""
 
     def __init__(self, backend: Maintained) -> None:
         self.backend = backend
@@ -66,6 +68,11 @@ class Maintenance:
     def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
         """The planner's estimate of the rows of `table` whose `column` is more than `seconds` before the database's
         clock, or None if the engine gives none."""
+        return None
+
+    def size_statement(self, table: Table) -> Executable | None:
+        """A statement giving one row (table bytes, index bytes) for `table` from the engine's catalog, or None if the
+        engine reports no sizes. Table bytes include the table's LOB/TOAST storage; index bytes every index's."""
         return None
 
 

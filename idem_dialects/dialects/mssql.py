@@ -26,9 +26,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, String, case, delete, func, literal, literal_column, select, text, type_coerce
-from sqlalchemy import column as sql_column
-from sqlalchemy import table as sql_table
+from sqlalchemy import Integer, String, delete, func, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.mssql import DATETIME2, VARBINARY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -43,6 +41,7 @@ from ..features import Features
 from ..steps import Flow, Shape, execute, rowcount
 from .base import Backend, Columns, insert_values, params, statement
 from .mssql_errors import ER_DUP_CONSTRAINT, ER_DUP_INDEX, MSSQLErrors
+from .mssql_maintenance import MSSQLMaintenance
 from .types import Utf8Bytes
 
 # The claim's lock wait, refused (on_in_flight="conflict"); SET LOCK_TIMEOUT takes a literal, so the session's value
@@ -147,6 +146,7 @@ class MSSQLBackend(Backend):
     name = "mssql"
     drivers = (pyodbc.DRIVER, aioodbc.DRIVER, mssqlpython.DRIVER, pymssql.DRIVER)
     classifier = MSSQLErrors
+    maintainer = MSSQLMaintenance
     aliases = ("sqlserver", "tsql")
     base_features = Features(isolation_levels=("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT"),
                              max_identity_bytes=INDEX_KEY_LIMIT)
@@ -239,20 +239,6 @@ class MSSQLBackend(Backend):
     @property
     def db_system_name(self) -> str:
         return "microsoft.sql_server"
-
-    def size_statement(self, table: Table) -> Executable:
-        # Pages in use (in-row, LOB and row-overflow) of the heap or clustered index (index_id 0/1) and of the other
-        # indexes; needs VIEW DATABASE STATE (or the table's owner), else stats says the size is unavailable.
-        stats = sql_table("dm_db_partition_stats", *map(sql_column, ("object_id", "index_id", "used_page_count")),
-                          schema="sys")
-        pages = stats.c.used_page_count
-
-        def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:
-            return func.sum(case((condition, pages), else_=literal_column("0"))) * literal_column("8192")
-
-        name = self.engine.dialect.identifier_preparer.format_table(table)
-        return select(total(stats.c.index_id < literal_column("2")), total(stats.c.index_id >= literal_column("2"))
-                      ).where(stats.c.object_id == func.object_id(literal(name)))
 
     def migration_table(self, table: Table) -> None:
         _nonclustered_primary_key(table)  # what the before_create listener of `columns` does at create time

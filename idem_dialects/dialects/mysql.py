@@ -36,8 +36,6 @@ from sqlalchemy import (
     text,
     type_coerce,
 )
-from sqlalchemy import column as sql_column
-from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.mysql import DATETIME, LONGBLOB, VARBINARY, VARCHAR
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.mysql import limit as mysql_limit
@@ -382,15 +380,6 @@ class MySQLBackend(Backend):
             table.delete().where(condition).ext(mysql_limit(limit)), Shape.ROWCOUNT, table))))
 
     # --- operations ------------------------------------------------------------------------------------------
-
-    def size_statement(self, table: Table) -> Any:
-        # InnoDB's estimates (the clustered primary key is the data; INDEX_LENGTH the secondary indexes), refreshed
-        # with its persistent statistics; MySQL 8 caches them up to information_schema_stats_expiry (a day).
-        tables = sql_table("TABLES", sql_column("TABLE_SCHEMA"), sql_column("TABLE_NAME"), sql_column("DATA_LENGTH"),
-                           sql_column("INDEX_LENGTH"), schema="information_schema")
-        return select(tables.c.DATA_LENGTH, tables.c.INDEX_LENGTH).where(
-            tables.c.TABLE_SCHEMA == func.database(), tables.c.TABLE_NAME == table.name)
-
 
 class MariaDBBackend(MySQLBackend):
     name = "mariadb"

@@ -12,7 +12,11 @@ COMMITTED).
 
 from __future__ import annotations
 
-from sqlalchemy import Table, delete, select, text
+from typing import Any
+
+from sqlalchemy import Table, delete, func, select, text
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import DropTable
 from sqlalchemy.sql.elements import ColumnElement
@@ -23,6 +27,14 @@ ROTATION_LOCK_WAIT = 10  # seconds (lock_wait_timeout, metadata locks): then 120
 
 
 class MySQLMaintenance(Maintenance):
+    def size_statement(self, table: Table) -> Any:
+        # InnoDB's estimates (the clustered primary key is the data; INDEX_LENGTH the secondary indexes), refreshed
+        # with its persistent statistics; MySQL 8 caches them up to information_schema_stats_expiry (a day).
+        tables = sql_table("TABLES", sql_column("TABLE_SCHEMA"), sql_column("TABLE_NAME"), sql_column("DATA_LENGTH"),
+                           sql_column("INDEX_LENGTH"), schema="information_schema")
+        return select(tables.c.DATA_LENGTH, tables.c.INDEX_LENGTH).where(
+            tables.c.TABLE_SCHEMA == func.database(), tables.c.TABLE_NAME == table.name)
+
     def generations(self) -> bool:
         return not getattr(self.backend.features, "wsrep", False)
 

@@ -37,19 +37,14 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    literal,
     literal_column,
-    or_,
     select,
     text,
     type_coerce,
 )
-from sqlalchemy import column as sql_column
-from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.oracle import RAW
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator
@@ -61,6 +56,7 @@ from ..keys import MAX_LENGTH, check_identifier
 from ..steps import Flow, Shape, execute, rowcount
 from .base import Backend, Columns, configured_isolation, insert_values, params, statement
 from .oracle_errors import OracleErrors
+from .oracle_maintenance import OracleMaintenance
 from .types import Utf8Bytes
 
 # The user lock of on_in_flight="conflict": ORA_HASH of the table and key (NUL-separated) as the lock id, in
@@ -112,6 +108,7 @@ class OracleBackend(Backend):
     # python-oracledb serves both; create_async_engine picks its async mode.
     drivers = (oracledb.DRIVER, cx_oracle.DRIVER)
     classifier = OracleErrors
+    maintainer = OracleMaintenance
     aliases = ("oracledb",)
     base_features = Features(isolation_levels=("READ COMMITTED", "SERIALIZABLE"))  # the only two Oracle has
     # Tokens are lower-case hex: equal under every NLS sort exactly when equal byte for byte, so VARCHAR2 is safe
@@ -196,19 +193,3 @@ class OracleBackend(Backend):
     def db_system_name(self) -> str:
         return "oracle.db"
 
-    def size_statement(self, table: Table) -> Executable:
-        # The schema's own segments: the table's and its LOB columns' (large responses) as the table, its indexes'
-        # (LOB indexes included) as the index size. A table without rows may have no segment yet (deferred segment
-        # creation): 0 bytes.
-        segments = sql_table("user_segments", sql_column("segment_name"), sql_column("bytes"))
-        lobs = sql_table("user_lobs", sql_column("table_name"), sql_column("segment_name"))
-        indexes = sql_table("user_indexes", sql_column("table_name"), sql_column("index_name"))
-        name = literal(self.engine.dialect.denormalize_name(table.name))  # as the data dictionary spells it
-
-        def total(condition: ColumnElement[bool]) -> Any:
-            return select(func.coalesce(func.sum(segments.c.bytes), 0)).where(condition).scalar_subquery()
-
-        own_lobs = select(lobs.c.segment_name).where(lobs.c.table_name == name)
-        own_indexes = select(indexes.c.index_name).where(indexes.c.table_name == name)
-        return select(total(or_(segments.c.segment_name == name, segments.c.segment_name.in_(own_lobs))),
-                      total(segments.c.segment_name.in_(own_indexes)))

@@ -39,7 +39,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.sql.selectable import CompoundSelect
@@ -196,9 +195,4 @@ class PostgreSQLBackend(Backend):
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
 
     # --- operations ------------------------------------------------------------------------------------------
-
-    def size_statement(self, table: Table) -> Executable:
-        # pg_table_size counts the heap, TOAST (large responses) and the free space and visibility maps.
-        relation = func.to_regclass(literal(self.engine.dialect.identifier_preparer.format_table(table)))
-        return select(func.pg_table_size(relation), func.pg_indexes_size(relation))
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import Table, delete, select, text
+from sqlalchemy import Table, delete, func, literal, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
 from .maintenance import Maintenance, carried_columns, dropping, retired_name
@@ -23,6 +24,11 @@ ROTATION_LOCK_TIMEOUT = "10s"  # then 55P03: the purge's retry tries again, clai
 
 
 class PostgreSQLMaintenance(Maintenance):
+    def size_statement(self, table: Table) -> Executable:
+        # pg_table_size counts the heap, TOAST (large responses) and the free space and visibility maps.
+        relation = func.to_regclass(literal(self.backend.engine.dialect.identifier_preparer.format_table(table)))
+        return select(func.pg_table_size(relation), func.pg_indexes_size(relation))
+
     def generations(self) -> bool:
         return True
 

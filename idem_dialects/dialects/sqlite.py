@@ -30,7 +30,6 @@ from sqlalchemy import DateTime, Engine, delete, func, literal_column, select, t
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -40,6 +39,7 @@ from ..features import Features
 from ..steps import Begin, Flow, Shape, execute, rowcount
 from .base import Backend, Columns, insert_values, params, statement
 from .sqlite_errors import SQLiteErrors, is_read_only
+from .sqlite_maintenance import SQLiteMaintenance
 from .types import TextOrParsedDateTime
 
 # Set by _begin in Connection.info: the user's isolation_level while ours (None) is in force for the transaction.
@@ -60,6 +60,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     drivers = (pysqlite.DRIVER, aiosqlite.DRIVER)
     classifier = SQLiteErrors
+    maintainer = SQLiteMaintenance
     aliases = ("sqlite3",)
     # SQLite transactions are serializable; that is the only level it has. One write lock per database. A string or
     # BLOB holds at most SQLITE_MAX_LENGTH bytes (compiled in; "string or blob too big" beyond, a DataError).
@@ -220,16 +221,6 @@ class SQLiteBackend(Backend):
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
 
     # --- operations ------------------------------------------------------------------------------------------
-
-    def size_statement(self, table: Table) -> Executable:
-        # The dbstat virtual table (in the sqlite3 of CPython's builds; where it is missing, stats says so), summed per
-        # b-tree: the table's own (its rows) and its indexes' (the primary key's autoindex among them).
-        return text(
-            "SELECT sum(CASE WHEN d.name = :t THEN d.pgsize ELSE 0 END),"
-            " sum(CASE WHEN d.name = :t THEN 0 ELSE d.pgsize END)"
-            " FROM dbstat('main', 1) AS d JOIN sqlite_master AS m ON m.name = d.name WHERE m.tbl_name = :t"
-        ).bindparams(t=table.name)
-
 
 def _restore_isolation(conn: Connection, dbapi: Any, previous: str | None) -> None:
     """Give the connection back the user's isolation_level. If its driver connection died under a cancelled
