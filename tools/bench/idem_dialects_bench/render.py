@@ -167,10 +167,12 @@ def render_one(report: Mapping[str, Any]) -> str:
 
 
 def _targets(run: Mapping[str, Any]) -> list[str]:
-    """The targets the run measured (targets.py), each met or missed, with its figure and bound."""
+    """The targets the run measured (targets.py), each met or missed, with its figure and bound (a report saved
+    before targets had `where`, `shown` and `bound` shows its target and verdict)."""
     marks = {True: "met   ", False: "MISSED"}
-    return ["targets:", *(f"  {marks[t['met']]} {t['target']} ({t['where']}): {t.get('shown', t['value'])}"
-                          f" ({t.get('bound', '')})" for t in run.get("targets", []))]
+    return ["targets:", *(f"  {marks[t['met']]} {t['target']}" + (f" ({t['where']})" if "where" in t else "")
+                          + (f": {t['shown']} ({t['bound']})" if "shown" in t else "")
+                          for t in run.get("targets", []))]
 
 
 def render_async(run: Mapping[str, Any], markdown: bool = False) -> str:
