@@ -33,6 +33,7 @@ from sqlalchemy.engine import URL
 from idem_dialects.store import IdempotencyStore
 
 from .brokers import BATCH, OPERATIONS, Kill, Worker, applied_table
+from .once import tally
 
 KILL_POINTS = ("mid-handler", "after-commit", "anywhere")
 BROKER_ORDER = ("rabbitmq", "nats", "redis")
@@ -279,11 +280,9 @@ class Proof:
         table = store.tables.metadata.tables[f"{self.prefix}applied"]
         with store.engine.connect() as conn:
             rows = conn.execute(select(table.c.message_id, func.count()).group_by(table.c.message_id)).all()
-        per_id: dict[str, int] = {str(mid): int(n) for mid, n in rows}
-        result.effects = sum(per_id.values())
-        result.applied = len(per_id)
-        result.twice = sum(1 for n in per_id.values() if n > 1)
-        result.lost = result.distinct - result.applied
+        counted = tally({str(mid): int(n) for mid, n in rows}, result.distinct)
+        result.effects, result.applied, result.lost, result.twice = (counted.effects, counted.applied, counted.lost,
+                                                                     counted.twice)
         result.left, result.dead_lettered = self.ops["left"](self.broker_url, self.name)
         for journal in self.directory.glob("journal-*"):
             result.counts.update(journal.read_text().split())

@@ -36,6 +36,7 @@ from idem_dialects.http.wsgi import CONNECTION_KEY, IdempotencyMiddleware
 from idem_dialects.schema import DEAD, PENDING, PUBLISHED
 
 from .consumer_proof import Proof, _Slot
+from .once import tally
 
 ACCOUNTS = 50  # scopes: the relays keep each one's order
 
@@ -267,7 +268,7 @@ class OutboxProof(Proof):
             per_order = conn.execute(select(orders.c.idem_key, func.count()).group_by(orders.c.idem_key)).all()
             states = Counter({int(s): int(n) for s, n in conn.execute(select(t.c.state, func.count())
                                                                      .group_by(t.c.state))})
-        result.orders_doubled = sum(1 for _, n in per_order if n > 1)
+        result.orders_doubled = tally({key: int(n) for key, n in per_order}, result.distinct).twice
         result.commands = sum(states.values())
         result.published, result.pending, result.dead = states[PUBLISHED], states[PENDING], states[DEAD]
         self._count(store, result)  # type: ignore[arg-type]  # the consumer proof's count: the same fields

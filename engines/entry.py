@@ -143,8 +143,6 @@ class Provision:
     embedded: ClassVar[bool] = False
     # The benchmark's baseline written as a PL/pgSQL function (the same debit, once per key) runs on this engine.
     plpgsql_baseline: ClassVar[bool] = False
-    # The client CPU (ms) a replay may cost at one worker, where the benchmark set a target for this engine.
-    replay_cpu_target_ms: ClassVar[float | None] = None
 
     # The wire protocol of this engine's servers, for the conformance fault proxy ("postgresql", "mysql").
     wire_protocol: ClassVar[str | None] = None

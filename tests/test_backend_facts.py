@@ -45,10 +45,10 @@ def test_aliases_suggest_their_backend() -> None:
 
 def test_bench_hooks() -> None:
     """What the benchmarks ask of an engine instead of testing its name."""
+    from idem_dialects_bench.statements import reset_reaches_server
     from sqlalchemy import create_engine
 
     from idem_dialects import IdempotencyStore
-    from idem_dialects.cli.bench.statements import reset_reaches_server
 
     with IdempotencyStore.from_url("mariadb+pymysql://u@127.0.0.1:1/db") as store:
         assert not reset_reaches_server(store.engine)  # from_url's pool leaves it to the backend's hook

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from idem_dialects_bench import purge as purge_bench
 
 from idem_dialects.cli import main
-from idem_dialects.cli.bench import purge as purge_bench
 
 
 def test_telemetry_overhead_is_measured_under_each_telemetry(tmp_path: Path,

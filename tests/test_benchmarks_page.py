@@ -110,7 +110,7 @@ def test_page_from_every_run(measured: Path, tools: dict[str, ModuleType]) -> No
     assert "first-time client CPU \N{MICRO SIGN}s (after \N{DIVISION SIGN} before)" in page  # the before/after table
     assert "`--workers` N[,N...]" in page  # the options table, from the CLI's own parser
     found = targets.targets(render.Reports(measured))
-    measured_kinds = {t.target for t in found if t.measured is not None}
+    measured_kinds = {t.name for t in found if t.measured is not None}
     times, over = "\N{MULTIPLICATION SIGN}", "\N{DIVISION SIGN}"
     assert {"client CPU per replay", f"replays {times} the bare effect", f"client CPU per request after {over} before",
             "memory growth per 10,000 requests", f"replay p99 {over} its p50"} <= measured_kinds

@@ -18,7 +18,7 @@ from idem_dialects.cli import COMMANDS, main
 from idem_dialects.cli.commands import EXIT_UNAVAILABLE, EXIT_USAGE
 
 LOADED = "import sys\n{run}\nprint(sorted(m for m in sys.modules if m.startswith('idem_dialects.cli.commands.')" \
-         " or m in ('pytest', 'idem_dialects.cli.bench', 'idem_dialects.engines')))\n"
+         " or m in ('pytest', 'idem_dialects_bench', 'idem_dialects.engines')))\n"
 
 
 def loaded_after(run: str) -> str:

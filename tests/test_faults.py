@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from idem_dialects_bench.workload import call_with_retry
 from mssql_common import load_pyodbc
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.engine import Connection
@@ -24,7 +25,6 @@ from idem_dialects import (
     RetryCause,
     RetryPolicy,
 )
-from idem_dialects.cli.bench.workload import call_with_retry
 from idem_dialects.conformance.support import Effects, stores
 from idem_dialects.dialects.mysql import MariaDBBackend
 from idem_dialects.engines import Server, Unavailable, get

@@ -12,13 +12,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from idem_dialects_bench import Recorder, record_statements
 from mysql_common import *  # noqa: F403  (fixtures: admin, make_database, make_store, server, server_url)
 from mysql_common import BACKENDS, REQ, LiveServer
 from sqlalchemy import Index, event
 from sqlalchemy.exc import IntegrityError
 
 from idem_dialects import Claimed, IdempotencyStore, InFlight, Mismatch, Replayed, RequestInFlight
-from idem_dialects.cli.bench import Recorder, record_statements
 from idem_dialects.dialects.mysql import MySQLFeatures, _winner
 from idem_dialects.dialects.mysql_errors import error_code
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from idem_dialects_bench import statement_kind
 from sqlalchemy import create_engine, text
 
 from idem_dialects import IdempotencyStore, RetriesExhausted, RetryPolicy
-from idem_dialects.cli.bench import statement_kind
 from idem_dialects.conformance.support import StatementLog
 from idem_dialects.errors import InsufficientPrivilege, RetryCause
 

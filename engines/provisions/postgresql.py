@@ -76,7 +76,6 @@ def embedded(entry: CatalogueEntry) -> Server:
 
 class PostgreSQLProvision(Provision):
     plpgsql_baseline = True
-    replay_cpu_target_ms = 0.7
     wire_protocol = "postgresql"
     default_port = 5432
     session_id_sql = "SELECT pg_backend_pid()"

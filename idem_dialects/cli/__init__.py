@@ -1,5 +1,6 @@
 """The idem-dialects command. Each subcommand lives in idem_dialects.cli.commands.<name>, imported only when it runs
-(`idem-dialects demo` never loads pytest, the engine catalogue or the benchmark).
+(`idem-dialects demo` never loads pytest or the engine catalogue); `bench` comes from another distribution, the
+benchmark harness, through an entry point (idem_dialects.cli.plugins).
 
 Every expected error ends in at most two lines on stderr (what failed; how to fix it) and a documented exit status
 (idem_dialects.cli.commands), never a traceback: `main` handles the library's errors, driver and connection errors.
@@ -19,6 +20,7 @@ from typing import NoReturn, Protocol
 
 from .. import __version__
 from .commands import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from .plugins import COMMAND_GROUP, PROVIDERS, NotInstalled, installed, plugin
 
 
 class Command(Protocol):
@@ -31,9 +33,12 @@ class Command(Protocol):
 
 def load(name: str) -> Command:
     """The module of subcommand `name`, imported only now. Explicit imports (no import by name), so mypy checks
-    that each module really provides add_arguments and run."""
+    that each module really provides add_arguments and run; a plugin's (PROVIDERS) through its entry point, or
+    NotInstalled."""
     module: Command
-    if name == "demo":
+    if name in PROVIDERS:
+        module = plugin(COMMAND_GROUP, name)
+    elif name == "demo":
         from .commands import demo as module
     elif name == "engines":
         from .commands import engines as module
@@ -41,8 +46,6 @@ def load(name: str) -> Command:
         from .commands import matrix as module
     elif name == "check":
         from .commands import check as module
-    elif name == "bench":
-        from .commands import bench as module
     elif name == "report":
         from .commands import report as module
     elif name == "init":
@@ -70,7 +73,8 @@ COMMANDS: dict[str, str] = {
     "engines": "list every engine: available here or not, how, and what would enable it",
     "matrix": "run the conformance suite across engines and compare their behaviour",
     "check": "run the conformance suite against one database URL",
-    "bench": "measure what idempotency costs on one or several databases, beside the bare effect",
+    "bench": "measure what idempotency costs on one or several databases, beside the bare effect (the benchmark"
+             " harness: tools/bench)",
     "report": "render saved JSON reports of matrix and bench: table, markdown or one self-contained HTML file",
     "init": "create the idempotency tables in the database at URL (idempotent)",
     "ddl": "print the CREATE statements for a database URL or backend, without connecting",
@@ -125,7 +129,7 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        if every or name == command:
+        if name == command or (every and (name not in PROVIDERS or installed(COMMAND_GROUP, name))):
             load(name).add_arguments(sub_parser)
     return parser
 
@@ -227,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = chosen_command(argv)
-    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    try:
+        parser = build_parser(command if command in COMMANDS else None)
+    except NotInstalled as exc:  # a plugin's subcommand (bench) without its distribution: what to install
+        print(f"idem-dialects {exc.name}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    args = parser.parse_args(argv)
     prog = f"idem-dialects {args.command}"
     if not logging.getLogger().handlers:
         # The command reports each failure itself, in two lines; the library's retry log lines would repeat it

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+Log = Callable[[str], None]
 
 
 def add_output(parser: argparse.ArgumentParser, what: str = "the report") -> None:
@@ -26,3 +29,8 @@ def write(text: str, output: str | None) -> None:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def prefixed(log: Log, prefix: str) -> Log:
+    """`log` with `prefix` before each progress line (the engine or broker it is about)."""
+    return lambda line: log(prefix + line)

@@ -353,8 +353,8 @@ def werkzeug_server(app: Any) -> Iterator[str]:
 
 def uvicorn_server(app: Any) -> AbstractContextManager[str]:
     """A real uvicorn server on a free loopback port, in a thread of this process (so tests can gate handlers)."""
-    pytest.importorskip("uvicorn", reason="uvicorn (the [bench] extra) is not installed")
-    from idem_dialects.cli.bench.http_app import uvicorn_server as serve_uvicorn
+    pytest.importorskip("uvicorn", reason="uvicorn (the [dev] extra) is not installed")
+    from idem_dialects_bench.http_app import uvicorn_server as serve_uvicorn
 
     return serve_uvicorn(app)
 

@@ -67,7 +67,7 @@ def test_flask_example_boots_10_times_under_gunicorn_4_workers_on_a_fresh_sqlite
 
 
 def test_fastapi_example_boots_10_times_under_uvicorn_4_workers_on_a_fresh_postgresql(tmp_path: Path) -> None:
-    pytest.importorskip("uvicorn", reason="uvicorn (the [bench] extra) is not installed")
+    pytest.importorskip("uvicorn", reason="uvicorn (the [dev] extra) is not installed")
     pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
     try:
         sync_url = get("postgresql").provide().url

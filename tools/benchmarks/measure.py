@@ -50,7 +50,7 @@ class Checkout:
     def problem(self) -> str | None:
         if not self.cli.exists():
             return f"{self.cli} does not exist: make the checkout's virtualenv (python3 -m venv .venv &&" \
-                   " .venv/bin/pip install -e '.[all]')"
+                   " .venv/bin/pip install -e '.[all]' -e tools/bench, where it has tools/bench)"
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -9,6 +9,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from idem_dialects_bench.targets import cpu_us, rate
+from idem_dialects_bench.targets import paired as paired_ratio
+
 from . import compare
 from .plan import (
     ASYNC_PAIRS,
@@ -19,7 +22,7 @@ from .plan import (
     TELEMETRY_ENGINE,
 )
 from .reports import NOT_RUN, Report, Reports
-from .targets import Target, cpu_us, paired, targets
+from .targets import Result, targets
 
 TEMPLATE = Path(__file__).with_name("BENCHMARKS.md.in")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -75,6 +78,11 @@ def plural(n: int, word: str) -> str:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def paired(report: Report | None, name: str) -> float | None:
+    """A mode's throughput × the bare effect's, paired per repetition (the targets' own figure)."""
+    return None if report is None else paired_ratio(name)(report)
 
 
 # --- the page's blocks -------------------------------------------------------------------------------------------
@@ -150,10 +158,10 @@ class Page:
     # targets
 
     def block_targets(self) -> str:
-        rows = [[t.target, t.where, t.value(), t.bound(), t.verdict] for t in self.targets()]
+        rows = [[t.name, t.where, t.value(), t.bound(), t.verdict] for t in self.targets()]
         return table(["target", "where", "measured", "bound", ""], rows)
 
-    def targets(self) -> list[Target]:
+    def targets(self) -> list[Result]:
         return targets(self.r)
 
     # the sync store
@@ -470,7 +478,7 @@ class Page:
     # reference
 
     def block_options(self) -> str:
-        from idem_dialects.cli.commands import bench
+        from idem_dialects_bench import command as bench
 
         parser = argparse.ArgumentParser(prog="idem-dialects bench")
         bench.add_arguments(parser)
@@ -510,8 +518,8 @@ class Page:
         replay1 = {e: paired(at1[e], "replay") for e in SYNC_ENGINES}
         cpu_first = {e: ratio(cpu_us(at1[e], "first"), cpu_us(at1[e], "bare")) for e in SYNC_ENGINES}
         pg = at1.get("postgresql")
-        pl_first = ratio(self.rate(pg, "first"), self.rate(pg, "plpgsql_first"))
-        pl_replay = ratio(self.rate(pg, "replay"), self.rate(pg, "plpgsql_replay"))
+        pl_first = ratio(rate(pg, "first"), rate(pg, "plpgsql_first"))
+        pl_replay = ratio(rate(pg, "replay"), rate(pg, "plpgsql_replay"))
         a8 = r.aio("postgresql", "asyncpg", 8)
         lags = [rep["modes"]["first"]["heartbeat_worst_lag_ms"] for e, d in ASYNC_PAIRS
                 if (rep := r.aio(e, d, 8)) is not None]
@@ -563,11 +571,6 @@ class Page:
                 " under 8 KiB): see the memory table; over a short check, caches filling up look like growth.")
 
     @staticmethod
-    def rate(rep: Report | None, mode: str) -> float | None:
-        m = (rep or {}).get("modes", {}).get(mode)
-        return None if m is None else float(m["throughput_per_s"]["median"])
-
-    @staticmethod
     def p99(rep: Report | None, mode: str) -> float | None:
         m = (rep or {}).get("modes", {}).get(mode)
         return None if m is None else float(m["latency_ms"]["p99"])
@@ -589,5 +592,5 @@ def terminal(out: Path) -> str:
     lines = []
     for t in targets(Reports(out)):
         verdict = {True: "met", False: "MISSED", None: "-"}[t.met]
-        lines.append(f"{verdict:<6}  {t.target}, {t.where}: {t.value()} (bound {t.bound()})")
+        lines.append(f"{verdict:<6}  {t.name}, {t.where}: {t.value()} (bound {t.bound()})")
     return "\n".join(lines)

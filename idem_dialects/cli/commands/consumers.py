@@ -13,8 +13,7 @@ import argparse
 import json
 import sys
 
-from ..bench.runner import prefixed
-from ..output import add_output, add_quiet, write
+from ..output import add_output, add_quiet, prefixed, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 LIVE_ENGINES = ["sqlite", "postgresql-18", "postgresql", "mariadb"]

@@ -16,8 +16,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..bench.runner import prefixed
-from ..output import add_output, add_quiet, write
+from ..output import add_output, add_quiet, prefixed, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 BROKERS = ["rabbitmq", "nats", "redis"]

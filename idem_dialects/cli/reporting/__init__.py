@@ -2,7 +2,8 @@
 
 The commands build report dictionaries (their JSON schemas are documented in the docs: Conformance and Benchmarks); this
 package only turns them into text, so `idem-dialects report` can render a saved JSON report exactly as the command
-that produced it would have.
+that produced it would have. A bench report is rendered by the benchmark harness that wrote it (`bench_renderer`,
+another distribution).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .bench import render_bench
 from .engines import render_engines
-from .html import kind, render_html
+from .html import bench_renderer, kind, render_html
 from .matrix import render_matrix
 from .text import WIDTH
 
 FORMATS = ("table", "markdown", "json", "html")
 
-__all__ = ["FORMATS", "WIDTH", "kind", "load", "render", "render_bench", "render_engines", "render_html",
+__all__ = ["FORMATS", "WIDTH", "bench_renderer", "kind", "load", "render", "render_engines", "render_html",
            "render_matrix"]
 
 
@@ -34,7 +34,7 @@ def render(report: Mapping[str, Any], fmt: str, *, show_skipped: bool = False) -
     if what == "matrix":
         return render_matrix(report, fmt, show_skipped=show_skipped)
     if what == "bench":
-        return render_bench(report, fmt)
+        return str(bench_renderer().render(report, fmt))
     return render_engines(report, fmt)
 
 

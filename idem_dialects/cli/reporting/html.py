@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import __version__
 from ...errors import ConfigurationError
+from ..plugins import REPORT_GROUP, plugin
 from . import observations as obs
-from .bench import engine_label, runs
 from .engines import enable, state
-from .html_bench import bench_view
 from .svg import ENGINE_COLOURS, SHADES, Bar, Segment, bars, colour_grid, svg
 from .text import show
 
@@ -27,16 +26,32 @@ if TYPE_CHECKING:
 SYMBOL = {"passed": "✓", "failed": "✗ failed", "skipped": "skipped"}
 
 
+class BenchRenderer(Protocol):
+    """What the benchmark harness registers as `bench` in the idem_dialects.reports entry-point group."""
+
+    def render(self, report: Mapping[str, Any], fmt: str) -> str: ...
+
+    def engine_names(self, report: Mapping[str, Any]) -> list[str]: ...
+
+    def html_section(self, reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> str: ...
+
+
+def bench_renderer() -> BenchRenderer:
+    """The renderer of bench reports, from the benchmark harness (NotInstalled, saying what to install, without)."""
+    renderer: BenchRenderer = plugin(REPORT_GROUP, "bench")
+    return renderer
+
+
 @cache
-def environment() -> Environment:
-    """The templates, loaded from the package (jinja2, the [report] extra, is imported only when a page is
-    rendered)."""
+def environment(package: str = "idem_dialects.cli.reporting") -> Environment:
+    """The templates of `package` (its templates/ directory; the page's are this package's), loaded when a page is
+    rendered: jinja2, the [report] extra, is imported only then."""
     try:
         from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
     except ImportError:
         raise ConfigurationError("the HTML report needs Jinja2: pip install 'idem-dialects[report]'") from None
 
-    return Environment(loader=PackageLoader("idem_dialects.cli.reporting", "templates"),
+    return Environment(loader=PackageLoader(package, "templates"),
                        autoescape=select_autoescape(["html.j2"]), undefined=StrictUndefined, trim_blocks=True,
                        lstrip_blocks=True, keep_trailing_newline=True)
 
@@ -59,7 +74,7 @@ def colours(reports: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         if kind(report) == "matrix":
             names += [n for n in obs.ran(report) if n not in names]
         elif kind(report) == "bench":
-            names += [n for n in (engine_label(r) for r in runs(report)) if n not in names]
+            names += [n for n in bench_renderer().engine_names(report) if n not in names]
     return {n: ENGINE_COLOURS[i % len(ENGINE_COLOURS)] for i, n in enumerate(names)}
 
 
@@ -80,7 +95,8 @@ def render_html(reports: Sequence[Mapping[str, Any]], sources: Sequence[str] = (
     nav += [("#catalogue", "Engines")] * len(catalogues)
     return environment().get_template("report.html.j2").render(
         version=__version__, engines=list(palette), nav=nav, matrices=views,
-        bench=bench_view(benches, palette) if benches else None, catalogues=catalogues, sources=list(sources))
+        bench=bench_renderer().html_section(benches, palette) if benches else None, catalogues=catalogues,
+        sources=list(sources))
 
 
 def _anchor(pfx: str, check: str, engine: str) -> str:

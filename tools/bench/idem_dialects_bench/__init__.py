@@ -1,6 +1,7 @@
-"""What the protocol costs: one debit workload (an account table, debits of one unit), with and without idempotency,
-side by side, through each API — the sync store, the async store, the HTTP middleware — and a message consumer
-beside the same consumer without the inbox, per broker (`consumer`).
+"""The benchmark harness of idem-dialects (the idem-dialects-bench distribution; `idem-dialects bench` through the
+idem_dialects.commands entry point): what the protocol costs. One debit workload (`workload`: an account table,
+debits of one unit), with and without idempotency, side by side, through each API — the sync store, the async store,
+the HTTP middleware — and a message consumer beside the same consumer without the inbox, per broker (`consumer`).
 
 One runner (`runner.run`) provides the databases, runs one API's `Benchmark` on each in turn and returns one report;
 `benchmark(api, ...)` builds the Benchmark of an API (its module imported only then), `benchmarks` one per
@@ -19,13 +20,15 @@ The sync store's modes (each a slice of `requests` requests, interleaved per rep
 - ``plpgsql_first`` / ``plpgsql_replay`` (where the backend runs PL/pgSQL): the same debit hand-written as one
   ``debit_once`` function, one statement per request, created in a scratch schema -- the one-round-trip reference.
 
-Exactly-once is checked in the database (after every slice for the sync store, at the end for the others): each
-account's debits equal the distinct keys sent to it, and there are exactly that many completed records. A mismatch
-raises `ExactlyOnceViolation`.
+Exactly-once is checked in the database with the conformance suite's tally (`workload.exactly_once`; after every
+slice for the sync store, at the end for the others): each account debited once per distinct key sent to it, and
+(sync store) exactly that many completed records. A mismatch raises `ExactlyOnceViolation`.
 
-Modules: `runner` (the one runner), `report` (what every report shares), `statements` (counting round trips);
-the sync store: `plan` (which requests each worker sends), `workload` (the debit on one store), `sync` (threads,
-checks, profile, memory), `sync_report`; the async store: `aio`; the HTTP middleware: `http`.
+Modules: `command` (the subcommand), `runner` (the one runner), `report` (what every report shares), `targets` (the
+one list of performance targets), `render` and `html` (the one renderer), `statements` (counting round trips),
+`workload` (the one workload, and the exactly-once check); the sync store: `plan` (which requests each worker sends),
+`sync` (threads, checks, profile, memory), `sync_report`; the async store: `aio`; the HTTP middleware: `http`;
+operations' costs: `purge`, `outbox`, `telemetry`.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ from .runner import (
     Unavailable,
     UsageError,
     run,
-    targets,
+    to_measure,
 )
 from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
 from .sync import Bench, SyncBenchmark
-from .sync_report import RATIO_TARGETS, SCHEMA
-from .workload import Workload, plpgsql_ddl
+from .sync_report import SCHEMA
+from .targets import TARGETS, Target
+from .workload import Accounts, Workload, exactly_once, plpgsql_ddl
 
 APIS = ("sync", "async", "http", "consumer")
 # What a run measures: the debit workload through an API, or an operation's cost on the sync store.
@@ -124,9 +128,10 @@ __all__ = [
     "MEASURES",
     "MODES",
     "PLPGSQL_MODES",
-    "RATIO_TARGETS",
     "SCHEMA",
     "SET_SCHEMA",
+    "TARGETS",
+    "Accounts",
     "Bench",
     "BenchFailed",
     "Benchmark",
@@ -137,6 +142,7 @@ __all__ = [
     "Slice",
     "StatementLog",
     "SyncBenchmark",
+    "Target",
     "Unavailable",
     "UsageError",
     "Workload",
@@ -144,6 +150,7 @@ __all__ = [
     "benchmarks",
     "combine",
     "engine_info",
+    "exactly_once",
     "implicit_begin",
     "machine_info",
     "measurement",
@@ -155,5 +162,5 @@ __all__ = [
     "reset_reaches_server",
     "run",
     "statement_kind",
-    "targets",
+    "to_measure",
 ]

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Engine, event
 from sqlalchemy.pool.base import ResetStyle
 
-from ... import dialects
-from ...drivers import Driver
+from idem_dialects import dialects
+from idem_dialects.drivers import Driver
 
 
 @dataclass

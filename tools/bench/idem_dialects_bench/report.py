@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL, Dialect
 
-from ... import __version__
+from idem_dialects import __version__
 
 SET_SCHEMA = "idem-dialects-bench-set/1"  # several engines measured in one invocation
 

@@ -1,41 +1,102 @@
-"""The debit workload on one store, with and without idempotency, and the PL/pgSQL reference."""
+"""The one debit workload every benchmark runs (the sync store, the async store, the HTTP middleware): an account
+table and its debit, what the database shows after (units debited per account, records per scope), and the
+PL/pgSQL reference. Exactly-once is `exactly_once` over what the database shows, never over what the bench counted.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, text
 from sqlalchemy.engine import Connection
 
-from ...retry import RetryPolicy, retrying
-from ...steps import Flow, Sleep
-from ...store import IdempotencyStore
-from .plan import INITIAL_BALANCE, OPERATION, REQUEST
+from idem_dialects.conformance.once import Tally, tally
+from idem_dialects.retry import RetryPolicy, retrying
+from idem_dialects.schema import Tables
+from idem_dialects.steps import Flow, Sleep
+from idem_dialects.store import IdempotencyStore
+
 from .runner import ExactlyOnceViolation
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
 T = TypeVar("T")
+K = TypeVar("K")
+OPERATION = "debit:v1"
+REQUEST = {"amount": 1}
+INITIAL_BALANCE = 10**15  # enough for any run; debits are whole units
+
+
+def scope(acct: int) -> str:
+    """The scope a request to account `acct` is sent under: its records are counted per account."""
+    return f"account:{acct}"
+
+
+def exactly_once(what: str, ran: Mapping[K, int], expected: Mapping[K, int] | int) -> Tally:
+    """The conformance suite's exactly-once tally of what the database shows; ExactlyOnceViolation unless it holds."""
+    counted = tally(ran, expected)
+    if not counted.ok:
+        raise ExactlyOnceViolation(f"{what}: {counted}")
+    return counted
+
+
+class Accounts:
+    """The account table on a bench's table prefix, its debit (`amount` units off one account) and its read."""
+
+    def __init__(self, prefix: str) -> None:
+        self.metadata = MetaData()
+        self.table = Table(f"{prefix}account", self.metadata,
+                           Column("id", Integer, primary_key=True, autoincrement=False),
+                           Column("balance", BigInteger, nullable=False))
+        a = self.table.c
+        self.debit = self.table.update().where(a.id == bindparam("acct")).values(
+            balance=a.balance - bindparam("amount"))
+        self.read = select(a.balance).where(a.id == bindparam("acct"))
+
+    def create(self, conn: Connection, accounts: Iterable[int]) -> None:
+        self.metadata.create_all(conn)
+        conn.execute(self.table.insert(), [{"id": i, "balance": INITIAL_BALANCE} for i in accounts])
+
+    def drop(self, conn: Connection) -> None:
+        self.metadata.drop_all(conn)
+
+    def apply(self, conn: Connection, acct: int, amount: int = 1) -> int:
+        """The effect: debit `acct`, return its balance (in the caller's transaction)."""
+        conn.execute(self.debit, {"acct": acct, "amount": amount})
+        return int(conn.execute(self.read, {"acct": acct}).scalar_one())
+
+    async def apply_async(self, conn: AsyncConnection, acct: int, amount: int = 1) -> int:
+        """`apply` on an async connection."""
+        await conn.execute(self.debit, {"acct": acct, "amount": amount})
+        return int((await conn.execute(self.read, {"acct": acct})).scalar_one())
+
+    def debits(self, conn: Connection, accounts: Sequence[int]) -> dict[int, int]:
+        """Per account: the units debited so far."""
+        a = self.table.c
+        rows = conn.execute(select(a.id, a.balance).where(a.id.in_(accounts))).all()
+        return {int(i): INITIAL_BALANCE - int(b) for i, b in rows}
+
+
+def records(conn: Connection, tables: Tables, scopes: Sequence[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per scope: a store's idempotency records (`tables`), and the completed ones."""
+    r = tables.records.c
+    rows = conn.execute(select(r.scope, func.count(), func.count(r.completed_at)).where(r.scope.in_(scopes))
+                        .group_by(r.scope)).all()
+    return {str(s): int(n) for s, n, _ in rows}, {str(s): int(d) for s, _, d in rows}
 
 
 class Workload:
-    """The debit workload on one store: an account table, debits of 1, optional PL/pgSQL reference."""
+    """The debit workload on one sync store: the bare effect, through `run`, and the PL/pgSQL reference."""
 
     def __init__(self, store: IdempotencyStore) -> None:
         self.store = store
         self.engine = store.engine
-        self.metadata = MetaData()
-        self.account = Table(
-            f"{store.table_prefix}account",
-            self.metadata,
-            Column("id", Integer, primary_key=True, autoincrement=False),
-            Column("balance", BigInteger, nullable=False),
-        )
-        a = self.account.c
-        self._debit = self.account.update().where(a.id == bindparam("acct")).values(balance=a.balance - 1)
-        self._balance = select(a.balance).where(a.id == bindparam("acct"))
+        self.accounts = Accounts(store.table_prefix)
         self.pg_schema: str | None = None
         self.retries: Counter[str] = Counter()  # retries of the bare effect (no `run` to count them)
         self._lock = threading.Lock()
@@ -45,8 +106,7 @@ class Workload:
     def create(self, accounts: Sequence[int], plpgsql: bool) -> None:
         self.store.create_tables()
         with self.engine.begin() as conn:
-            self.metadata.create_all(conn)
-            conn.execute(self.account.insert(), [{"id": i, "balance": INITIAL_BALANCE} for i in accounts])
+            self.accounts.create(conn, accounts)
         if plpgsql:
             self.pg_schema = self.store.table_prefix.rstrip("_")
             with self.engine.begin() as conn:
@@ -57,23 +117,19 @@ class Workload:
 
     def drop(self) -> None:
         with self.engine.begin() as conn:
-            self.metadata.drop_all(conn)
+            self.accounts.drop(conn)
             if self.pg_schema is not None:
                 conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {self.pg_schema} CASCADE")
         self.store.drop_tables()
 
     # one request of each kind; each returns "applied" or "replayed"
 
-    def debit(self, conn: Connection, acct: int) -> int:
-        conn.execute(self._debit, {"acct": acct})
-        return int(conn.execute(self._balance, {"acct": acct}).scalar_one())
-
     def bare(self, acct: int, key: str) -> str:
         """The effect alone, re-run on the engine's retryable errors by the store's own bounded retry."""
 
         def once() -> str:
             with self.store.transaction() as conn:
-                self.debit(conn, acct)
+                self.accounts.apply(conn, acct)
             return "applied"
 
         return call_with_retry(self.store.retry, self.store.retry_cause, once, self._count_retry)
@@ -83,8 +139,8 @@ class Workload:
             self.retries[cause] += 1
 
     def via_run(self, acct: int, key: str) -> str:
-        result = self.store.run(scope=f"account:{acct}", operation=OPERATION, key=key, request=REQUEST,
-                                effect=lambda conn: {"balance": self.debit(conn, acct)})
+        result = self.store.run(scope=scope(acct), operation=OPERATION, key=key, request=REQUEST,
+                                effect=lambda conn: {"balance": self.accounts.apply(conn, acct)})
         return "replayed" if result.replayed else "applied"
 
     def plpgsql(self, acct: int, key: str) -> str:
@@ -97,29 +153,27 @@ class Workload:
 
     # what the database holds
 
-    def balances(self, accounts: Sequence[int], plpgsql: bool = False) -> dict[int, int]:
+    def debits(self, accounts: Sequence[int], plpgsql: bool = False) -> dict[int, int]:
+        """Per account: the units debited (through the store's table, or the PL/pgSQL reference's)."""
         with self.engine.connect() as conn:
-            if plpgsql:
-                rows = conn.execute(text(f"SELECT account_id, balance FROM {self.pg_schema}.account"
-                                         " WHERE account_id = ANY(:ids)"), {"ids": list(accounts)}).all()
-            else:
-                a = self.account.c
-                rows = conn.execute(select(a.id, a.balance).where(a.id.in_(accounts))).all()
+            if not plpgsql:
+                return self.accounts.debits(conn, accounts)
+            rows = conn.execute(text(f"SELECT account_id, balance FROM {self.pg_schema}.account"
+                                     " WHERE account_id = ANY(:ids)"), {"ids": list(accounts)}).all()
         return {int(i): INITIAL_BALANCE - int(b) for i, b in rows}
 
-    def records(self, accounts: Sequence[int], plpgsql: bool = False) -> dict[int, tuple[int, int]]:
-        """Per account: (records, completed records)."""
+    def records(self, accounts: Sequence[int], plpgsql: bool = False) -> tuple[dict[int, int], dict[int, int]]:
+        """Per account: the records, and the completed ones (the reference's rows are complete when written)."""
         with self.engine.connect() as conn:
             if plpgsql:
-                rows = conn.execute(text(f"SELECT account_id, count(*), count(*) FROM {self.pg_schema}.request_result"
+                rows = conn.execute(text(f"SELECT account_id, count(*) FROM {self.pg_schema}.request_result"
                                          " WHERE account_id = ANY(:ids) GROUP BY account_id"),
                                     {"ids": list(accounts)}).all()
-                return {int(i): (int(n), int(d)) for i, n, d in rows}
-            r = self.store.tables.records.c
-            scopes = [f"account:{i}" for i in accounts]
-            rows = conn.execute(select(r.scope, func.count(), func.count(r.completed_at))
-                                .where(r.scope.in_(scopes)).group_by(r.scope)).all()
-        return {int(s.split(":", 1)[1]): (int(n), int(d)) for s, n, d in rows}
+                found = {int(i): int(n) for i, n in rows}
+                return found, found
+            total, done = records(conn, self.store.tables, [scope(a) for a in accounts])
+        return ({int(s.split(":", 1)[1]): n for s, n in total.items()},
+                {int(s.split(":", 1)[1]): n for s, n in done.items()})
 
 
 def plpgsql_ddl(schema: str) -> list[str]:

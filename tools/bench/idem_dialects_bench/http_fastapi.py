@@ -10,27 +10,28 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from ...aio import AsyncIdempotencyStore
-from ...http.fastapi import IdemConnection
-from .http_app import HANDLER_SECONDS, add_layers, debit_statement, lifespan
+from idem_dialects.aio import AsyncIdempotencyStore
+from idem_dialects.http.fastapi import IdemConnection
+
+from .http_app import HANDLER_SECONDS, add_layers, debit, lifespan
+from .workload import Accounts
 
 
 class Amount(BaseModel):
     amount: int
 
 
-def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: str) -> Any:
-    debit = debit_statement(accounts)
+def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts) -> Any:
     app = FastAPI(lifespan=lifespan(store, counting))
 
     @app.post("/bare/debit", status_code=201)
     async def bare(body: Amount) -> dict[str, int]:
         async with store.engine.begin() as conn:
-            await conn.execute(debit, {"amount": body.amount})
+            await conn.execute(*debit(accounts, body.amount))
         return {"debited": body.amount}
 
     async def atomic(body: Amount, conn: IdemConnection) -> dict[str, int]:
-        await conn.execute(debit, {"amount": body.amount})
+        await conn.execute(*debit(accounts, body.amount))
         return {"debited": body.amount}
 
     app.post("/idem/debit", status_code=201)(atomic)

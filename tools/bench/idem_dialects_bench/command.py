@@ -1,8 +1,9 @@
 """Measure what the protocol costs: a debit workload beside the bare effect, through the sync store, the async store
 or the HTTP middleware, or a message consumer beside the bare consumer (--api), on one or several databases.
 
-The work is in idem_dialects.cli.bench (one runner for every API); this module parses arguments, maps outcomes to
-exit statuses and writes the report. Exit status (as every subcommand's, idem_dialects.cli.commands): 0 measured
+The benchmark harness's subcommand, registered in the idem_dialects.commands entry-point group: the work is in this
+package (one runner for every API); this module parses arguments, maps outcomes to exit statuses and writes the
+report. Exit status (as every subcommand's, idem_dialects.cli.commands): 0 measured
 (targets are reported, not enforced), 1 exactly-once violated (or a request failed), 2 an engine is unavailable or
 a database does not answer, 64 bad arguments (usage).
 """
@@ -14,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench import APIS, LEVELS, MEASURES
-from ..output import add_output, add_quiet, write
-from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from idem_dialects.cli.commands import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from idem_dialects.cli.output import add_output, add_quiet, write
+
+from . import APIS, LEVELS, MEASURES
 
 MODES = ["bare", "first", "replay", "contention", "plpgsql_first", "plpgsql_replay"]
 FORMATS = ("table", "markdown", "json")
@@ -75,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to measure: sync = IdempotencyStore.run beside the bare effect on worker threads"
                              " (default); async = AsyncIdempotencyStore beside the bare async effect and the sync"
                              " store, with the event-loop lag of a 10 ms heartbeat; http = the ASGI middleware on a"
-                             " real uvicorn server beside the bare endpoint (the [bench] extra and an async driver's);"
+                             " real uvicorn server beside the bare endpoint (an async driver's extra);"
                              " consumer = messages/s of each broker's idempotent consumer beside the same consumer"
                              " without the inbox (the brokers' extras)")
     for name, (apis, kind, metavar, text) in OPTIONS.items():
@@ -119,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The options given for the chosen API; one given for another API is a usage error."""
-    from ..bench import UsageError
+    from . import UsageError
 
     given = {name: getattr(args, name) for name in [*OPTIONS, *FLAGS] if getattr(args, name) is not None}
     uses = {name: apis for name, (apis, *_) in OPTIONS.items()} | FLAGS
@@ -130,7 +132,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench
+    import idem_dialects_bench as bench
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
     prog = "idem-dialects bench"
     try:
-        names, lenient = bench.targets(args.url, args.engine)
+        names, lenient = bench.to_measure(args.url, args.engine)
         if args.measure == "workload":
             benches = bench.benchmarks(args.api, **options(args))
         elif len(names) != 1:
@@ -168,16 +170,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def emit(args: argparse.Namespace, report: dict[str, Any]) -> int:
-    from ..reporting import render, render_html
+    from idem_dialects.cli.reporting import render as as_json
 
-    if args.measure != "workload":  # a report of its own: its module renders the table
-        from importlib import import_module
+    from .render import render
 
-        module = import_module(f"idem_dialects.cli.bench.{args.measure}")
-        text = module.render(report) if args.format != "json" else render(report, "json")
-    else:
-        text = render(report, args.format)
-    write(text, args.output)
+    write(as_json(report, "json") if args.format == "json" else render(report, args.format), args.output)
     if args.html:
+        from idem_dialects.cli.reporting import render_html
+
         Path(args.html).write_text(render_html([report]), encoding="utf-8")
     return EXIT_OK

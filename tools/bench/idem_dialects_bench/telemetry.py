@@ -34,10 +34,13 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ...dialects.base import Backend
-from ...store import IdempotencyStore
-from ...telemetry import Telemetry
-from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, Log, pool_options, scratch_store
+from idem_dialects.cli.output import Log
+from idem_dialects.dialects.base import Backend
+from idem_dialects.store import IdempotencyStore
+from idem_dialects.telemetry import Telemetry
+
+from .runner import BenchFailed, CannotMeasure, ExactlyOnceViolation, pool_options, scratch_store
+from .targets import check
 
 SCHEMA = "idem-dialects-bench-telemetry/3"
 CONDITIONS = ("off", "api", "sdk", "traces only", "metrics only", "sampled", "dropped", "one span", "cursor events",
@@ -59,8 +62,9 @@ class TelemetryBenchmark:
         with scratch_store(url, 2) as (store, info):
             sdk = Sdk(store)
             with cursor_stores(url, store, sdk.tracer_provider) as through_cursor:
-                return measure(store, sdk, through_cursor, self.requests, self.repetitions, self.warmup, log) | {
+                report = measure(store, sdk, through_cursor, self.requests, self.repetitions, self.warmup, log) | {
                     "engine": info}
+        return report | {"targets": check(report)}
 
 
 @contextmanager
@@ -197,18 +201,3 @@ def measure(store: IdempotencyStore, sdk: Sdk, through_cursor: dict[str, Idempot
         # The SDK samples exemplars of measurements made under a sampled span unless told otherwise: a cost.
         "exemplar_filter": os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based"),
     }
-
-
-def render(report: dict[str, Any]) -> str:
-    engine = report.get("engine", {})
-    lines = [f"telemetry overhead per replay: {engine.get('backend', '?')} {engine.get('server_version', '')}"
-             f" ({report['requests']} replays x {report['repetitions']} repetitions, medians; SDK exemplar filter"
-             f" {report['exemplar_filter']})",
-             f"{'telemetry':<14} {'wall us':>9} {'client CPU us':>14} {'CPU overhead':>20}  against"]
-    for kind, row in report["replay"].items():
-        extra = report["overhead"].get(kind)
-        over = "" if extra is None else f"{extra['cpu_us']:+.1f} us ({extra['cpu_pct']:+.1f} %)"
-        against = report["baseline"].get(kind, "")
-        lines.append(f"{kind:<14} {row['wall_us']:>9.1f} {row['cpu_us']:>14.1f} {over:>20}  {against}")
-    lines += [f"{kind}: not measured ({why})" for kind, why in report["not_measured"].items()]
-    return "\n".join(lines) + "\n"

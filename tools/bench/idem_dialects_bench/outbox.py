@@ -17,13 +17,16 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ...dialects.base import Backend
-from ...fingerprint import encode_response
-from ...outbox import Command
-from ...relay import Relay
-from ...schema import PENDING
-from ...store import IdempotencyStore
-from .runner import BenchFailed, Log, scratch_store
+from idem_dialects.cli.output import Log
+from idem_dialects.dialects.base import Backend
+from idem_dialects.fingerprint import encode_response
+from idem_dialects.outbox import Command
+from idem_dialects.relay import Relay
+from idem_dialects.schema import PENDING
+from idem_dialects.store import IdempotencyStore
+
+from .runner import scratch_store
+from .workload import exactly_once
 
 SCHEMA = "idem-dialects-bench-outbox/1"
 LEVELS = (1, 4)
@@ -96,20 +99,6 @@ def relay_rate(store: IdempotencyStore, rows: int, batch: int, relays: int,
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
-    twice = sum(1 for n in sink.ids.values() if n > 1)
-    missing = len(set(ids) - set(sink.ids))
-    if twice or missing:
-        raise BenchFailed(f"{relays} relays published {twice} commands twice and missed {missing}")
+    exactly_once(f"{relays} relays' publications", sink.ids, dict.fromkeys(ids, 1))
     return {"relays": relays, "seconds": seconds, "commands_per_s": rows / seconds,
             "rounds": sum(r.metrics.rounds for r in workers)}
-
-
-def render(report: dict[str, Any]) -> str:
-    engine = report.get("engine", {})
-    lines = [f"outbox relay: {engine.get('backend', '?')} {engine.get('server_version', '')}: {report['rows']:,}"
-             f" commands, batches of {report['batch_size']}, each published once",
-             f"{'relays':>8} {'seconds':>9} {'commands/s':>11} {'rounds':>7}"]
-    for level in report["levels"]:
-        lines.append(f"{level['relays']:>8} {level['seconds']:>9.2f} {level['commands_per_s']:>11,.0f}"
-                     f" {level['rounds']:>7}")
-    return "\n".join(lines) + "\n"

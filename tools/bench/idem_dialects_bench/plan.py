@@ -5,9 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-OPERATION = "debit:v1"
-REQUEST = {"amount": 1}
-INITIAL_BALANCE = 10**15  # enough for any run; debits are whole units of 1
 IDEM_MODES = ("first", "replay", "contention")
 PLPGSQL_MODES = ("plpgsql_first", "plpgsql_replay")
 MODES = ("bare", *IDEM_MODES, *PLPGSQL_MODES)

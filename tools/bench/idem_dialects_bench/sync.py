@@ -19,14 +19,16 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ...dialects.base import Backend
-from ...engines.entry import provisioning
-from ...store import IdempotencyStore, connect
+from idem_dialects.cli.output import Log
+from idem_dialects.dialects.base import Backend
+from idem_dialects.engines.entry import provisioning
+from idem_dialects.store import IdempotencyStore, connect
+
 from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, Slice, Task, plan
 from .report import engine_info, new_prefix
-from .runner import ExactlyOnceViolation, Log, pool_options, reaching
+from .runner import ExactlyOnceViolation, pool_options, reaching
 from .statements import Recorder, StatementLog, record_statements
-from .workload import Workload
+from .workload import Workload, exactly_once
 
 # Growth per 10k requests under which memory counts as flat: well under 1 byte per request.
 FLAT_BYTES_PER_10K = 8 * 1024
@@ -148,25 +150,18 @@ class Bench:
         self.check_database(s.mode, accounts)
 
     def check_database(self, mode: str, accounts: Sequence[int]) -> None:
-        """In the database: debits per account == distinct keys sent to it; as many records, all complete."""
+        """In the database: each account debited once per distinct key sent to it, with as many records, all
+        complete (the bare effect has no records)."""
         self.checks += 1
         plpgsql = mode in PLPGSQL_MODES
-        debited = self.workload.balances(accounts, plpgsql)
-        for acct in accounts:
-            if debited.get(acct, 0) != self.expected_debits[acct]:
-                raise ExactlyOnceViolation(
-                    f"{mode}: account {acct} was debited {debited.get(acct, 0)} times, expected"
-                    f" {self.expected_debits[acct]} (one per distinct key)")
+        debits = {a: self.expected_debits[a] for a in accounts}
+        exactly_once(f"{mode}: debits per account", self.workload.debits(accounts, plpgsql), debits)
         if mode == "bare":
             return
-        records = self.workload.records(accounts, plpgsql)
-        for acct in accounts:
-            total, done = records.get(acct, (0, 0))
-            want = self.expected_keys[acct]
-            if total != want or done != want or want != self.expected_debits[acct]:
-                raise ExactlyOnceViolation(
-                    f"{mode}: account {acct} has {total} idempotency records ({done} completed) and"
-                    f" {debited.get(acct, 0)} debits for {want} distinct keys")
+        keys = {a: self.expected_keys[a] for a in accounts}
+        total, done = self.workload.records(accounts, plpgsql)
+        exactly_once(f"{mode}: idempotency records per account", total, keys)
+        exactly_once(f"{mode}: completed records per account", done, keys)
 
     def run_slice(self, mode: str, tag: str, measured: bool, cfg: Config | None = None) -> None:
         s = plan(mode, tag, cfg or self.cfg, self.first_keys)

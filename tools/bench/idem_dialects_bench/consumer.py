@@ -27,14 +27,17 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import URL, Connection
 
-from ...aio import AsyncIdempotencyStore
-from ...conformance.brokers import BATCH, OPERATIONS, applied_table, in_flight
-from ...dialects.base import Backend
-from ...engines.brokers import BROKERS
-from ...store import IdempotencyStore
+from idem_dialects.aio import AsyncIdempotencyStore
+from idem_dialects.cli.output import Log
+from idem_dialects.conformance.brokers import BATCH, OPERATIONS, applied_table, in_flight
+from idem_dialects.dialects.base import Backend
+from idem_dialects.engines.brokers import BROKERS
+from idem_dialects.store import IdempotencyStore
+
 from .aio import async_url
 from .report import engine_info, machine_info, new_prefix
-from .runner import CannotMeasure, ExactlyOnceViolation, Log, pool_options, reaching
+from .runner import CannotMeasure, pool_options, reaching
+from .workload import exactly_once
 
 SCHEMA = "idem-dialects-bench-consumer/1"
 MODES = ("bare", "idempotent")
@@ -79,17 +82,16 @@ class ConsumerBenchmark:
             info["async_driver"] = async_url(url, None).get_driver_name()  # RabbitMQ's and NATS's store
             results = {broker: self._broker(broker, url, store, log) for broker in chosen}
             with store.engine.connect() as conn:
-                rows, distinct = conn.execute(select(func.count(), func.count(table.c.message_id.distinct()))).one()
+                rows = conn.execute(select(table.c.message_id, func.count()).group_by(table.c.message_id)).all()
             expected = len(chosen) * len(MODES) * (self.repetitions * self.messages + self.warmup)
-            if not rows == distinct == expected:
-                raise ExactlyOnceViolation(f"{rows} effects, {distinct} distinct messages, expected {expected}")
+            once = exactly_once("messages applied", {str(m): int(n) for m, n in rows}, expected)
         finally:
             store.drop_tables()
             store.close()
         return {"schema": SCHEMA, "engine": info, "machine": machine_info(),
                 "config": {"messages": self.messages, "repetitions": self.repetitions, "in_flight": in_flight(store)},
                 "brokers": results, "skipped_brokers": skipped,
-                "exactly_once": {"effects": rows, "distinct_messages": distinct},
+                "exactly_once": {"effects": once.effects, "distinct_messages": once.applied},
                 "elapsed_s": round(time.perf_counter() - started, 2)}
 
     @property
@@ -150,7 +152,7 @@ def _async_store(run: Run) -> AsyncIdempotencyStore:
 def _rabbitmq(run: Run) -> float:
     import aio_pika
 
-    from ...consumers.rabbitmq import IdempotentConsumer
+    from idem_dialects.consumers.rabbitmq import IdempotentConsumer
 
     async def main() -> float:
         store, done, acked = _async_store(run), asyncio.Event(), [0]
@@ -191,8 +193,8 @@ def _rabbitmq(run: Run) -> float:
 def _nats(run: Run) -> float:
     import nats
 
-    from ...consumers.base import header
-    from ...consumers.nats import IdempotentConsumer
+    from idem_dialects.consumers.base import header
+    from idem_dialects.consumers.nats import IdempotentConsumer
 
     async def main() -> float:
         store = _async_store(run)
@@ -226,7 +228,7 @@ def _nats(run: Run) -> float:
 def _redis(run: Run) -> float:
     import redis
 
-    from ...consumers.redis import Entry, StreamConsumer, field
+    from idem_dialects.consumers.redis import Entry, StreamConsumer, field
 
     client = redis.Redis.from_url(run.broker_url)
 
@@ -245,7 +247,7 @@ def _redis(run: Run) -> float:
 
 
 def _bare_redis(run: Run, client: Any, handle: Callable[[Connection, Any], None]) -> int:
-    from ...consumers.redis import Entry
+    from idem_dialects.consumers.redis import Entry
 
     replies = client.xreadgroup("proof", "bench", {run.name: ">"}, count=BATCH, block=1000)
     entries = [Entry(run.name, i.decode(), f, 1) for _, found in replies or [] for i, f in found]

@@ -22,17 +22,20 @@ from datetime import timedelta
 from typing import Any
 
 import uvicorn
-from sqlalchemy import text
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ...aio import AsyncIdempotencyStore
-from ...http.asgi import STATE_KEY, IdempotencyMiddleware
-from ...http.policy import IdempotencyPolicy
+from idem_dialects.aio import AsyncIdempotencyStore
+from idem_dialects.http.asgi import STATE_KEY, IdempotencyMiddleware
+from idem_dialects.http.policy import IdempotencyPolicy
+
+from .workload import Accounts, scope
 
 HANDLER_SECONDS = 0.2
+ACCOUNT = 1  # every debit route debits this account of the workload's table, under its scope
+SCOPE = scope(ACCOUNT)
 
 
 @contextmanager
@@ -61,30 +64,30 @@ def uvicorn_server(app: Any) -> Iterator[str]:
 def add_layers(app: Any, store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore) -> None:
     """The ASGI middleware as the docs show it, one policy per route family (the same on every framework)."""
     app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
-        scope=lambda r: "bench", paths={"/ext/slow"}, lease=timedelta(seconds=30)))
+        scope=lambda r: SCOPE, paths={"/ext/slow"}, lease=timedelta(seconds=30)))
     app.add_middleware(IdempotencyMiddleware, store=counting, policy=IdempotencyPolicy(
-        scope=lambda r: "bench", paths={"/count/debit"}))
+        scope=lambda r: SCOPE, paths={"/count/debit"}))
     app.add_middleware(IdempotencyMiddleware, store=store, policy=IdempotencyPolicy(
-        scope=lambda r: "bench", paths={"/idem/debit"}))
+        scope=lambda r: SCOPE, paths={"/idem/debit"}))
 
 
-def debit_statement(accounts: str) -> Any:
-    return text(f"UPDATE {accounts} SET balance = balance - :amount WHERE id = 1")
+def debit(accounts: Accounts, amount: int) -> tuple[Any, dict[str, int]]:
+    """The workload's debit of ACCOUNT, `amount` units (the request body's): the statement and its parameters."""
+    return accounts.debit, {"acct": ACCOUNT, "amount": amount}
 
 
-def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: str) -> Any:
+def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts) -> Any:
     """The bench's app on Starlette (module docstring)."""
-    debit = debit_statement(accounts)
 
     async def bare(request: Request) -> JSONResponse:
         amount = (await request.json())["amount"]
         async with store.engine.begin() as conn:
-            await conn.execute(debit, {"amount": amount})
+            await conn.execute(*debit(accounts, amount))
         return JSONResponse({"debited": amount}, status_code=201)
 
     async def atomic(request: Request) -> JSONResponse:
         amount = (await request.json())["amount"]
-        await getattr(request.state, STATE_KEY).execute(debit, {"amount": amount})
+        await getattr(request.state, STATE_KEY).execute(*debit(accounts, amount))
         return JSONResponse({"debited": amount}, status_code=201)
 
     async def slow(request: Request) -> JSONResponse:

@@ -3,29 +3,30 @@ same way on the databases named — every one provided before anything is measur
 once), measured one after another, stopped at the end — and their reports come back as one.
 
 A benchmark is anything with `refuse` and `measure` (`Benchmark`); adding one is a module with such a class and a
-line in `idem_dialects.cli.bench.benchmark`.
+line in `idem_dialects_bench.benchmark`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
-from ... import dialects
-from ...dialects.base import Backend
-from ...errors import IdemError
-from ...url import parse
+from idem_dialects import dialects
+from idem_dialects.cli.output import Log, prefixed
+from idem_dialects.dialects.base import Backend
+from idem_dialects.errors import IdemError
+from idem_dialects.url import parse
+
 from .report import combine
 
 if TYPE_CHECKING:
-    from ...engines import Server
-    from ...store import IdempotencyStore
+    from idem_dialects.engines import Server
+    from idem_dialects.store import IdempotencyStore
 
-Log = Callable[[str], None]
 
 
 class UsageError(Exception):
@@ -81,10 +82,6 @@ def reaching(url: URL) -> Iterator[None]:
         raise CannotMeasure(f"cannot connect to {url.render_as_string()}: {first_line(exc)}") from None
 
 
-def prefixed(log: Log, prefix: str) -> Log:
-    return lambda line: log(prefix + line)
-
-
 def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
     """A pool that keeps `connections` open (so no worker pays for reconnecting), where the database takes several
     connections at all (an in-memory SQLite database has one, and a pool without sizes)."""
@@ -97,7 +94,8 @@ def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
 def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore, dict[str, Any]]]:
     """A sync store on tables of a new prefix at `url`, and the report's "engine" entry; the tables are dropped and
     the engine disposed of at the end. Failing to reach the database raises CannotMeasure."""
-    from ...store import IdempotencyStore, connect
+    from idem_dialects.store import IdempotencyStore, connect
+
     from .report import engine_info, new_prefix
 
     with reaching(url):
@@ -114,7 +112,7 @@ def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore
         store.close()
 
 
-def targets(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:
+def to_measure(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:
     """The URLs / engine names to measure, and whether unavailable ones are skipped ('all') or an error."""
     if url and engines:
         raise UsageError("give either a URL/engine name or --engine, not both")
@@ -122,7 +120,7 @@ def targets(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:
         return [url], False
     if not engines:
         raise UsageError("which database? give a URL, an engine name or --engine NAME (repeatable, or 'all')")
-    from ...engines import expand
+    from idem_dialects.engines import expand
 
     try:
         return expand(engines), "all" in engines
@@ -132,7 +130,7 @@ def targets(url: str | None, engines: Sequence[str]) -> tuple[list[str], bool]:
 
 def backend_of(target: str | URL) -> type[Backend]:
     """The backend class of a URL or catalogue engine name, without providing anything."""
-    from ...engines import get
+    from idem_dialects.engines import get
 
     if isinstance(target, URL) or "://" in target:
         name = parse(target).get_backend_name()  # InvalidURL, which never repeats the text (it may hold a password)
@@ -151,7 +149,7 @@ def run(names: Sequence[str], benches: Sequence[Benchmark], *, lenient: bool, lo
     """Provide every target, measure each in turn with each of `benches` (one per concurrency level), stop them; one
     report (a set for several engines or levels, or when some engine was skipped). Raises UsageError, Unavailable,
     CannotMeasure (the target's name leading its message) and BenchFailed (likewise)."""
-    from ...engines import provision
+    from idem_dialects.engines import provision
 
     refused: dict[str, list[str]] = {}
     for name in names:

@@ -30,11 +30,13 @@ from sqlalchemy import Column, Integer, LargeBinary, MetaData, String, Table, ca
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SAWarning
 
-from ...dialects.base import Backend
-from ...retention import purge_targets
-from ...steps import Flow, transaction
-from ...store import IdempotencyStore
-from .runner import BenchFailed, Log, scratch_store
+from idem_dialects.cli.output import Log
+from idem_dialects.dialects.base import Backend
+from idem_dialects.retention import purge_targets
+from idem_dialects.steps import Flow, transaction
+from idem_dialects.store import IdempotencyStore
+
+from .runner import BenchFailed, scratch_store
 
 SCHEMA = "idem-dialects-bench-purge/2"
 MODES = ("delete", "delete-default-isolation", "generations")
@@ -196,25 +198,3 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, l
             "claims_alone": alone, "claims_during_purge": during, "claims_after": after,
             "kept_ratio": during["claims_per_s"] / reference if (reference := (alone["claims_per_s"]
                                                                              + after["claims_per_s"]) / 2) else None}
-
-
-def render(report: dict[str, Any]) -> str:
-    engine, purge = report.get("engine", {}), report["purge"]
-    mode = report.get("mode", "delete")
-    lines = [f"purge: {engine.get('backend', '?')} {engine.get('server_version', '')}: {report['rows']:,} old of"
-             f" {report['rows'] + report.get('recent', 0):,} records, {mode}"
-             + (f" in batches of {report['batch_size']:,}" if mode != "generations" else "")
-             + f": {purge['seconds']:.2f} s, {purge['rows_per_s']:,.0f} rows/s",
-             f"{'first-time claims, ' + str(report['workers']) + ' workers':<38} {'claims/s':>9} {'p50 ms':>7}"
-             f" {'p99 ms':>7} {'max ms':>7}"]
-    for label, key in (("alone", "claims_alone"), ("during retention", "claims_during_purge"),
-                       ("alone again, after", "claims_after")):
-        row = report.get(key)
-        if row is None:
-            continue
-        lines.append(f"  {label:<36} {row['claims_per_s']:>9.0f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f}"
-                     f" {row['max_ms']:>7.1f}")
-    if report.get("kept_ratio") is not None:
-        lines.append(f"  claims kept {report['kept_ratio']:.0%} of their rate (alone, before and after)"
-                     " during retention")
-    return "\n".join(lines) + "\n"

@@ -1,24 +1,24 @@
-"""What the page's benchmark part shows (bench.html.j2): for the sync store, throughput per mode per engine side by
-side, the ratio to the bare effect, latency percentiles, client CPU and round trips per request, and the machine and
-versions it ran on; the async store's and HTTP reports as their tables."""
+"""The benchmark section of `idem-dialects report`'s HTML page (templates/bench.html.j2): for the sync store,
+throughput per mode per engine side by side, the ratio to the bare effect, latency percentiles, client CPU and round
+trips per request, and the machine and versions it ran on; every other report as its table (`render`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .bench import MODE_TITLES, SYNC, engine_label, render_bench, runs
-from .svg import SHADES, Bar, Segment, bars, svg
+from idem_dialects.cli.reporting.html import environment
+from idem_dialects.cli.reporting.svg import SHADES, Bar, Segment, bars, svg
+
+from .render import MODE_TITLES, SYNC, engine_label, modes_of, render_bench, runs
 
 
-def _modes(items: Sequence[Mapping[str, Any]]) -> list[str]:
-    modes: list[str] = []
-    for run in items:
-        modes += [m for m in run["modes"] if m not in modes]
-    return modes
+def section(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> str:
+    """The section's HTML (autoescaped by its template), for the page to place as it is."""
+    return environment("idem_dialects_bench").get_template("bench.html.j2").render(bench=view(reports, palette))
 
 
-def bench_view(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> dict[str, Any]:
+def view(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> dict[str, Any]:
     every = [run for report in reports for run in runs(report)]
     items = [run for run in every if run["schema"] == SYNC]
     skipped: dict[str, str] = {}
@@ -33,7 +33,7 @@ def bench_view(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str])
 def sync_view(reports: Sequence[Mapping[str, Any]], items: Sequence[Mapping[str, Any]],
               palette: Mapping[str, str]) -> dict[str, Any]:
     names = [engine_label(r) for r in items]
-    modes = _modes(items)
+    modes = modes_of(items)
     legend = [(n, palette.get(n, SHADES[0])) for n in names]
     pairs = list(zip(names, items, strict=True))
 
