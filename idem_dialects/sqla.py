@@ -11,17 +11,17 @@ SQLAlchemy itself uses it.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from asyncio import Lock
-
     from sqlalchemy.engine import Connection, Dialect
     from sqlalchemy.types import TypeEngine
 
 # (where, name): the class (by import path) and the private member of it the library uses. The async adapters are
-# named one by one: their common base moved between SQLAlchemy 2.0 and 2.1 (psycopg's gained `_handle_exception` in
-# 2.1; before it, psycopg's own errors pass through, which `raise_as_adapter` allows for).
+# named one by one: their common base moved between SQLAlchemy 2.0 and 2.1. Two members only 2.1 has are used where
+# present: psycopg's adapter's `_handle_exception` (before it psycopg's own errors, PEP 249's already, pass through)
+# and aiosqlite's adapter's `_execute_mutex` (a store's connection serves one task at a time anyway).
 _ADAPTERS = ("sqlalchemy.dialects.postgresql.asyncpg.AsyncAdapt_asyncpg_connection",
              "sqlalchemy.dialects.postgresql.psycopg.AsyncAdapt_psycopg_connection",
              "sqlalchemy.dialects.sqlite.aiosqlite.AsyncAdapt_aiosqlite_connection",
@@ -34,10 +34,13 @@ PINNED: tuple[tuple[str, str], ...] = (
     ("sqlalchemy.engine.Connection", "_echo"),  # an instance's
     *((adapter, "_connection") for adapter in _ADAPTERS),
     *((adapter, "_handle_exception") for adapter in _ADAPTERS if "psycopg" not in adapter),
-    *((adapter, "_execute_mutex") for adapter in _ADAPTERS if "psycopg" not in adapter),  # psycopg locks itself
+    *((adapter, "_execute_mutex") for adapter in _ADAPTERS if "asyncpg" in adapter or "asyncmy" in adapter),
     (_ADAPTERS[0], "_transaction"),
     (_ADAPTERS[0], "_start_transaction"),
 )
+
+
+_UNLOCKED = nullcontext()
 
 
 # --- SQLAlchemy's async adapters (the DB-API connection an AsyncEngine's pool holds) ------------------------------
@@ -48,9 +51,10 @@ def driver_connection(adapter: Any) -> Any:
     return adapter._connection
 
 
-def statement_lock(adapter: Any) -> Lock:
-    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, aiosqlite, asyncmy)."""
-    return adapter._execute_mutex  # type: ignore[no-any-return]
+def statement_lock(adapter: Any) -> AbstractAsyncContextManager[Any]:
+    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, asyncmy; aiosqlite's from
+    SQLAlchemy 2.1 on)."""
+    return getattr(adapter, "_execute_mutex", None) or _UNLOCKED
 
 
 def raise_as_adapter(adapter: Any, error: Exception) -> NoReturn:
