@@ -26,11 +26,11 @@ from sqlalchemy.util import await_only
 
 from idem_dialects import AsyncIdempotencyStore, IdempotencyStore, Result
 from idem_dialects.api import ClaimFlows, OutboxFlows, StoreAPI
-from idem_dialects.commands import Identity, Origin
 from idem_dialects.core import NO_PAYLOAD
 from idem_dialects.errors import RetryCause
 from idem_dialects.features import Features
 from idem_dialects.fingerprint import Encoder
+from idem_dialects.ids import Identity, Origin
 from idem_dialects.limits import OnInFlight
 from idem_dialects.outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome
 from idem_dialects.relay import AsyncRelay

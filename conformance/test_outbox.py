@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from idem_dialects import Claimed, IdempotencyStore, Reply
-from idem_dialects.commands import command_id, derive
+from idem_dialects.ids import command_id, derive
 from idem_dialects.outbox import Command
 from idem_dialects.relay import Relay
 from idem_dialects.schema import DEAD, PENDING, PUBLISHED

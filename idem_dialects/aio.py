@@ -22,17 +22,17 @@ from sqlalchemy.util import greenlet_spawn
 
 from . import dialects
 from .api import AsyncExecutor, AsyncStoreAPI
-from .commands import Identity, Origin
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
 from .execution.aio import commit_async, execute_async
 from .fingerprint import Encoder
 from .heartbeat import beating_async
+from .ids import Identity, Origin
 from .limits import DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Ddl, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
+from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
@@ -208,9 +208,9 @@ class AsyncStore(StoreBase, Generic[C]):
             body = self._in_transaction(step, effect)
             # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).
             return await (asyncio.shield(body) if step.shielded else body)
-        if isinstance(step, Ddl):
+        if isinstance(step, Catalog):
             assert conn is not None, "a schema step needs a transaction"
-            return await self.executor.ddl(conn, step.action)
+            return await self.executor.catalog(conn, step.action)
         assert not isinstance(step, Exec)
         await asyncio.sleep(step.seconds)
         return None
@@ -253,7 +253,7 @@ class AsyncEngineExecutor:
     async def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Any:
         return await execute_async(conn, self._backend, self.driver, statement, params)
 
-    async def ddl(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
+    async def catalog(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
         return await conn.run_sync(action)
 
     def check(self, conn: AsyncConnection) -> None:

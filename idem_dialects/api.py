@@ -32,8 +32,8 @@ from .steps import Begin, Flow, Heartbeat, Statement
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from .commands import Identity, Origin
     from .core import Request
+    from .ids import Identity, Origin
     from .outbox import Command, Failure, OutboxStats
     from .retention import Stats
     from .telemetry import Telemetry
@@ -60,8 +60,9 @@ class Executor(Protocol[C]):
         """Run one of the store's statements on `conn`: what its `shape` asks for."""
         ...
 
-    def ddl(self, conn: C, action: Callable[[Connection], T]) -> T:
-        """Run schema work (CREATE, DROP, a catalog read) on SQLAlchemy's Connection of `conn`."""
+    def catalog(self, conn: C, action: Callable[[Connection], T]) -> T:
+        """Run work on the catalog (CREATE, DROP, a table's existence, a row estimate) on SQLAlchemy's Connection of
+        `conn`."""
         ...
 
     def check(self, conn: C) -> None:
@@ -80,7 +81,7 @@ class AsyncExecutor(Protocol[C]):
 
     async def execute(self, conn: C, statement: Statement, params: Mapping[str, Any]) -> Any: ...
 
-    async def ddl(self, conn: C, action: Callable[[Connection], T]) -> T: ...
+    async def catalog(self, conn: C, action: Callable[[Connection], T]) -> T: ...
 
     def check(self, conn: C) -> None: ...
 

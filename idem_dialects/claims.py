@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 from sqlalchemy import Delete, Update, bindparam, delete, update
 from sqlalchemy.exc import DBAPIError
 
-from .commands import Origin, entering, leaving
 from .core import ROUNDS, Core, Request
 from .dialects.base import binds, params, statement
 from .errors import ClaimRaced, LeaseLost, RequestInFlight, RequestMismatch, RetryCause
 from .features import Features
 from .fingerprint import decode_response, encode_response
+from .ids import Origin, entering, leaving
 from .limits import OnInFlight, check_on_in_flight, check_status
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import EffectFailed, RetryPolicy, effect_failure

@@ -32,7 +32,7 @@ from .limits import DEFAULT_RETENTION, check_response_size, check_retention, lea
 from .outcomes import Claimed
 from .retry import RetryPolicy, retrying
 from .schema import Tables, build_tables, check_prefix
-from .steps import Begin, Flow, ddl, transaction
+from .steps import Begin, Flow, catalog, transaction
 from .telemetry import MeterProvider, Telemetry, TracerProvider
 
 T = TypeVar("T")
@@ -172,7 +172,7 @@ class Core:
             self.backend.features = refined
             if self.backend.maintenance.generations():
                 name = self.tables.previous.name
-                found = yield from ddl(lambda c: inspect(c).has_table(name))
+                found = yield from catalog(lambda c: inspect(c).has_table(name))
                 self.previous = self.tables.previous if found else None
             self.refined = True
 
@@ -233,7 +233,7 @@ class Core:
 
         for round_no in range(ROUNDS):
             try:
-                yield from self.retrying(lambda: transaction(ddl(create)))
+                yield from self.retrying(lambda: transaction(catalog(create)))
                 if generations:
                     self.previous = self.tables.previous
                 return
@@ -247,6 +247,6 @@ class Core:
                 table.drop(conn, checkfirst=True)
             self.tables.metadata.drop_all(conn, checkfirst=True)
 
-        yield from transaction(ddl(drop))
+        yield from transaction(catalog(drop))
         self.previous = None
 

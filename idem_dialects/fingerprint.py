@@ -37,7 +37,6 @@ _ENCODER_HINT = ("pass encoder=idem_dialects.default_encoder (or your own) to Id
 
 _JSON_TAG = b"j"
 _BYTES_TAG = b"b"
-_SCALARS = (str, int, float, bool, type(None))
 _JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from .claims import call_effect
-from .commands import MESSAGE, MESSAGE_OPERATION, Origin
 from .core import NO_PAYLOAD, ROUNDS, Core
 from .errors import ClaimRaced, InvalidPayload, RequestMismatch
+from .ids import MESSAGE, MESSAGE_OPERATION, Origin
 from .outcomes import Delivery, Disposition, OnMismatch
 from .retry import RetryPolicy
 from .schema import MESSAGE_KEY_COLUMNS

@@ -20,11 +20,11 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, exists, func, literal_column, null, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from .commands import Origin, derive
 from .core import Core
 from .dialects.base import statement
 from .errors import InvalidPayload
 from .fingerprint import decode_response, encode_response
+from .ids import Origin, derive
 from .keys import check_identifier
 from .schema import DEAD, ERROR_LENGTH, PENDING, PUBLISHED
 from .steps import Flow, Shape, Statement, execute, rowcount, transaction

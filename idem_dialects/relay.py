@@ -26,15 +26,14 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+from .api import AsyncStoreAPI, StoreAPI
 from .errors import IdemError
 from .outbox import Command, Failure, OutboxStats, backoff
 
-if TYPE_CHECKING:
-    from .api import AsyncStoreAPI, StoreAPI
-
 log = logging.getLogger("idem_dialects.relay")
+S = TypeVar("S", "StoreAPI[Any]", "AsyncStoreAPI[Any]")  # the store a relay drives: sync (Relay) or async
 
 
 class Rejected(Exception):
@@ -95,18 +94,18 @@ class Round:
     unreachable: bool
 
 
-class _Relaying:
+class _Relaying(Generic[S]):
     """The options and decisions both loops share."""
 
-    def __init__(self, store: StoreAPI[Any] | AsyncStoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int,
-                 lease: float,
-                 max_attempts: int, backoff_base: float, backoff_cap: float, ordered: bool, idle: float,
-                 stats_every: float, name: str | None) -> None:
+    def __init__(self, store: S, routes: Mapping[str, AnyPublisher], *, batch: int = 100, lease: float = 30.0,
+                 max_attempts: int = 10, backoff_base: float = 1.0, backoff_cap: float = 300.0, ordered: bool = True,
+                 idle: float = 0.5, stats_every: float = 10.0, name: str | None = None) -> None:
         if not routes:
             raise IdemError("a relay needs at least one route: {destination: publisher} ('*' for any destination)")
         if batch < 1 or lease <= 0 or max_attempts < 1 or backoff_base <= 0 or backoff_cap < backoff_base:
             raise ValueError("batch >= 1, lease > 0, max_attempts >= 1 and 0 < backoff_base <= backoff_cap")
-        self.store, self.routes = store, dict(routes)
+        self.store: S = store
+        self.routes = dict(routes)
         self.batch, self.lease, self.max_attempts = batch, lease, max_attempts
         self.backoff_base, self.backoff_cap, self.ordered = backoff_base, backoff_cap, ordered
         self.idle, self.stats_every = idle, stats_every
@@ -114,6 +113,7 @@ class _Relaying:
         self.token = uuid.uuid4().hex  # this relay's leases
         self.metrics = RelayMetrics()
         self._sampled = 0.0
+        self._unreachable = False  # a destination was down in the last round
 
     def route(self, command: Command) -> AnyPublisher | None:
         return self.routes.get(command.destination) or self.routes.get(DEFAULT_ROUTE)
@@ -158,24 +158,17 @@ def _failed(command: Command) -> BaseException:
     return Rejected(f"no publisher for destination {command.destination!r}")
 
 
-class Relay(_Relaying):
+class Relay(_Relaying[StoreAPI[Any]]):
     """Publishes the outbox of a sync store (IdempotencyStore, a Django store, a ShardedStore: every shard's). `routes`
     maps a destination (or '*') to a publisher; an async publisher (RabbitMQ's, NATS's) runs on an event loop of the
     relay's own thread. `run(stop)` until `stop` is set, or `run_once()` from a loop of your own."""
 
-    def __init__(self, store: StoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int = 100,
-                 lease: float = 30.0, max_attempts: int = 10, backoff_base: float = 1.0, backoff_cap: float = 300.0,
-                 ordered: bool = True, idle: float = 0.5, stats_every: float = 10.0, name: str | None = None) -> None:
-        super().__init__(store, routes, batch=batch, lease=lease, max_attempts=max_attempts,
-                         backoff_base=backoff_base, backoff_cap=backoff_cap, ordered=ordered, idle=idle,
-                         stats_every=stats_every, name=name)
-        self.sstore = store
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+    _loop: asyncio.AbstractEventLoop | None = None  # the async publishers' (started by the first of them)
+    _thread: threading.Thread | None = None
 
     def run_once(self) -> int:
         """One round; how many commands it published."""
-        drive, outbox = self.sstore.drive, self.sstore.outbox
+        drive, outbox = self.store.drive, self.store.outbox
         if self.due_for_stats():
             self.sampled(drive(outbox.stats()))
         commands = drive(outbox.claim(self.token, self.batch, self.lease, self.ordered))
@@ -257,33 +250,22 @@ class Relay(_Relaying):
             self._loop.close()
             self._loop = self._thread = None
 
-    _unreachable = False
 
-
-class AsyncRelay(_Relaying):
+class AsyncRelay(_Relaying[AsyncStoreAPI[Any]]):
     """Publishes the outbox of an async store (AsyncIdempotencyStore, an AsyncShardedStore: every shard's): a round's
     commands are published concurrently (each scope has at most one in a round when `ordered`). A sync publisher is
     called in a worker thread."""
 
-    def __init__(self, store: AsyncStoreAPI[Any], routes: Mapping[str, AnyPublisher], *, batch: int = 100,
-                 lease: float = 30.0, max_attempts: int = 10, backoff_base: float = 1.0, backoff_cap: float = 300.0,
-                 ordered: bool = True, idle: float = 0.5, stats_every: float = 10.0, name: str | None = None) -> None:
-        super().__init__(store, routes, batch=batch, lease=lease, max_attempts=max_attempts,
-                         backoff_base=backoff_base, backoff_cap=backoff_cap, ordered=ordered, idle=idle,
-                         stats_every=stats_every, name=name)
-        self.astore = store
-        self._unreachable = False
-
     async def run_once(self) -> int:
         """One round; how many commands it published."""
         if self.due_for_stats():
-            self.sampled(await self.astore.drive(self.astore.outbox.stats()))
-        commands = await self.astore.drive(self.astore.outbox.claim(self.token, self.batch, self.lease, self.ordered))
+            self.sampled(await self.store.drive(self.store.outbox.stats()))
+        commands = await self.store.drive(self.store.outbox.claim(self.token, self.batch, self.lease, self.ordered))
         if not commands:
             return 0
         results = await asyncio.gather(*(self._publish(c) for c in commands))
         done = self.decide(commands, results)
-        await self.astore.drive(self.astore.outbox.settle(self.token, done.published, done.failed, done.released))
+        await self.store.drive(self.store.outbox.settle(self.token, done.published, done.failed, done.released))
         self._unreachable = done.unreachable
         return len(done.published)
 

@@ -24,7 +24,7 @@ from .dialects.maintenance import Maintenance
 from .errors import _first_line
 from .limits import DEFAULT_RETENTION, check_batch_size, check_retention
 from .schema import PUBLISHED, Tables
-from .steps import Begin, Flow, Shape, Statement, ddl, execute, transaction
+from .steps import Begin, Flow, Shape, Statement, catalog, execute, transaction
 
 __all__ = ["DEFAULT_RETENTION", "Retention", "Stats", "TableSize", "purge_targets"]
 # Below this many rows (the engine's estimate) `stats` counts exactly: a scan that small costs less than a
@@ -176,9 +176,9 @@ class Retention:
         due = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
         if due[1] and not due[0]:
             return 0
-        dropped: int = yield from self.core.retrying(lambda: transaction(ddl(
+        dropped: int = yield from self.core.retrying(lambda: transaction(catalog(
             lambda conn: backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep))))
-        yield from self.core.retrying(lambda: transaction(ddl(
+        yield from self.core.retrying(lambda: transaction(catalog(
             lambda conn: backend.maintenance.drop_retired(conn, previous))))
         self.core.telemetry.purged(tables.records.name, dropped)
         if progress is not None:
@@ -225,7 +225,7 @@ class Retention:
         maintenance = self.core.backend.maintenance
         if type(maintenance).rows is not Maintenance.rows:
             counted = (self.core.tables.records, self.core.tables.messages, *self._previous())
-            rows = yield from ddl(lambda conn: sum(max(0, maintenance.rows(conn, t) or 0) for t in counted))
+            rows = yield from catalog(lambda conn: sum(max(0, maintenance.rows(conn, t) or 0) for t in counted))
             if rows >= EXACT_BELOW:
                 return (yield from self._estimates())
         tables, backend = self.core.tables, self.core.backend
@@ -286,7 +286,7 @@ class Retention:
                     "messages": known(maintenance.rows(conn, tables.messages)),
                     "past_messages": known(maintenance.older_than(conn, tables.messages, "processed_at", seconds))}
 
-        found = yield from ddl(estimate)
+        found = yield from catalog(estimate)
         in_flight, expired = int(open_rows.in_flight), int(open_rows.expired)
         return {"db_now": _utc(open_rows.db_now), "completed": max(0, found["records"] - in_flight - expired),
                 "in_flight": in_flight, "expired": expired,

@@ -11,16 +11,17 @@ SQLAlchemy itself uses it.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from asyncio import Lock
-
     from sqlalchemy.engine import Connection, Dialect
     from sqlalchemy.types import TypeEngine
 
 # (where, name): the class (by import path) and the private member of it the library uses. The async adapters are
-# named one by one: their common base moved between SQLAlchemy 2.0 and 2.1.
+# named one by one: their common base moved between SQLAlchemy 2.0 and 2.1. Two members only 2.1 has are used where
+# present: psycopg's adapter's `_handle_exception` (before it psycopg's own errors, PEP 249's already, pass through)
+# and aiosqlite's adapter's `_execute_mutex` (a store's connection serves one task at a time anyway).
 _ADAPTERS = ("sqlalchemy.dialects.postgresql.asyncpg.AsyncAdapt_asyncpg_connection",
              "sqlalchemy.dialects.postgresql.psycopg.AsyncAdapt_psycopg_connection",
              "sqlalchemy.dialects.sqlite.aiosqlite.AsyncAdapt_aiosqlite_connection",
@@ -30,11 +31,16 @@ PINNED: tuple[tuple[str, str], ...] = (
     ("sqlalchemy.types.TypeEngine", "_cached_bind_processor"),
     ("sqlalchemy.types.TypeEngine", "_cached_result_processor"),
     ("sqlalchemy.pool.base._ConnectionFairy", "_close_special"),  # what `Connection.close()` calls
-    *((adapter, name) for adapter in _ADAPTERS for name in ("_connection", "_handle_exception")),
-    *((adapter, "_execute_mutex") for adapter in _ADAPTERS if "psycopg" not in adapter),  # psycopg locks itself
+    ("sqlalchemy.engine.Connection", "_echo"),  # an instance's
+    *((adapter, "_connection") for adapter in _ADAPTERS),
+    *((adapter, "_handle_exception") for adapter in _ADAPTERS if "psycopg" not in adapter),
+    *((adapter, "_execute_mutex") for adapter in _ADAPTERS if "asyncpg" in adapter or "asyncmy" in adapter),
     (_ADAPTERS[0], "_transaction"),
     (_ADAPTERS[0], "_start_transaction"),
 )
+
+
+_UNLOCKED = nullcontext()
 
 
 # --- SQLAlchemy's async adapters (the DB-API connection an AsyncEngine's pool holds) ------------------------------
@@ -45,15 +51,19 @@ def driver_connection(adapter: Any) -> Any:
     return adapter._connection
 
 
-def statement_lock(adapter: Any) -> Lock:
-    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, aiosqlite, asyncmy)."""
-    return adapter._execute_mutex  # type: ignore[no-any-return]
+def statement_lock(adapter: Any) -> AbstractAsyncContextManager[Any]:
+    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, asyncmy; aiosqlite's from
+    SQLAlchemy 2.1 on)."""
+    return getattr(adapter, "_execute_mutex", None) or _UNLOCKED
 
 
 def raise_as_adapter(adapter: Any, error: Exception) -> NoReturn:
-    """Raise a driver's `error` as the adapter raises it: its emulation of PEP 249's classes, the SQLSTATE kept."""
-    adapter._handle_exception(error)
-    raise error  # pragma: no cover - _handle_exception always raises
+    """Raise a driver's `error` as the adapter raises it: its emulation of PEP 249's classes, the SQLSTATE kept.
+    SQLAlchemy 2.0's psycopg adapter translates nothing (psycopg's own errors are PEP 249's): they go as they are."""
+    handle = getattr(adapter, "_handle_exception", None)
+    if handle is not None:
+        handle(error)
+    raise error
 
 
 async def asyncpg_begin(adapter: Any) -> None:
@@ -86,6 +96,27 @@ def bind_processor(type_: TypeEngine[Any], dialect: Dialect) -> Any:
 def result_processor(type_: TypeEngine[Any], dialect: Dialect, coltype: Any) -> Any:
     """The type's result processor for `dialect` and the driver's column type, cached as for SQLAlchemy's own."""
     return type_._cached_result_processor(dialect, coltype)
+
+
+class unlogged:
+    """Out of SQLAlchemy's engine log for the block. With echo=True/"debug", or the ``sqlalchemy.engine`` logger at
+    INFO/DEBUG, a connection logs each statement and its result rows - a replay's row holds the stored response and
+    the claim token, which hide_parameters does not cover. The flag is per connection, so the caller's effect on the
+    same connection is logged as before."""
+
+    __slots__ = ("_conn", "_echo")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._echo = getattr(conn, "_echo", False)
+
+    def __enter__(self) -> None:
+        if self._echo:
+            self._conn._echo = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self._echo:
+            self._conn._echo = self._echo
 
 
 class NothingToReturn:

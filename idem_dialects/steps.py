@@ -60,9 +60,10 @@ class Exec:
 
 
 @dataclass(frozen=True, slots=True)
-class Ddl(Generic[T]):
-    """Run `action` on SQLAlchemy's `Connection` of the flow's transaction: schema work (CREATE, DROP) that
-    SQLAlchemy's DDL compilers do, off every request's path. The async store runs it through `run_sync`."""
+class Catalog(Generic[T]):
+    """Run `action` on SQLAlchemy's `Connection` of the flow's transaction: work on the database's catalog that
+    SQLAlchemy does, off every request's path - CREATE and DROP (its DDL compilers), a table's existence (its
+    inspector), a planner's row estimate. The async store runs it through `run_sync`."""
 
     action: Callable[[Connection], T]
 
@@ -102,7 +103,7 @@ class Sleep:
     seconds: float
 
 
-Step: TypeAlias = "Exec | Ddl[Any] | Effect | Transaction | Sleep"
+Step: TypeAlias = "Exec | Catalog[Any] | Effect | Transaction | Sleep"
 Flow: TypeAlias = Generator[Step, Any, T]
 
 
@@ -142,9 +143,9 @@ def rowcount(statement: Statement, params: Mapping[str, Any] | None = None) -> F
     return (yield Exec(statement, params or {}))  # type: ignore[no-any-return]
 
 
-def ddl(action: Callable[[Connection], T]) -> Flow[T]:
-    """A flow of one schema action on SQLAlchemy's Connection."""
-    return (yield Ddl(action))  # type: ignore[no-any-return]
+def catalog(action: Callable[[Connection], T]) -> Flow[T]:
+    """A flow of one action on the catalog, on SQLAlchemy's Connection."""
+    return (yield Catalog(action))  # type: ignore[no-any-return]
 
 
 def transaction(body: Flow[T], begin: Begin = Begin.STORE, *, shielded: bool = False) -> Flow[T]:

@@ -20,7 +20,6 @@ from sqlalchemy.engine import URL, Connection
 from . import dialects
 from .api import Executor, StoreAPI
 from .claims import Reply as Reply  # re-exported: its home before the flows were split by job
-from .commands import Identity, Origin
 from .core import NO_PAYLOAD, Core
 from .dialects.base import Backend
 from .drivers import Driver
@@ -28,11 +27,12 @@ from .errors import AsyncMisuse
 from .execution.sync import execute_native, execute_sqlalchemy
 from .fingerprint import Encoder
 from .heartbeat import beating
+from .ids import Identity, Origin
 from .limits import DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Ddl, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
+from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, owning_engine, refuse_async_effect, refuse_awaitable, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import target
@@ -224,8 +224,8 @@ class SyncStore(StoreBase, Generic[C]):
         if isinstance(step, Transaction):
             with self.begin(step.begin) as c:  # nothing to shield from: a sync call is not cancelled
                 return self.drive(step.body, c, effect)
-        if isinstance(step, Ddl):
-            return self.executor.ddl(conn, step.action)  # type: ignore[arg-type]
+        if isinstance(step, Catalog):
+            return self.executor.catalog(conn, step.action)  # type: ignore[arg-type]
         assert not isinstance(step, Exec)
         time.sleep(step.seconds)
         return None
@@ -259,7 +259,7 @@ class EngineExecutor:
             return execute_native(conn, self._backend, statement, params)
         return execute_sqlalchemy(conn, statement, params)
 
-    def ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
+    def catalog(self, conn: Connection, action: Callable[[Connection], T]) -> T:
         return action(conn)
 
     def check(self, conn: Connection) -> None:

@@ -13,13 +13,13 @@ from typing import TypeVar
 from sqlalchemy.engine import Dialect
 
 from .claims import Claims
-from .commands import Identity, Origin, current, origin_of
 from .core import Core
 from .dialects.base import Backend
 from .errors import AsyncMisuse, IdemError, InvalidPayload, RetryCause
 from .execution.plan import plan
 from .features import Features
 from .fingerprint import Encoder
+from .ids import Identity, Origin, current, origin_of
 from .inbox import Inbox
 from .limits import check_retention
 from .outbox import Outbox, Prepared

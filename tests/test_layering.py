@@ -167,7 +167,7 @@ def test_no_import_cycle() -> None:
 LAYERS: list[tuple[str, ...]] = [
     ("idem_dialects.version", "idem_dialects.sqla", "idem_dialects.errors", "idem_dialects.features",
      "idem_dialects.outcomes", "idem_dialects.keys", "idem_dialects.limits", "idem_dialects.encoding",
-     "idem_dialects.fingerprint", "idem_dialects.commands"),
+     "idem_dialects.fingerprint", "idem_dialects.ids"),
     ("idem_dialects.steps", "idem_dialects.retry", "idem_dialects.telemetry", "idem_dialects.heartbeat"),
     ("idem_dialects.drivers",),
     ("idem_dialects.dialects",),

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine
 
-from idem_dialects.commands import command_id, derive, downstream_key
 from idem_dialects.core import Core
 from idem_dialects.dialects.mysql import MySQLFeatures
 from idem_dialects.execution.plan import plan
+from idem_dialects.ids import command_id, derive, downstream_key
 from idem_dialects.outbox import Failure
 from idem_dialects.steps import Exec, Stepper
 

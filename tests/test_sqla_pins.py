@@ -8,6 +8,8 @@ import importlib
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 
 from idem_dialects.sqla import PINNED
 
@@ -22,7 +24,12 @@ def _class(where: str) -> type:
 
 
 def _has(cls: type, name: str) -> bool:
-    return hasattr(cls, name) or any(name in getattr(base, "__slots__", ()) for base in cls.__mro__)
+    if hasattr(cls, name) or any(name in getattr(base, "__slots__", ()) for base in cls.__mro__):
+        return True
+    if cls is Connection:  # an attribute its instances set when made
+        with create_engine("sqlite://").connect() as conn:
+            return hasattr(conn, name)
+    return False
 
 
 @pytest.mark.parametrize(("where", "name"), PINNED, ids=[f"{w.rpartition('.')[2]}.{n}" for w, n in PINNED])

@@ -175,7 +175,7 @@ class DjangoExecutor:
     def execute(self, conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
         return execute_native(conn, self._core.backend, statement, params)
 
-    def ddl(self, conn: Connection, action: Callable[[Connection], T]) -> T:
+    def catalog(self, conn: Connection, action: Callable[[Connection], T]) -> T:
         return action(conn)
 
     def check(self, conn: Connection) -> None:

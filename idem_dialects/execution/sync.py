@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..guard import store_error
-from ..sqla import handle_dbapi_exception
+from ..sqla import handle_dbapi_exception, unlogged
 from ..steps import Shape, Statement
 from .plan import plan, read
 
@@ -70,44 +70,3 @@ def execute_sqlalchemy(conn: Connection, statement: Statement, params: Mapping[s
         count = result.rowcount
         result.close()
     return count if statement.shape is Shape.ROWCOUNT else None
-
-
-def execute_on_dbapi(dbapi: Any, dialect: Dialect, backend: Backend, statement: Statement,
-                     params: Mapping[str, Any]) -> Any:
-    """Run `statement` on a DBAPI connection another framework owns (Django's): errors wrapped as SQLAlchemy wraps
-    them (DBAPIError, `connection_invalidated` on a disconnect), so the backend classifies them as its own."""
-    compiled = plan(statement, dialect)
-    cursor = dbapi.cursor()
-    try:
-        cursor.execute(compiled.sql, compiled.parameters(params))
-        raw, description = read(cursor, compiled)
-    except dialect.loaded_dbapi.Error as error:
-        wrapped = DBAPIError.instance(compiled.sql, None, error, dialect.loaded_dbapi.Error, hide_parameters=True,
-                                      dialect=dialect,
-                                      connection_invalidated=dialect.is_disconnect(error, dbapi, cursor))
-        assert isinstance(wrapped, DBAPIError)  # a driver error is always wrapped as one
-        raise store_error(backend, wrapped, statement.tables, dbapi) from error
-    finally:
-        cursor.close()
-    return compiled.result(raw, description)
-
-
-class unlogged:
-    """Out of SQLAlchemy's engine log for the block. With echo=True/"debug", or the ``sqlalchemy.engine`` logger at
-    INFO/DEBUG, a connection logs each statement and its result rows - a replay's row holds the stored response and
-    the claim token, which hide_parameters does not cover. The flag is per connection, so the caller's effect on the
-    same connection is logged as before; tests/test_log_secrets.py fails if SQLAlchemy renames it."""
-
-    __slots__ = ("_conn", "_echo")
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._echo = getattr(conn, "_echo", False)
-
-    def __enter__(self) -> None:
-        if self._echo:
-            self._conn._echo = False
-
-    def __exit__(self, *exc: object) -> None:
-        if self._echo:
-            self._conn._echo = self._echo

@@ -14,9 +14,9 @@ from sqlalchemy.engine import URL
 
 from ..aio import AsyncIdempotencyStore, AsyncStore
 from ..api import AsyncStoreAPI
-from ..commands import Identity, Origin
 from ..core import NO_PAYLOAD
 from ..heartbeat import beating_async
+from ..ids import Identity, Origin
 from ..limits import OnInFlight
 from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats

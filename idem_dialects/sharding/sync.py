@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from sqlalchemy.engine import URL
 
 from ..api import StoreAPI
-from ..commands import Identity, Origin
 from ..core import NO_PAYLOAD
 from ..heartbeat import beating
+from ..ids import Identity, Origin
 from ..limits import OnInFlight
 from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats
