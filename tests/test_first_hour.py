@@ -4,6 +4,7 @@ words of the pages they read. Each test runs the `idem-dialects` command (or `py
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -202,3 +204,49 @@ def test_the_benchmarks_page_names_a_checkout_by_commit_alone() -> None:
         sys.path.remove(str(ROOT))
     assert checkout({"commit": "c96f9ca9ad0123", "subject": "Round 4: ...", "dirty": True}) == "c96f9ca9ad-dirty"
     assert checkout({"commit": "757bb6d02a0123", "subject": "x", "dirty": False}) == "757bb6d02a"
+
+
+def test_the_conformance_page_runs_it_in_ci_around_the_shipped_workflow() -> None:
+    """The "Run it in your CI" section names every job of the shipped workflow: each engine and each service image
+    (the page promises what the workflow does)."""
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "conformance.yml").read_text(encoding="utf-8"))
+    page = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
+    section = page[page.index("## Run it in your CI"):]
+    assert ".github/workflows/conformance.yml" in section
+    for entry in workflow["jobs"]["matrix"]["strategy"]["matrix"]["include"]:
+        assert f"`{entry['engine']}`" in section, entry["engine"]
+        image = entry["image"]
+        assert not image or image in section or f"`:{image.rpartition(':')[2]}`" in section, image
+    assert "--require" in section and "IDEM_URL_" in section
+
+
+def test_missing_tables_answer_503_and_are_logged_once_with_the_fix(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """An app whose store's tables were never created: every idempotent request answers 503, and the log says once,
+    at WARNING, which tables are missing and how to create them (not once per request)."""
+    import logging
+
+    from idem_dialects import IdempotencyStore
+    from idem_dialects.http import IdempotencyPolicy
+    from idem_dialects.http.wsgi import IdempotencyMiddleware
+
+    def app(environ: dict[str, object], start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b"{}"]
+
+    prefix = f"idem_nt{uuid.uuid4().hex[:6]}_"  # a message of its own: one logged by another test is not this one
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'empty.db'}", table_prefix=prefix) as store:
+        wrapped = IdempotencyMiddleware(app, store, IdempotencyPolicy(scope=lambda r: "account:1"))
+        caplog.set_level(logging.WARNING, logger="idem_dialects")
+        statuses = []
+        for key in ("k1", "k2", "k1"):
+            environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/payments", "QUERY_STRING": "", "wsgi.input":
+                       io.BytesIO(b"{}"), "CONTENT_LENGTH": "2", "CONTENT_TYPE": "application/json",
+                       "HTTP_IDEMPOTENCY_KEY": f'"{key}"', "SERVER_NAME": "t", "SERVER_PORT": "80",
+                       "wsgi.url_scheme": "http"}
+            b"".join(wrapped(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert [s.split()[0] for s in statuses] == ["503", "503", "503"]
+    told = [r for r in caplog.records if r.levelno == logging.WARNING and prefix in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    assert "idem-dialects init URL" in told[0].getMessage() and "create_tables()" in told[0].getMessage()
