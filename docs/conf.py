@@ -13,6 +13,11 @@ copyright = "2026, the idem-dialects authors"
 release = _version("idem-dialects")
 version = ".".join(release.split(".")[:2])
 
+# `python -m sphinx` puts the working directory first on sys.path: run from the repository root, the source tree's
+# idem_dialects/ (without engines/ and conformance/, which installing maps into the package) would shadow the installed
+# package. The pages document the installed one (an editable install finds the source through its own finder).
+_root = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _root]
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 extensions = [

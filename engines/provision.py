@@ -78,7 +78,7 @@ def provision(name: str, urls: Mapping[str, URL], required: bool = False,
     status = EngineStatus(name, required)
     try:
         if name in urls:
-            server = Server(name, urls[name], "URL from --url")
+            server = Server(name, urls[name], "URL given on the command line")
         else:
             server = ENGINES[name].provide(start_on_request)
     except EntryUnavailable as exc:

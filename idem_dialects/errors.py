@@ -140,13 +140,14 @@ class WinnerNotVisible(TransientError):
 class CannotConnect(TransientError):
     """A connection to the database could not be opened (refused, reset, server starting or shutting down, a
     read-only standby). No statement ran, so `run` retries it within its budget; the driver's error is the
-    __cause__."""
+    __cause__. `reason` says what happened in plain words where the backend knows (a socket error under the
+    driver's); else the message is the driver's own first line."""
 
     cause = RetryCause.CONNECT
 
-    def __init__(self, backend: str, error: BaseException) -> None:
+    def __init__(self, backend: str, error: BaseException, reason: str | None = None) -> None:
         self.backend = backend
-        super().__init__(f"cannot connect to the {backend} database: {_first_line(error)}")
+        super().__init__(f"cannot connect to the {backend} database: {reason or _first_line(error)}")
 
 
 class PoolExhausted(TransientError):
@@ -278,7 +279,7 @@ class InvalidURL(ConfigurationError):
 
     def __init__(self, problem: str = "not a database URL", expected: str | None = None) -> None:
         self.problem = problem
-        self.expected = expected or ("expected DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
+        self.expected = expected or ("write it as DIALECT[+DRIVER]://USER[:PASSWORD]@HOST[:PORT]/DB, e.g."
                                      " postgresql+psycopg://app@db/app or sqlite:///path/to.db")
         super().__init__(f"{problem}; {self.expected}")
 
@@ -329,6 +330,9 @@ class UnsupportedIsolation(ConfigurationError):
 
 
 def _first_line(exc: BaseException) -> str:
-    # SQLAlchemy appends the statement and its parameters on later lines: never repeat those (stored values).
-    text = str(exc).strip()
+    # SQLAlchemy appends the statement and its parameters on later lines: never repeat those (stored values). Its
+    # wrapper's text also starts with the driver's class, "(psycopg.OperationalError) ...": the driver's own words
+    # are those of `orig`.
+    orig = getattr(exc, "orig", None)
+    text = str(orig if isinstance(orig, BaseException) else exc).strip()
     return text.splitlines()[0] if text else "(no message)"

@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from . import dialects
 from .dialects import options as driver_options
+from .dialects.classify import PERCENT_ENCODING
 from .errors import ConfigurationError, InvalidURL, MissingDriver
 
 if TYPE_CHECKING:
@@ -28,12 +29,19 @@ if TYPE_CHECKING:
 
 # The host part of a URL's text: between "://" (and any USER[:PASSWORD]@) and the path, query or end.
 _HOST_PART = re.compile(r"^[\w+.-]+://(?:[^@/?#]*@)?([^/?#]*)")
+# A URL's text read as its writer meant it when the user name or password holds an "@": what comes before its last
+# "@" is USER[:PASSWORD], what follows is the host and the rest.
+_LAST_AT = re.compile(r"^(?P<scheme>[\w+.-]+://)(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
+ENCODE_COMMAND = """python3 -c 'import getpass, urllib.parse; print(urllib.parse.quote(getpass.getpass(), safe=""))'"""
 
 
 def parse(url: str | URL) -> URL:
-    """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL, for
+    """`make_url`, with InvalidURL (never repeating the text: it may hold a password) for what is not a URL, for a
+    user name or password holding an unencoded "@" (SQLAlchemy would take the rest of it for the host), for
     several hosts in its host part and for a port outside 1-65535 (which drivers would take for a host that does
     not answer, and retry)."""
+    if isinstance(url, str) and (problem := unencoded(url)) is not None:
+        raise problem
     if isinstance(url, str) and (found := _HOST_PART.match(url)) is not None and "," in found.group(1):
         raise InvalidURL("the URL's host part names several hosts (HOST1:PORT1,HOST2:PORT2), and holds one",
                          several_hosts(url))
@@ -45,6 +53,27 @@ def parse(url: str | URL) -> URL:
         raise InvalidURL("the port in the URL is not a number") from None
     driver_options.check_port(parsed)
     return parsed
+
+
+def unencoded(text: str) -> InvalidURL | None:
+    """InvalidURL if an "@" in the password of `text` is not percent-encoded: SQLAlchemy ends the password at its
+    first "@", so the host it reads holds an "@" (or its port is not a number). The fix shows the URL with the
+    password as a placeholder, how to encode one, and a command that encodes it from a prompt: the password itself
+    is never printed, encoded or not."""
+    found = _LAST_AT.match(text)
+    if found is None or "@" not in found["userinfo"]:
+        return None
+    try:
+        host = make_url(text).host or ""
+    except (ArgumentError, ValueError):
+        host = "@"  # the text after the first "@" did not even read as a host and port
+    if "@" not in host:
+        return None  # read as meant (SQLAlchemy takes an "@" in the user name; one in the query is no concern)
+    user = found["userinfo"].partition(":")[0]
+    return InvalidURL("the URL's password holds an '@' that is not percent-encoded, so what follows it was read as"
+                      " the host", f"percent-encode the password: {found['scheme']}{user}:<password, percent-encoded>"
+                      f"@{found['rest']} (write {PERCENT_ENCODING}; this prints a password encoded:"
+                      f" {ENCODE_COMMAND})")
 
 
 def several_hosts(url: str) -> str | None:

@@ -109,7 +109,8 @@ def test_check_command_on_a_url(tmp_path: Path) -> None:
     done = cli("check", f"sqlite:///{tmp_path / 'mine.db'}", "-k", "first_request or purge", "--format", "json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert list(report["engines"]) == ["target"] and report["engines"]["target"]["how"] == "URL from --url"
+    assert list(report["engines"]) == ["target"]
+    assert report["engines"]["target"]["how"] == "URL given on the command line"
     assert {c["id"] for c in report["checks"]} == {"first_request_claims_and_runs_once", "purge_removes_old_keeps_live"}
 
 

@@ -194,6 +194,7 @@ def passwords(args: list[str]) -> list[str]:
 
 def test_the_table_has_every_mistake_of_the_issue() -> None:
     wanted = ["wrong password", "unknown user", "unknown database", "unknown host", "refused port",
+              "refused port (PostgreSQL)", "password with an unencoded `@`",
               "missing SQLite directory", "missing driver package", "missing system library", "role without CREATE",
               "no pytest", "non-numeric port", "driver-level autocommit", "no password", "bad option value",
               "unknown option", "port out of range", "several hosts", "missing SQLite file", "a URL without its NAME="]
@@ -234,7 +235,8 @@ def _commands(url: str) -> dict[str, list[str]]:
 
 
 SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
-    "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "missing SQLite directory",
+    "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "refused port (PostgreSQL)",
+    "password with an unencoded `@`", "missing SQLite directory",
     "missing driver package", "missing system library (pyodbc without unixODBC)",
     "missing system library (mssql-python without libltdl)", "non-numeric port", "driver-level autocommit",
     "no password (PostgreSQL asking for one)", "bad option value (PostgreSQL)", "bad option value (MariaDB)",
@@ -336,7 +338,8 @@ def test_wrong_password_under_password_auth_is_configuration_and_not_retried(scr
     assert done.returncode == 2 and done.stderr.splitlines() == [
         f"idem-dialects init: cannot connect to the postgresql database: authentication failed for user '{role}'"
         " (SQLSTATE 28P01)",
-        "  fix: check the user and password in the URL (and the server's pg_hba.conf)"], done.stderr
+        "  fix: check the user and password in the URL (and the server's pg_hba.conf); a URL holds a password"
+        " percent-encoded (@ as %40, : as %3A, / as %2F, # as %23, % as %25, ? as %3F)"], done.stderr
     assert "Wr0ng-Pw-7731" not in done.stdout + done.stderr
 
 

@@ -215,3 +215,52 @@ def test_effect_callable_calls_per_key_are_charted_where_a_cluster_reports_them(
     assert ">2.9<" in chart and "38 of 58 runs rolled back" in chart and "effects per key in the database" in chart
     assert "spread race: effect callable calls per key: galera 2.9 (max 4; 38 of 58 runs rolled back)." in page
     assert 'id="chart-latency"' in page and "galera" not in page[page.index('id="chart-latency"'):].split("</svg>")[0]
+
+
+# Writes into the page, once it has rendered, each chart text drawn outside its chart's drawing (its viewBox).
+MEASURE_HOOK = """<script>
+window.addEventListener('load', () => {
+  const outside = [];
+  for (const chart of document.querySelectorAll('svg.chart')) {
+    const view = chart.viewBox.baseVal;
+    for (const text of chart.querySelectorAll('text')) {
+      const box = text.getBBox();
+      if (box.x < view.x - 0.5 || box.x + box.width > view.x + view.width + 0.5)
+        outside.push(chart.id + ' ' + text.getAttribute('class') + ': ' + text.textContent);
+    }
+  }
+  document.body.setAttribute('data-outside', JSON.stringify(outside));
+});
+</script>"""
+
+
+def test_one_engine_check_report_reads_right_and_leaves_no_file_behind(tmp_path: Path) -> None:
+    """A newcomer's first report: `check` on a SQLite file, with --html. Every chart's text (its legend above all)
+    lies inside its drawing in Chromium's own layout; the page names no option `check` lacks; counts of one are
+    singular; and the database file the check made is gone (kept with --keep-database)."""
+    from idem_dialects.cli import reference_parser
+
+    done = cli("check", "sqlite:///rep.db", "-k", SUBSET, "--html", "report.html", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    check = next(a for a in reference_parser()._actions if a.dest == "command").choices["check"]  # type: ignore
+    options = {o for a in check._actions for o in a.option_strings}
+    text = re.sub(r"<style>.*?</style>", "", page, flags=re.S)  # CSS custom properties are --names too
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text)) <= options
+    assert "URL given on the command line" in page
+    assert re.findall(r"\b1 (?:engines|checks)\b", page) == [] and "&times; 1 engine</h2>" in page
+    for chart in ("chart-latency", "chart-retries", "chart-duplicates"):
+        assert f'id="{chart}"' in page
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium): cannot lay the page out")
+    hooked = tmp_path / "hooked.html"
+    hooked.write_text(page.replace("<head>", "<head>" + MEASURE_HOOK, 1), encoding="utf-8")
+    dom = _chromium(chromium, tmp_path, "--dump-dom", hooked.as_uri()).stdout
+    assert "data-outside=" in dom, dom[-2000:]
+    assert 'data-outside="[]"' in dom, re.findall(r'data-outside="[^"]*"', dom)
+
+    kept = cli("check", "sqlite:///kept.db", "-k", "declared_isolation", "--quiet", "--keep-database", cwd=tmp_path)
+    assert kept.returncode == 0 and (tmp_path / "kept.db").is_file(), kept.stderr

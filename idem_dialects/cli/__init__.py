@@ -95,8 +95,9 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
-# USER:PASSWORD@ in a URL's text, wherever argparse repeats an argument (an invalid choice, an unrecognized one).
-_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*:)[^@\s'\"]*@")
+# USER:PASSWORD@ in a URL's text, wherever argparse repeats an argument (an invalid choice, an unrecognized one): up
+# to the last "@", as a password may hold one unencoded.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*:)[^\s'\"]*@")
 
 
 def redacted(text: str) -> str:
@@ -105,12 +106,22 @@ def redacted(text: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here), and never
-    repeats a URL's password (argparse quotes the argument it refuses)."""
+    """argparse, but a usage error exits with EXIT_USAGE (argparse's 2 is "engine unavailable" here), never
+    repeats a URL's password (argparse quotes the argument it refuses), and an argument no parser knows is refused
+    with the usage of the subcommand it was given to (argparse's own says the top level's)."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {redacted(message)}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: None = None) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args)
+        if unknown:
+            self.commands.get(parsed.command, self).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
 
 
 def build_parser(command: str | None = None, *, every: bool = False) -> argparse.ArgumentParser:
@@ -127,8 +138,9 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = {}
     for name, help_text in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser = parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name == command or (every and (name not in PROVIDERS or installed(COMMAND_GROUP, name))):
             load(name).add_arguments(sub_parser)
     return parser
@@ -178,7 +190,7 @@ def explain(exc: BaseException) -> tuple[str, str | None, int] | None:
     if isinstance(exc, CannotConnect):
         return str(exc).strip().splitlines()[0], unreachable, EXIT_UNAVAILABLE
     if isinstance(exc, InvalidURL):  # a wrong command line
-        return str(exc), None, EXIT_USAGE
+        return exc.problem, exc.expected, EXIT_USAGE
     if isinstance(exc, ConfigurationError):  # the library's messages say how to fix it themselves
         return str(exc).strip().splitlines()[0], None, EXIT_CONFIG
     if isinstance(exc, RetriesExhausted):

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import Pool
@@ -40,6 +40,14 @@ class Classified(Protocol):
 # What `config_problem` finds: the store's table is not there, or the role may not use (or create) it.
 MISSING_TABLE = "missing table"
 NO_PRIVILEGE = "insufficient privilege"
+# How a URL writes the characters that end a password early or change it (RFC 3986 percent-encoding).
+PERCENT_ENCODING = "@ as %40, : as %3A, / as %2F, # as %23, % as %25, ? as %3F"
+
+
+def credentials_fix(fix: str, url: URL) -> str:
+    """`fix` for a refused user or password, and, when the URL has a password, how the URL writes one: a "%" followed
+    by two hex digits is read as an encoded character, so a password holding one unencoded is refused."""
+    return fix if url.password is None else f"{fix}; a URL holds a password percent-encoded ({PERCENT_ENCODING})"
 
 
 class ErrorClassifier(ABC):

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, MissingDriver, RetryCause
 from . import install_hint
-from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier
+from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier, credentials_fix
 
 # Native SQL Server error numbers.
 ER_DUP_CONSTRAINT = 2627  # Violation of PRIMARY KEY / UNIQUE constraint
@@ -132,7 +132,8 @@ class MSSQLErrors(ErrorClassifier):
         if state in ("IM002", "01000"):  # driver manager: no such driver/DSN; the driver's library cannot load
             return missing_driver(name, url.query.get("driver"), url.host)
         if state == "28000":
-            return ConnectionConfigError(name, "login failed (SQLSTATE 28000)", "check the user and password")
+            return ConnectionConfigError(name, "login failed (SQLSTATE 28000)",
+                                         credentials_fix("check the user and password", url))
         if state in _CONNECT_TRANSIENT or self.retry_cause(exc) is not None:
             return CannotConnect(name, exc)
         # No SQLSTATE: mssql-python's bundled ODBC driver loads its system libraries only as a connection opens.

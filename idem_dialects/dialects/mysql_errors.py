@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
-from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier
+from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier, credentials_fix
 from .network import socket_problem
 
 ER_DUP_ENTRY = 1062
@@ -97,6 +97,7 @@ class MySQLErrors(ErrorClassifier):
             what, fix = _CONNECT_CONFIG[code]
             url = self.backend.engine.url
             what = what.format(user=url.username, database=url.database)
+            fix = credentials_fix(fix, url) if code in (1045, 1698) else fix  # access denied
             return ConnectionConfigError(self.backend.name, f"{what} (error {code})", fix)
         # 2003 (refused, unreachable) is also PyMySQL's and asyncmy's code for a host name that does not resolve:
         # the socket error under it tells them apart.

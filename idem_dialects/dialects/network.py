@@ -3,6 +3,7 @@ error (PyMySQL's ``original_exception``, pg8000, mysql-connector and asyncmy as 
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 
@@ -37,11 +38,20 @@ def socket_error(exc: BaseException) -> OSError | None:
 
 def socket_problem(backend: str, exc: BaseException) -> IdemError | None:
     """A host name that does not resolve is a configuration error; any other socket error (refused, reset, timed
-    out, no socket file yet) is transient; None when no socket error lies under `exc`."""
+    out, no socket file yet) is transient, told in plain words rather than the driver's text; None when no socket
+    error lies under `exc`."""
     error = socket_error(exc)
     if error is None:
         return None
     if isinstance(error, socket.gaierror) and error.errno in _UNKNOWN_NAME:
         return ConnectionConfigError(backend, "the host name in the URL does not resolve",
                                      "check the URL's host (or the DNS / /etc/hosts entry for it)")
-    return CannotConnect(backend, exc)
+    return CannotConnect(backend, exc, described(error))
+
+
+def described(error: OSError) -> str:
+    """A socket error in words: "Connection refused", "Connection timed out", ... (the C library's, without the
+    errno and the driver's wrapping)."""
+    if error.errno:
+        return os.strerror(error.errno)
+    return "Connection timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__

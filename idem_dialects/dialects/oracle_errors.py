@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
-from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier
+from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier, credentials_fix
 from .network import socket_problem
 
 # Oracle error numbers (``_Error.code``), as the server sends them.
@@ -82,7 +82,9 @@ class OracleErrors(ErrorClassifier):
         code, dpy = ora_code(exc), dpy_code(exc)
         config = _CONNECT_CONFIG.get(code or 0) or _DPY_CONFIG.get(dpy or "")
         if config is not None:
-            return ConnectionConfigError(self.backend.name, *config)
+            what, fix = config
+            fix = credentials_fix(fix, self.backend.engine.url) if code == 1017 else fix
+            return ConnectionConfigError(self.backend.name, what, fix)
         if code in _CONNECT_TRANSIENT or dpy in _DPY_CONNECT:
             problem = socket_problem(self.backend.name, exc)  # DPY-6005 also wraps a host name that does not resolve
             return problem if problem is not None else CannotConnect(self.backend.name, exc)

@@ -5,7 +5,6 @@ asyncpg adapter keeps asyncpg's ``sqlstate``."""
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
 from . import options
-from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier
+from .classify import MISSING_TABLE, NO_PRIVILEGE, ErrorClassifier, credentials_fix
 from .network import socket_problem
 from .postgresql_startup import ACCEPTED, PASSWORD_REQUIRED, startup_sqlstate
 
@@ -128,15 +127,15 @@ class PostgreSQLErrors(ErrorClassifier):
                 if url.query.get("target_session_attrs") in _SESSION_KINDS:  # or this server's kind
                     return CannotConnect(self.backend.name, exc)
                 return options.refused(self.backend.name, url, exc) or super().connect_error(exc)
-            if isinstance(probe, OSError):
-                return (socket_problem(self.backend.name, probe) if isinstance(probe, socket.gaierror)
-                        else CannotConnect(self.backend.name, exc))
+            if isinstance(probe, OSError):  # told in words, whatever libpq said
+                return socket_problem(self.backend.name, probe)
             code = probe
         if code is not None:
             config = _CONNECT_CONFIG.get(code) or _CONNECT_CONFIG.get(code[:2])
             if config is not None:
                 what = config[0].format(user=url.username, database=url.database)
-                return ConnectionConfigError(self.backend.name, f"{what} (SQLSTATE {code})", config[1])
+                fix = credentials_fix(config[1], url) if code[:2] == "28" else config[1]
+                return ConnectionConfigError(self.backend.name, f"{what} (SQLSTATE {code})", fix)
             if code[:2] in _CONNECT_TRANSIENT_CLASSES or code in _RETRYABLE:
                 return CannotConnect(self.backend.name, exc)
         return super().connect_error(exc)

@@ -37,6 +37,7 @@ claim is completed with that problem, which every retry receives instead of a se
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -346,7 +347,23 @@ class HandlerErrors:
         if (isinstance(exc, RequestInFlight) and policy.lease is None and policy.on_in_flight == "conflict"
                 and features is not None and features.writers == 1):
             return write_lock_held(policy, exc.retry_after)
-        return error_problem(exc, base=policy.problem_base)
+        answer = error_problem(exc, base=policy.problem_base)
+        if isinstance(exc, ConfigurationError):
+            _tell_once(exc, answer.status)
+        return answer
+
+
+log = logging.getLogger(__name__)
+_told: set[str] = set()  # the configuration errors already logged in this process
+
+
+def _tell_once(exc: ConfigurationError, status: int) -> None:
+    """A configuration error answers every idempotent request alike (missing tables: 503) until the operator fixes
+    it, so its message, which names the fix, is logged once, at WARNING, rather than once per request."""
+    text = f"{type(exc).__name__}: {exc}"
+    if text not in _told:
+        _told.add(text)
+        log.warning("answering idempotent requests %d: %s", status, exc)
 
 
 # The connection of the transaction the atomic-mode handler runs in (a sqlalchemy Connection or AsyncConnection).

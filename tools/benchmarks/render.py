@@ -72,6 +72,11 @@ def noun(n: int, word: str) -> str:
     return word if n == 1 else f"{word}s"
 
 
+def checkout(c: dict[str, Any]) -> str:
+    """The source a run measured, as `git describe --dirty` names it: its commit, "-dirty" if the tree differed."""
+    return str(c.get("commit", ""))[:10] + ("-dirty" if c.get("dirty") else "")
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {noun(n, word)}"
 
@@ -109,7 +114,7 @@ class Page:
         loads = [x for e in m["runs"].values() for x in e.get("load", [])]
         cpus = machine.get("cpus") or 0
         busy = bool(loads) and max(loads) > cpus
-        commit = after.get("commit", "")[:10] + (" with uncommitted changes" if after.get("dirty") else "")
+        commit = checkout(after)
         note = [f"> Figures below: one run of `tools/benchmarks.sh`, {m.get('started', '?')[:16].replace('T', ' ')}"
                 f" to {(m.get('finished') or '?')[:16].replace('T', ' ')} UTC, commit {commit}, on"
                 f" {machine.get('processor', '?')} ({plural(cpus, 'core')}, {machine.get('memory_gib', '?')} GiB),"
@@ -441,15 +446,12 @@ class Page:
                     " benches on that checkout and on this one, alternately per API, engine, driver and level, and"
                     " compares client CPU per first-time request and per replay.")
 
-        def describe(c: dict[str, Any]) -> str:
-            return f"commit {c['commit'][:10]} (“{c['subject']}”{', with uncommitted changes' if c['dirty'] else ''})"
-
         sizes = self.sizes
-        note = (f"The sync and async store's benches on two checkouts: before, {describe(s['before'])}; after,"
-                f" {describe(s['after'])}. Each (API, engine, driver, level) ran on both, one right after the other,"
-                f" the side that goes first alternating, in {plural(len(s['rounds']), 'round')}; a figure is the median"
-                " over rounds, and the ratio after ÷ before is the median of the per-round ratios (below 1: the"
-                f" after side costs less). Sync runs: {sizes.get('ab_sync_requests', 0):,} requests per mode ×"
+        note = (f"The sync and async store's benches on two checkouts: before, commit {checkout(s['before'])};"
+                f" after, commit {checkout(s['after'])}. Each (API, engine, driver, level) ran on both, one right after"
+                f" the other, the side that goes first alternating, in {plural(len(s['rounds']), 'round')}; a figure is"
+                " the median over rounds, and the ratio after ÷ before is the median of the per-round ratios (below 1:"
+                f" the after side costs less). Sync runs: {sizes.get('ab_sync_requests', 0):,} requests per mode ×"
                 f" {plural(sizes.get('ab_sync_repetitions', 0), 'repetition')}; async runs:"
                 f" {sizes.get('ab_async_requests', 0):,} requests per mode"
                 + ("" if s["dropped"] or sizes.get("ab_async_repetitions", 1) == 1 else

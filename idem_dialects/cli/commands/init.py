@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...store import IdempotencyStore
+from ..database import reached
 from ..output import add_quiet
 
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
+    with reached(args.url, table_prefix=args.table_prefix) as store:
         store.create_tables(generations=args.generations)
         made = [*store.tables.metadata.sorted_tables, *([store.tables.previous] if args.generations else [])]
         names = ", ".join(t.name for t in made)

@@ -7,8 +7,7 @@ import sys
 from datetime import timedelta
 
 from ...limits import parse_duration
-from ...store import IdempotencyStore, connect
-from ...url import existing_database
+from ..database import reached
 from ..output import add_quiet
 
 
@@ -39,10 +38,7 @@ def run(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"  {table}: {done[table]} deleted", file=sys.stderr, flush=True)
 
-    # Never creates a database: a mistyped SQLite path is an error, not a new empty file.
-    with IdempotencyStore.from_url(existing_database(args.url), table_prefix=args.table_prefix) as store:
-        with connect(store.engine, store.backend):  # fail at once on a database that does not answer (no retries)
-            pass
+    with reached(args.url, existing=True, table_prefix=args.table_prefix) as store:
         total = store.purge(older_than=args.older_than, batch_size=args.batch_size, progress=progress)
     if not args.quiet:
         print(f"purged {total} rows older than {args.older_than}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...relay import Relay
 from ...store import IdempotencyStore
+from ..database import reached
 from ..output import add_quiet
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
@@ -62,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
         if not routes:
             print(f"{prog}: give at least one --route DESTINATION=URL", file=sys.stderr)
             return EXIT_USAGE
-    with IdempotencyStore.from_url(args.url, table_prefix=args.table_prefix) as store:
+    # Once through (--once, --stats, --requeue-dead), a database that does not answer is told at once; running until
+    # stopped, the relay waits out a failover within the store's retry budget.
+    once = args.once or args.stats or args.requeue_dead
+    with (reached if once else IdempotencyStore.from_url)(args.url, table_prefix=args.table_prefix) as store:
         if args.stats:
             print(json.dumps(store.drive(store.outbox.stats()).as_dict()))
             return EXIT_OK

@@ -73,15 +73,11 @@ def exceeded(stats: Stats, args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ...retention import DEFAULT_RETENTION
-    from ...store import IdempotencyStore, connect
-    from ...url import existing_database, parse
+    from ...url import parse
+    from ..database import reached
 
     retention = DEFAULT_RETENTION if args.retention is None else args.retention
-    # Never creates a database: a mistyped SQLite path is an error, not a new empty file.
-    with IdempotencyStore.from_url(existing_database(args.url), table_prefix=args.table_prefix,
-                                   retention=retention) as store:
-        with connect(store.engine, store.backend):  # fail at once on a database that does not answer (no retries)
-            pass
+    with reached(args.url, existing=True, table_prefix=args.table_prefix, retention=retention) as store:
         stats = store.stats()
         # The URL as given (the engine's may be the backend's open-if-it-exists form of it), never its password.
         where = f"{parse(args.url).render_as_string(hide_password=True)}, tables {store.table_prefix}*"

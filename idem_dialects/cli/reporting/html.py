@@ -51,9 +51,16 @@ def environment(package: str = "idem_dialects.cli.reporting") -> Environment:
     except ImportError:
         raise ConfigurationError("the HTML report needs Jinja2: pip install 'idem-dialects[report]'") from None
 
-    return Environment(loader=PackageLoader(package, "templates"),
-                       autoescape=select_autoescape(["html.j2"]), undefined=StrictUndefined, trim_blocks=True,
-                       lstrip_blocks=True, keep_trailing_newline=True)
+    env = Environment(loader=PackageLoader(package, "templates"),
+                      autoescape=select_autoescape(["html.j2"]), undefined=StrictUndefined, trim_blocks=True,
+                      lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["counted"] = counted
+    return env
+
+
+def counted(n: int, word: str) -> str:
+    """'1 engine', '2 engines' (a template's `n | counted("engine")`)."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def kind(report: Mapping[str, Any]) -> str:

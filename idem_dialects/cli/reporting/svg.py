@@ -73,17 +73,22 @@ def _scale(values: Sequence[float], log: bool) -> tuple[list[float], Callable[[f
     return ticks, lambda v: BAR_W * max(0.0, min(v, top)) / top
 
 
+LEGEND_CHAR_W = 7  # the widest a legend's 12px character is drawn, on average, in the page's sans-serif fonts
+VALUE_CHAR_W = 6.5  # the same for an 11px value after a bar
+
+
 def _start(chart_id: str, title: str, width: int, height: int, legend: Sequence[tuple[str, str]],
            left: int = LABEL_W) -> list[str]:
-    """The opening of a chart: its element (an id the page and tests find it by), its title and its legend."""
-    out = [f'<svg id="{escape(chart_id)}" class="chart" role="img" viewBox="0 0 {width} {height}"'
-           f' width="{width}" height="{height}">', f"<title>{escape(title)}</title>"]
-    lx = left
+    """The opening of a chart: its element (an id the page and tests find it by), its title and its legend. The
+    drawing widens to hold the legend whole (a narrow chart, e.g. a grid of one engine, has a long legend)."""
+    items, lx = [], left
     for name, colour in legend:
-        out.append(f'<rect x="{lx}" y="6" width="12" height="12" rx="2" fill="{colour}"/>'
-                   f'<text x="{lx + 16}" y="16" class="legend">{escape(name)}</text>')
-        lx += 28 + 7 * len(name)
-    return out
+        items.append(f'<rect x="{lx}" y="6" width="12" height="12" rx="2" fill="{colour}"/>'
+                     f'<text x="{lx + 16}" y="16" class="legend">{escape(name)}</text>')
+        lx += 28 + LEGEND_CHAR_W * len(name)
+    width = max(width, lx)
+    return [f'<svg id="{escape(chart_id)}" class="chart" role="img" viewBox="0 0 {width} {height}"'
+            f' width="{width}" height="{height}">', f"<title>{escape(title)}</title>", *items]
 
 
 def bars(chart_id: str, title: str, groups: Sequence[tuple[str, Sequence[Bar]]], *, legend: Sequence[tuple[str, str]],
@@ -96,7 +101,8 @@ def bars(chart_id: str, title: str, groups: Sequence[tuple[str, Sequence[Bar]]],
     ticks, x = _scale([*totals, *every, *([reference] if reference else [])], log)
     rows = sum(len(bs) for _, bs in groups)
     height = LEGEND_H + GROUP_H * len(groups) + ROW_H * rows + AXIS_H
-    width = LABEL_W + BAR_W + VALUE_W
+    longest = max((len(b.text) for _, bs in groups for b in bs), default=0)  # after the longest bar: held whole
+    width = LABEL_W + BAR_W + max(VALUE_W, round(10 + VALUE_CHAR_W * longest))
     out = _start(chart_id, title, width, height, legend)
     y = LEGEND_H
     top = y
