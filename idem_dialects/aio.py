@@ -24,7 +24,7 @@ from . import dialects
 from .api import AsyncExecutor, AsyncStoreAPI
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
-from .execution.aio import commit_async, execute_async
+from .execution.aio import INTERRUPTED, commit_async, execute_async
 from .fingerprint import Encoder
 from .heartbeat import beating_async
 from .ids import Identity, Origin
@@ -362,9 +362,14 @@ async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc:
     back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
     in an unknown state."""
     def finish(sync: Connection) -> None:
+        interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
         try:
             ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
         finally:
+            if interrupted:
+                # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool
+                # (a reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
+                sync.invalidate()
             sync.close()
 
     try:

@@ -67,14 +67,17 @@ def raise_as_adapter(adapter: Any, error: Exception) -> NoReturn:
 
 
 async def asyncpg_begin(adapter: Any) -> None:
-    """Begin the asyncpg adapter's transaction, as its first statement would (BEGIN on first use)."""
-    if adapter._transaction is None:
+    """Begin the asyncpg adapter's transaction, as its first statement would (BEGIN on first use). SQLAlchemy 2.0's
+    adapter keeps a `_started` flag beside the transaction; 2.1's the transaction alone."""
+    if not getattr(adapter, "_started", adapter._transaction is not None):
         await adapter._start_transaction()
 
 
 def asyncpg_take_transaction(adapter: Any) -> Any:
     """The asyncpg adapter's transaction, forgotten by it as its own commit() does (whatever the outcome)."""
     transaction, adapter._transaction = adapter._transaction, None
+    if hasattr(adapter, "_started"):  # SQLAlchemy 2.0
+        adapter._started = False
     return transaction
 
 

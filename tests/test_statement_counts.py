@@ -309,3 +309,60 @@ def test_reset_hook_only_where_the_pool_resets_nothing() -> None:
     finally:
         quiet.dispose()
         default.dispose()
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "asyncmy"])
+def test_mariadb_server_counts_one_commit_per_transaction(driver: str) -> None:
+    """The server's own count (the session's Com_commit): one COMMIT per transaction, first-time and replay, sync and
+    async. asyncmy's commit() sends COMMIT whatever the state: the store leaves it to SQLAlchemy's commit alone."""
+    spec = engines.get("mariadb")
+    try:
+        server = spec.provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{spec.name}: {exc}")
+    pytest.importorskip(driver, reason=f"{driver} is not installed (pip install 'idem-dialects[{driver}]')")
+    url = server.url.set(drivername=f"mariadb+{driver}")
+    prefix = f"sc_{uuid.uuid4().hex[:6]}_"
+    count = "SHOW SESSION STATUS LIKE 'Com_commit'"
+
+    async def effect(conn: Any) -> dict[str, int]:
+        return {"balance": 900}
+
+    async def commits_async() -> list[int]:
+        from sqlalchemy import text
+
+        from idem_dialects import AsyncIdempotencyStore
+
+        async with AsyncIdempotencyStore.from_url(url, table_prefix=prefix, pool_size=1, max_overflow=0) as store:
+            await store.create_tables()
+            try:
+                seen = []
+                for key in ("warm", "k", "k"):  # the same pooled connection each time: its session's count
+                    async with store.engine.connect() as conn:
+                        before = int((await conn.execute(text(count))).one()[1])
+                    await store.run(scope="s", operation="op", key=key, request={}, effect=effect)
+                    async with store.engine.connect() as conn:
+                        seen.append(int((await conn.execute(text(count))).one()[1]) - before)
+                return seen[1:]
+            finally:
+                await store.drop_tables()
+
+    def commits_sync() -> list[int]:
+        with IdempotencyStore.from_url(url, table_prefix=prefix, pool_size=1, max_overflow=0) as store:
+            store.create_tables()
+            try:
+                seen = []
+                for key in ("warm", "k", "k"):
+                    with store.engine.connect() as conn:
+                        before = int(conn.exec_driver_sql(count).one()[1])
+                    store.run(scope="s", operation="op", key=key, request={}, effect=lambda conn: {"balance": 900})
+                    with store.engine.connect() as conn:
+                        seen.append(int(conn.exec_driver_sql(count).one()[1]) - before)
+                return seen[1:]
+            finally:
+                store.drop_tables()
+
+    try:
+        assert (asyncio.run(commits_async()) if driver == "asyncmy" else commits_sync()) == [1, 1]  # first, replay
+    finally:
+        server.stop()

@@ -24,6 +24,11 @@ class Asyncmy(Driver):
             except Exception as error:
                 raise_as_adapter(connection, error)
 
+    async def commit(self, connection: Any) -> None:
+        """Nothing here: asyncmy's commit() sends COMMIT whatever the connection's state, so the commit SQLAlchemy
+        runs next (when it gives the connection back, in the greenlet it takes for that anyway) would send a second.
+        The one COMMIT is SQLAlchemy's."""
+
 
 DRIVER = Asyncmy("asyncmy", "asyncmy", "idem-dialects[asyncmy]", sync=False, asynchronous=True,
                  autocommit_args=AUTOCOMMIT, resets_by_round_trip=True)

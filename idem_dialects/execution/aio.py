@@ -18,6 +18,9 @@ from ..steps import Statement
 from .plan import plan
 from .sync import execute_sqlalchemy, raise_handled
 
+# In a connection's `info`: a native statement on it was cut off midway (`_interrupted`).
+INTERRUPTED = "idem_dialects.interrupted"
+
 if TYPE_CHECKING:
     from ..dialects.base import Backend
     from ..drivers import Driver
@@ -65,7 +68,9 @@ def _interrupted(conn: Connection) -> None:
     """A native statement or COMMIT interrupted (the task cancelled while it awaited the server): what the
     connection is in the middle of is unknown - a BEGIN may have gone through that the adapter never recorded, so no
     ROLLBACK would end it. SQLAlchemy invalidates a connection whose statement an exit exception interrupted; here
-    the pool is told, without awaiting anything (the task is being cancelled), to replace it before its next use."""
+    the pool is told, without awaiting anything (the task is being cancelled), to replace it before its next use, and
+    the connection is marked `INTERRUPTED` for whoever ends its transaction (no ROLLBACK to try on it)."""
+    conn.info[INTERRUPTED] = True
     conn.connection.invalidate(soft=True)
 
 
