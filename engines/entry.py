@@ -160,6 +160,12 @@ class Provision:
         raise Unavailable(f"no container recipe for {backend}")
 
     @classmethod
+    def database_files(cls, url: URL) -> tuple[str, ...]:
+        """The files the database at `url` is kept in on this machine, which connecting creates when they are
+        missing (so a command that made them for a trial, `check`, can remove them); none for a server's."""
+        return ()
+
+    @classmethod
     def private_server(cls, backend: str) -> Server:
         """A server of `backend` this process starts (and so may restart and stop), never the machine's own."""
         raise Unavailable(f"no way to start a private {backend} server here")

@@ -52,7 +52,7 @@ def reply(response: Any, status: int) -> tuple[Any, int]:
     return response, status
 
 
-def finished(outcome: Outcome, req: Request) -> Result:
+def result_of(outcome: Outcome, req: Request) -> Result:
     """What `run` answers for an outcome other than Claimed: the replayed Result, or the error it maps to."""
     if isinstance(outcome, Replayed):
         return Result(outcome.response, outcome.status, replayed=not outcome.own)
@@ -274,7 +274,7 @@ class Claims:
         def body() -> Flow[Result]:
             outcome = yield from self.claim(req, wait=wait, fresh=True)
             if not isinstance(outcome, Claimed):
-                return finished(outcome, req)
+                return result_of(outcome, req)
             response, code = yield from self.effect(status, on_effect, req.operation, origin=_origin(req))
             yield from self.complete(outcome, response, code)
             return Result(response, code, replayed=False)
@@ -291,7 +291,7 @@ class Claims:
                 yield from self.release_after(req.claimed(), exc)
             raise
         if not isinstance(outcome, Claimed):
-            return finished(outcome, req)
+            return result_of(outcome, req)
 
         assert req.lease is not None
         beat = self.heartbeat(outcome, req.lease, in_transaction=True)

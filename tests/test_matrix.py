@@ -106,7 +106,8 @@ def test_failed_check_exits_1() -> None:
 
 
 def test_check_command_on_a_url(tmp_path: Path) -> None:
-    done = cli("check", f"sqlite:///{tmp_path / 'mine.db'}", "-k", "first_request or purge", "--format", "json")
+    done = cli("check", f"sqlite:///{tmp_path / 'mine.db'}", "-k", "first_request or purge_removes", "--format",
+               "json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert list(report["engines"]) == ["target"]

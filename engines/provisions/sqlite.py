@@ -7,7 +7,9 @@ import tempfile
 from pathlib import Path
 
 from sqlalchemy import make_url
+from sqlalchemy.engine import URL
 
+from idem_dialects.dialects.sqlite import is_memory
 from idem_dialects.engines.entry import CatalogueEntry, Provision, Server, described
 
 
@@ -22,3 +24,9 @@ def temp_file(entry: CatalogueEntry) -> Server:
 
 class SQLiteProvision(Provision):
     embedded = True
+
+    @classmethod
+    def database_files(cls, url: URL) -> tuple[str, ...]:
+        if is_memory(url) or url.query.get("uri") or not url.database:
+            return ()
+        return tuple(url.database + suffix for suffix in ("", "-wal", "-shm", "-journal"))

@@ -23,7 +23,7 @@ from .commands import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from .plugins import COMMAND_GROUP, PROVIDERS, NotInstalled, installed, plugin
 
 
-class Command(Protocol):
+class Subcommand(Protocol):
     """What a module of idem_dialects.cli.commands provides."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
@@ -31,11 +31,11 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def load(name: str) -> Command:
+def load_command(name: str) -> Subcommand:
     """The module of subcommand `name`, imported only now. Explicit imports (no import by name), so mypy checks
     that each module really provides add_arguments and run; a plugin's (PROVIDERS) through its entry point, or
     NotInstalled."""
-    module: Command
+    module: Subcommand
     if name in PROVIDERS:
         module = plugin(COMMAND_GROUP, name)
     elif name == "demo":
@@ -142,7 +142,7 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
     for name, help_text in COMMANDS.items():
         sub_parser = parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name == command or (every and (name not in PROVIDERS or installed(COMMAND_GROUP, name))):
-            load(name).add_arguments(sub_parser)
+            load_command(name).add_arguments(sub_parser)
     return parser
 
 
@@ -260,7 +260,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print("  fix: give --output a file in an existing, writable directory", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return load(args.command).run(args)
+        return load_command(args.command).run(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -159,12 +159,6 @@ class Backend(ABC):
         return url
 
     @classmethod
-    def database_files(cls, url: URL) -> tuple[str, ...]:
-        """The files the database at `url` is kept in on this machine, which connecting creates when they are
-        missing (so a command that made them for a trial, `check`, can remove them); none for a server's."""
-        return ()
-
-    @classmethod
     def url_features(cls, url: URL) -> Features:
         """What this backend offers for a database at `url`, known without connecting (the URL's options)."""
         return cls.base_features.replace(failover_window=options.failover_window(url, cls.url_options))

@@ -100,12 +100,6 @@ class SQLiteBackend(Backend):
         return url.set(database=f"file:{quote(url.database)}", query={**url.query, "mode": "rw", "uri": "true"})
 
     @classmethod
-    def database_files(cls, url: URL) -> tuple[str, ...]:
-        if is_memory(url) or url.query.get("uri") or not url.database:
-            return ()
-        return tuple(url.database + suffix for suffix in ("", "-wal", "-shm", "-journal"))
-
-    @classmethod
     def url_features(cls, url: URL) -> Features:
         if is_memory(url):  # one shared connection whose transactions take turns, in this process only
             return cls.base_features.replace(concurrent_connections=False, processes=False)

@@ -166,7 +166,7 @@ def hex_size(value: bytes) -> int:
     return 2 * len(value) + 2
 
 
-async def read(cursor: Any, shape: Shape) -> tuple[Any, Any]:
+async def read_async(cursor: Any, shape: Shape) -> tuple[Any, Any]:
     """An async DBAPI-like cursor's answer for `shape` (awaited fetches; see `Driver.execute`)."""
     if shape is Shape.ROW:
         return await cursor.fetchone(), cursor.description

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, read
+from . import Driver, read_async
 from .pysqlite import AUTOCOMMIT
 
 
@@ -25,7 +25,7 @@ class Aiosqlite(Driver):
             try:
                 cursor = await driver_connection(connection).execute(sql, parameters)
                 try:
-                    return await read(cursor, shape)
+                    return await read_async(cursor, shape)
                 finally:
                     await cursor.close()
             except Exception as error:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, read
+from . import Driver, read_async
 from .pymysql import AUTOCOMMIT, escaped_size
 
 
@@ -20,7 +20,7 @@ class Asyncmy(Driver):
             try:
                 async with driver_connection(connection).cursor() as cursor:
                     await cursor.execute(sql, parameters)
-                    return await read(cursor, shape)
+                    return await read_async(cursor, shape)
             except Exception as error:
                 raise_as_adapter(connection, error)
 

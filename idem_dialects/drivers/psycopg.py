@@ -8,7 +8,7 @@ from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter
 from ..steps import Shape
-from . import Driver, read
+from . import Driver, read_async
 
 IMPLICIT_BEGIN = "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
 
@@ -40,7 +40,7 @@ class Psycopg(Driver):
         try:
             async with raw.cursor() as cursor:
                 await cursor.execute(sql, parameters)
-                return await read(cursor, shape)
+                return await read_async(cursor, shape)
         except Exception as error:
             raise_as_adapter(connection, error)
 

@@ -6,6 +6,7 @@ import argparse
 import os
 from contextlib import suppress
 
+from ...engines import provisioning
 from ...url import target
 from .matrix import add_output_arguments, reach, require_suite, run_matrix
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     require_suite("check")
     resolved = target(args.url)
-    made = [f for f in resolved.backend.database_files(resolved.url) if not os.path.exists(f)]
+    made = [f for f in provisioning(resolved.backend.name).database_files(resolved.url) if not os.path.exists(f)]
     try:
         # Connect once first, as the store does: a bad URL, a missing driver, a wrong password, an unreachable server
         # or a role that may not create tables is at most two lines from the CLI's handler, before any progress

@@ -30,12 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..reporting import load, render, render_html
+    from ..reporting import load_reports, render, render_html
 
     fmt = args.format or {".html": "html", ".htm": "html", ".md": "markdown"}.get(
         Path(args.output).suffix.lower() if args.output else "", "table")
     try:
-        reports = load(args.files)
+        reports = load_reports(args.files)
     except ValueError as exc:
         print(f"idem-dialects report: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -84,14 +84,14 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         write(json.dumps({"database": where} | stats.as_dict(), indent=2) + "\n", args.output)
     else:
-        write(render(stats, where) + "\n", args.output)
+        write(describe(stats, where) + "\n", args.output)
     problems = exceeded(stats, args)
     for line in problems:
         print(f"idem-dialects stats: {line}", file=sys.stderr)
     return EXIT_THRESHOLD if problems else EXIT_OK
 
 
-def render(stats: Stats, where: str) -> str:
+def describe(stats: Stats, where: str) -> str:
     oldest = "none"
     if stats.oldest_open is not None and stats.oldest_open_age is not None:
         oldest = f"created {stats.oldest_open:%Y-%m-%d %H:%M:%S} UTC, {_duration(stats.oldest_open_age)} ago"

@@ -38,7 +38,7 @@ def render(report: Mapping[str, Any], fmt: str, *, show_skipped: bool = False) -
     return render_engines(report, fmt)
 
 
-def load(paths: Sequence[str]) -> list[dict[str, Any]]:
+def load_reports(paths: Sequence[str]) -> list[dict[str, Any]]:
     """Saved JSON reports; ValueError naming the file for anything that is not one."""
     reports = []
     for path in paths:
