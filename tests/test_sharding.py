@@ -261,3 +261,28 @@ def test_a_consumer_records_each_message_on_its_scopes_shard(sharded: ShardedSto
         with sharded.shards[shard].engine.connect() as conn:  # type: ignore[attr-defined]
             assert [r.message_id for r in conn.execute(select(table.c.message_id))] == [f"m-{shard}"]
     assert (consumer.counts["processed"], consumer.counts["duplicate"]) == (2, 2)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_from_urls_disposes_of_what_it_made_when_a_later_url_fails(tmp_path: Path, asynchronous: bool) -> None:
+    """Both sharded stores' `from_urls` (one implementation): a URL that cannot be used leaves no engine behind
+    from the URLs before it."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from idem_dialects import AsyncShardedStore, UnsupportedEngine
+
+    disposed: list[str] = []
+
+    def seen(engine: Engine) -> None:
+        disposed.append(str(engine.url))
+
+    first = f"sqlite{'+aiosqlite' if asynchronous else ''}:///{tmp_path / 'a.db'}"
+    kind = AsyncShardedStore if asynchronous else ShardedStore
+    event.listen(Engine, "engine_disposed", seen)
+    try:
+        with pytest.raises(UnsupportedEngine):
+            kind.from_urls({"a": first, "b": "nosuchengine://db"}, shard_chooser=lambda scope: "a")
+    finally:
+        event.remove(Engine, "engine_disposed", seen)
+    assert disposed == [first]
