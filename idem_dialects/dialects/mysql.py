@@ -62,7 +62,8 @@ _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB cloc
 _NOWAIT_ON = text("SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
 _NOWAIT_OFF = text("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
 # SHOW: MySQL has no wsrep_on, MariaDB without Galera says OFF. max_allowed_packet (the session's, fixed when it
-# connected) bounds one statement: a larger one fails with 1153 or, mid-send, drops the connection.
+# connected) bounds one statement: a larger one fails with 1153 or, mid-send, drops the connection. Each new session's
+# is read again (`session_setup`).
 _SERVER_FACTS = text("SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'max_allowed_packet')")
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 # Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
@@ -187,6 +188,15 @@ class MySQLFeatures(Features):
     insert_returning: bool = False
 
 
+def _with_packet(features: Features, packet: int) -> Features:
+    """`features` whose statement limit is `packet` (a session's max_allowed_packet), unless it is lower already."""
+    known = features.max_statement_bytes
+    if known is not None and known <= packet:
+        return features
+    return features.replace(max_statement_bytes=packet,
+                            statement_limit=f"the server's max_allowed_packet, {packet:,} bytes")
+
+
 class MySQLBackend(Backend):
     name = "mysql"
     drivers = (pymysql.DRIVER, asyncmy.DRIVER, mysqlconnector.DRIVER, mysqldb.DRIVER, mariadbconnector.DRIVER)
@@ -235,9 +245,7 @@ class MySQLBackend(Backend):
         facts = yield from execute(self.prepared("server facts", lambda: statement(_SERVER_FACTS, Shape.ROWS)))
         found = {str(name).lower(): str(value) for name, value in facts}
         if found.get("max_allowed_packet", "").isdigit():
-            packet = int(found["max_allowed_packet"])
-            refined = refined.replace(max_statement_bytes=packet,
-                                      statement_limit=f"the server's max_allowed_packet, {packet:,} bytes")
+            refined = _with_packet(refined, int(found["max_allowed_packet"]))
         if found.get("wsrep_on", "").upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
             # effect callable may run on several nodes for one key; its database writes still land once. Unless
@@ -251,11 +259,14 @@ class MySQLBackend(Backend):
         """A strict sql_mode (a value that does not fit raises instead of being truncated with a warning):
         STRICT_ALL_TABLES added only if neither strict mode is set, the rest of the session's sql_mode kept. On a
         Galera node, the sync-wait bits (whatever bits the session already has kept). Outside any transaction,
-        since Galera waits for other nodes' commits only at a transaction's first statement, the claim itself."""
+        since Galera waits for other nodes' commits only at a transaction's first statement, the claim itself.
+        The session's max_allowed_packet, read in the same statement, lowers the store's statement limit if it is
+        below it (`_session_packet`)."""
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("SELECT @@SESSION.sql_mode")
-            mode = cursor.fetchone()[0]
+            cursor.execute("SELECT @@SESSION.sql_mode, @@SESSION.max_allowed_packet")
+            mode, packet = cursor.fetchone()
+            self._session_packet(packet)
             if not _STRICT_MODES & {m.strip().upper() for m in str(mode or "").split(",")}:
                 cursor.execute("SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
                                " 'STRICT_ALL_TABLES')")
@@ -265,6 +276,14 @@ class MySQLBackend(Backend):
                 cursor.execute(f"SET SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | {GALERA_SYNC_WAIT}")
         finally:
             cursor.close()
+
+    def _session_packet(self, packet: object) -> None:
+        """A new session's max_allowed_packet (fixed when it connects, from the server's global value): the
+        statement limit is the lowest any session has had, so a limit lowered while the store runs (SET GLOBAL, a
+        failover to a server configured lower) is known before a response is sent to a session that would refuse
+        it. Never raised again: a session from before the change may still have the lower limit."""
+        if isinstance(packet, int) and not isinstance(packet, bool):
+            self.features = _with_packet(self.features, packet)
 
     # --- transactions and the clock --------------------------------------------------------------------------
 

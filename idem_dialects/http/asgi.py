@@ -8,12 +8,13 @@ In atomic mode the handler finds the record's AsyncConnection in `request.state.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
 
 from ..api import AsyncStoreAPI
-from .core import Buffer, Entry, declared_too_large, entry, wire_headers
+from .core import Buffer, Entry, Raised, declared_too_large, entry, note_raised, raised_in, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
@@ -58,7 +59,7 @@ async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, li
                    ) -> HttpResponse:
     """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`); the
     middleware's handler, `conn` last (a partial of it: no closure per request)."""
-    inner = dict(scope)
+    inner = _Watched(scope)
     if conn is not None:
         inner["state"] = dict(scope.get("state") or {}, **{STATE_KEY: conn})
     delivered = False
@@ -82,7 +83,60 @@ async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, li
     await app(inner, replay_receive, capture)
     if not start:
         raise RuntimeError("the ASGI application returned without starting a response")
-    return captured(int(start["status"]), start.get("headers", []), buffer.body())
+    resp = captured(int(start["status"]), start.get("headers", []), buffer.body())
+    if raised_in(inner):
+        raise Raised(resp)  # its writes roll back; the answer is stored on its own
+    return resp
+
+
+# Where Starlette's ExceptionMiddleware leaves the app's exception handlers, for its routes to answer with.
+_HANDLERS = "starlette.exception_handlers"
+
+
+class _Watched(dict[str, Any]):
+    """The scope the app gets: exception handlers an app's ExceptionMiddleware (Starlette, FastAPI) leaves in it note,
+    when one answers, that the handler raised (`core.note_raised`), since this layer sees only the answer."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == _HANDLERS and isinstance(value, tuple) and len(value) == 2:
+            value = (_Noting(value[0], self), _Noting(value[1], self))
+        super().__setitem__(key, value)
+
+
+class _Noting(dict[Any, Any]):
+    """Exception handlers (by class or by status) that note their call in the request's passage."""
+
+    def __init__(self, handlers: dict[Any, Any], scope: Scope) -> None:
+        super().__init__(handlers)
+        self._scope = scope
+
+    def __getitem__(self, key: Any) -> Any:
+        return _noting(super().__getitem__(key), self._scope)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return _noting(super().__getitem__(key), self._scope) if key in self else default
+
+
+def _noting(handler: Callable[..., Any], scope: Scope) -> Callable[..., Any]:
+    if _is_async(handler):
+        async def noted_async(*args: Any) -> Any:
+            note_raised(scope)
+            return await handler(*args)
+
+        return noted_async
+
+    def noted(*args: Any) -> Any:
+        note_raised(scope)
+        return handler(*args)
+
+    return noted
+
+
+def _is_async(handler: Any) -> bool:
+    """As Starlette decides whether to await a handler (or run it in its thread pool)."""
+    while isinstance(handler, partial):
+        handler = handler.func
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
 
 
 def captured(status: int, raw: Any, body: bytes) -> HttpResponse:

@@ -53,6 +53,24 @@ def test_view_raising_after_its_write_is_a_500_with_neither_row_nor_record(mw: S
     assert post(mw, key).status_code == 201 and mw.rows() == 1
 
 
+@pytest.mark.parametrize("view", ["django", "drf"])
+def test_an_http_exception_raised_after_a_write_rolls_it_back_and_the_retry_replays_it(mw: Site, view: str) -> None:
+    """Django's PermissionDenied (the middleware sees the view raise) and DRF's (DRF answers it inside its view,
+    marking the response): the write rolls back, the answer is stored on its own, the retry runs nothing."""
+    from django_site.views import CALLS
+
+    key = new_key()
+    path = "/mw/payments" if view == "django" else "/mw/drf"
+    headers = {"X-Remote-User": "carol", "X-Refuse": "1"}
+    first = mw.post(path, key, user=None, headers=headers)
+    again = mw.post(path, key, user=None, headers=headers)
+    assert first.status_code == again.status_code == 403, first.text
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    name = "middleware" if view == "django" else "middleware-drf"
+    assert CALLS[f"{mw.alias}:{name}:{key}"] == 1 and mw.rows() == 0 and mw.records(key) == 1
+
+
 def test_paths_outside_the_policy_pass_through(mw: Site) -> None:
     key = new_key()
     first = mw.post("payments", key)  # the decorated DRF view: its own decorator, not the middleware

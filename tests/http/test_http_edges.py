@@ -363,4 +363,35 @@ def test_tables_dropped_under_a_running_service_answer_503_not_500(database: Dat
         IdempotencyStore(database.sync, table_prefix=database.prefix + "idem_").create_tables()  # for the teardown
     assert gone.status_code == 503, gone.text
     assert gone.headers["content-type"] == "application/problem+json" and gone.json()["status"] == 503
+    assert int(gone.headers["retry-after"]) >= 1  # nothing is wrong with the request: it may come again
+    assert "idem-dialects init" in gone.json()["detail"]
+
+
+@pytest.mark.parametrize("stack", ["asgi-middleware", "flask-decorator"])
+def test_a_blank_key_and_a_bare_comma_are_400_and_run_nothing(database: Database, serve_app: Serve,
+                                                              stack: str) -> None:
+    calls: Counter[str] = Counter()
+
+    def fastapi_routes(router: Any) -> None:
+        async def pay() -> Any:
+            calls["pay"] += 1
+            return {"paid": True}
+
+        router.add_api_route("/pay", pay, methods=["POST"], status_code=201)
+
+    def flask_routes(app: Any, decorate: Callable[[Any], Any]) -> None:
+        @app.post("/pay")
+        @decorate
+        def pay() -> Any:
+            calls["pay"] += 1
+            return {"paid": True}, 201
+
+    served = (fastapi_served(database, serve_app, "middleware", fastapi_routes) if stack == "asgi-middleware"
+              else flask_served(database, serve_app, "route", flask_routes))
+    with served as client:
+        answers = [client.post("/pay", headers=dict(HEADERS, **{"idempotency-key": key}))
+                   for key in ('" "', '"   "', ",", ",,", "k,", ",k")]
+    for resp in answers:
+        assert resp.status_code == 400 and resp.json()["type"] == PROBLEM + "invalid-key", resp.text
+    assert calls["pay"] == 0 and database.count("idem_records") == 0
 
