@@ -47,8 +47,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigurationError, IdemError, RequestInFlight
-from ..features import Features
+from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
 from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
@@ -367,17 +366,12 @@ class HandlerErrors:
         """Whether `exc` is the handler's own (re-raised unchanged, whatever its type)."""
         return any(exc is e for e in self.raised)
 
-    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError, features: Features | None = None
-               ) -> HttpResponse:
-        """The problem for an error of the layer or the store (whose `features` it is); re-raises the handler's
-        own."""
+    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
+        """The problem for an error of the layer or the store; re-raises the handler's own."""
         if self.own(exc):
             raise exc
         if isinstance(exc, ResponseTooLarge):
             return too_large(policy)
-        if (isinstance(exc, RequestInFlight) and policy.lease is None and policy.on_in_flight == "conflict"
-                and features is not None and features.writers == 1):
-            return write_lock_held(policy, exc.retry_after)
         answer = error_problem(exc, base=policy.problem_base)
         if isinstance(exc, ConfigurationError):
             _tell_once(exc, answer.status)
@@ -410,15 +404,6 @@ def current_connection(*, required: bool = True) -> Any:
         raise RuntimeError("no idempotency transaction here: current_connection() works inside a handler run by"
                            " the idempotency middleware/decorator in atomic mode (a request with a key)")
     return conn
-
-
-def write_lock_held(policy: IdempotencyPolicy, retry_after: float) -> HttpResponse:
-    """Atomic "conflict" mode on a database with one write lock (SQLite): the claim found the lock held, by a
-    request with this key or with any other; which one, nothing can tell before that transaction ends."""
-    return policy.problem("request-in-flight", 409, "Another request is still being handled and holds this"
-                          " database's single write lock (it takes one writing transaction at a time), so this one was"
-                          " not started: that request may have this idempotency key or another one. Retry after the"
-                          " Retry-After delay.", retry_after=retry_after)
 
 
 def too_large(policy: IdempotencyPolicy) -> HttpResponse:

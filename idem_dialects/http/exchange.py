@@ -112,7 +112,7 @@ def _atomic(claims: ClaimFlows, policy: IdempotencyPolicy, req: HttpRequest, cal
     except (ResponseTooLarge, IdemError) as exc:
         if _too_large(exc, errors):  # rolled back too: the key keeps the problem, no retry runs the handler again
             return (yield from _kept_apart(claims, policy, call, too_large(policy)))
-        return errors.answer(policy, exc, claims.features)
+        return errors.answer(policy, exc)
     assert kept.response is not None
     return kept.response
 
@@ -149,7 +149,7 @@ def _external(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, 
     try:
         return (yield from _leased(claims, policy, http, call))
     except (ResponseTooLarge, IdemError) as exc:
-        return errors.answer(policy, exc, claims.features)
+        return errors.answer(policy, exc)
 
 
 def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
