@@ -8,12 +8,21 @@ only when imported itself (its client library is an extra of its own):
 - `idem_dialects.publishers.redis`: Redis Streams through redis-py (``[redis]``), the id in the entry's ``id`` field;
 - `idem_dialects.publishers.http`: an HTTP endpoint through the standard library, the id as the ``Idempotency-Key``.
 
-Each returns once the destination has the command and raises `relay.Unreachable` when it cannot be reached.
+Each returns once the destination has the command and raises `relay.Unreachable` when it cannot be reached, or
+`CredentialsRefused` (an `Unreachable`) when the destination refuses the credentials in its URL.
 """
 
 from __future__ import annotations
 
-__all__ = ["from_url"]
+from ..relay import Unreachable
+
+__all__ = ["CredentialsRefused", "from_url"]
+
+
+class CredentialsRefused(Unreachable):
+    """The destination refused the publisher's credentials (a wrong user or password in its URL). As with
+    `Unreachable`, nothing was sent and the command costs no attempt; but no pause fixes it, so `idem-dialects relay`
+    says so, and with ``--once`` exits non-zero."""
 
 
 def from_url(url: str) -> object:
