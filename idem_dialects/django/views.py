@@ -23,7 +23,7 @@ from django.http import HttpRequest as DjangoRequest
 from django.http import HttpResponse as DjangoResponse
 from sqlalchemy.engine import Connection
 
-from ..http.core import Buffer, Raised, note_raised, raised_in, response_body
+from ..http.core import Buffer, Raised, is_event_stream, note_raised, raised_in, response_body, streamed
 from ..http.policy import HttpRequest, IdempotencyPolicy
 from ..http.problems import HttpResponse
 from ..http.runner import Idempotency
@@ -50,9 +50,13 @@ def http_request(request: Any, max_bytes: int, route: bool = False) -> HttpReque
                        body_too_large=too_large, context=meta, route=route)
 
 
-def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
+def core_response(response: HttpResponseBase, limit: int, request: HttpRequest) -> HttpResponse:
     """The view's response, complete (a streaming one is buffered and handed on as one chunk); ResponseTooLarge past
-    `limit` bytes, since the record must hold all of it."""
+    `limit` bytes, since the record must hold all of it. Server-sent events are passed on as they stream, not stored
+    (`core.streamed`)."""
+    headers = list(response.items())
+    if response.streaming and is_event_stream(headers):
+        return streamed(request.method, request.path, response.status_code, [])
     if response.streaming:
         buffer = Buffer(limit)
         for chunk in response.streaming_content:  # type: ignore[attr-defined]
@@ -61,7 +65,7 @@ def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
         response.streaming_content = [body]  # type: ignore[attr-defined]
     else:
         body = response_body(response.content, limit)  # type: ignore[attr-defined]
-    return HttpResponse(response.status_code, list(response.items()), body)
+    return HttpResponse(response.status_code, headers, body)
 
 
 def django_response(answer: HttpResponse) -> DjangoResponse:
@@ -89,16 +93,18 @@ def respond(store: DjangoStore | ShardedStore, policy: IdempotencyPolicy, reques
     ran: list[tuple[HttpResponseBase, HttpResponse]] = []
     meta = getattr(request, "_request", request).META
 
+    req = http_request(request, policy.max_request_bytes, route)
+
     def handler(conn: Connection | None) -> HttpResponse:
         response = view()
-        ran[:] = [(response, core_response(response, policy.max_response_bytes))]
+        ran[:] = [(response, core_response(response, policy.max_response_bytes, req))]
         if raised_in(meta) or getattr(response, "exception", False):  # DRF marks the answer to an exception
             raise Raised(ran[0][1])  # its writes roll back; the answer is stored on its own
         return ran[0][1]
 
     # route: the decorator wraps the view itself, so what it answers is the view's own (the middleware cannot tell
     # Django's 404/405/redirects from the view's; see idem_dialects.http.core).
-    answer = Idempotency(store, policy).handle(http_request(request, policy.max_request_bytes, route), handler)
+    answer = Idempotency(store, policy).handle(req, handler)
     if ran and answer is ran[0][1]:
         return ran[0][0]  # the view's response object itself: cookies, streaming and all
     return django_response(answer)

@@ -14,7 +14,18 @@ from functools import partial
 from typing import Any
 
 from ..api import AsyncStoreAPI
-from .core import Buffer, Entry, Raised, declared_too_large, entry, note_raised, raised_in, wire_headers
+from .core import (
+    Buffer,
+    Entry,
+    Raised,
+    declared_too_large,
+    entry,
+    is_event_stream,
+    note_raised,
+    raised_in,
+    streamed,
+    wire_headers,
+)
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
@@ -55,10 +66,11 @@ async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
             return buffer.body(), False  # one message, most bodies: its bytes as they came
 
 
-async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, limit: int, conn: Any
+async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes, limit: int, conn: Any
                    ) -> HttpResponse:
     """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`); the
-    middleware's handler, `conn` last (a partial of it: no closure per request)."""
+    middleware's handler, `conn` last (a partial of it: no closure per request). Server-sent events go to `send` as
+    they come instead (`core.streamed`)."""
     inner = _Watched(scope)
     if conn is not None:
         inner["state"] = dict(scope.get("state") or {}, **{STATE_KEY: conn})
@@ -73,16 +85,25 @@ async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, li
 
     start: dict[str, Any] = {}
     buffer = Buffer(limit)
+    passing = False  # server-sent events: passed on as they come
 
     async def capture(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        nonlocal passing
+        if passing:
+            await send(message)
+        elif message["type"] == "http.response.start":
             start.update(message)
+            passing = is_event_stream(decode_headers(start.get("headers", [])))
+            if passing:
+                await send(message)
         elif message["type"] == "http.response.body":
             buffer.keep(message.get("body", b""))
 
     await app(inner, replay_receive, capture)
     if not start:
         raise RuntimeError("the ASGI application returned without starting a response")
+    if passing:
+        return streamed(scope["method"], scope["path"], int(start["status"]), [])
     resp = captured(int(start["status"]), start.get("headers", []), buffer.body())
     if raised_in(inner):
         raise Raised(resp)  # its writes roll back; the answer is stored on its own
@@ -176,5 +197,7 @@ class IdempotencyMiddleware:
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
                           body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"),
                           context=scope)
-        handler = partial(run_asgi, self.app, scope, receive, body, policy.max_response_bytes)
-        await send_response(await self.idempotency.handle(req, handler), send)
+        handler = partial(run_asgi, self.app, scope, receive, send, body, policy.max_response_bytes)
+        answer = await self.idempotency.handle(req, handler)
+        if not answer.streamed:  # a stream went out as it came
+            await send_response(answer, send)

@@ -28,18 +28,23 @@ operation, key) through another store object (the same database under another sp
 request through instead of claiming it again (which would wait on the outer layer's own claim), and a route
 integration notes that the handler ran.
 
-**Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. A response, streamed
-or not, is buffered until it is complete (the record must hold all of it before the first byte leaves); one over
-`max_response_bytes`, or over what the database takes in one statement, is refused with a 500 `response-too-large`
-problem, final for the key: in atomic mode the transaction rolls back (the handler's writes with it) and the problem
-is stored in a transaction of its own; in external-call mode the handler has acted, so the claim is completed with
-that problem. Every retry receives it instead of a second run. Routes that stream
-(server-sent events, large downloads) should not be idempotency routes: leave them out with `paths` / `methods`.
+**Server-sent events** (`text/event-stream`) are never a complete answer to store: buffering them would hold the
+client (and the record's transaction) until the stream ends, if ever. Every layer passes them through unbuffered,
+stores nothing for them (their writes roll back in atomic mode, the claim is released in external-call mode) and
+warns (`streamed`, an IdemWarning naming the route). Leave such routes out of `paths` / `methods`.
+
+**Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. Any other response,
+streamed or not, is buffered until it is complete (the record must hold all of it before the first byte leaves);
+one over `max_response_bytes`, or over what the database takes in one statement, is refused with a 500
+`response-too-large` problem, final for the key: in atomic mode the transaction rolls back (the handler's writes with
+it) and the problem is stored in a transaction of its own; in external-call mode the handler has acted, so the claim
+is completed with that problem. Every retry receives it instead of a second run.
 """
 from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -47,7 +52,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigurationError, IdemError
+from ..errors import ConfigurationError, IdemError, IdemWarning
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
 from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
@@ -137,6 +142,22 @@ def handler_made(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bo
     if isinstance(found, Passage) and found.routed:
         return found.began  # a route integration saw the request: it knows
     return not policy.framework_status(status)
+
+
+def streamed(method: str, path: str, status: int, headers: list[tuple[str, str]]) -> HttpResponse:
+    """The answer of an app that streams server-sent events, which the adapter passes on unbuffered: never stored,
+    with a warning naming the route (once per route and process)."""
+    warnings.warn(f"{method} {path} streamed its response (text/event-stream): it was passed through unbuffered and"
+                  " not stored, so it is not idempotent (in atomic mode its writes roll back, and its transaction may"
+                  " stay open while it streams); leave streaming routes out of the idempotency policy's paths",
+                  IdemWarning, stacklevel=2)
+    return HttpResponse(status, headers, streamed=True)
+
+
+def is_event_stream(headers: list[tuple[str, str]]) -> bool:
+    """Server-sent events: a stream by definition, whatever its first chunk looks like."""
+    return any(k.lower() == "content-type" and v.split(";")[0].strip().lower() == "text/event-stream"
+               for k, v in headers)
 
 
 def keeps(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bool:

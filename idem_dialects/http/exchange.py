@@ -89,7 +89,7 @@ class _Kept:
         self.response: HttpResponse | None = None  # this request's own, answered as the handler made it
 
     def __call__(self, resp: HttpResponse) -> Reply:
-        if not keeps(self.policy, self.req, resp.status):
+        if resp.streamed or not keeps(self.policy, self.req, resp.status):
             raise NotStored(resp)  # rolls the claim and the handler's writes back
         self.response = resp
         return Reply(encode_stored(self.policy, resp), resp.status)
@@ -172,7 +172,7 @@ def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, ca
         yield from claims.release_after(outcome, exc)
         raise  # the handler's own error, unchanged
     else:
-        kept = keeps(policy, http, resp.status)
+        kept = not resp.streamed and keeps(policy, http, resp.status)
     if not kept:
         yield from _release(claims, outcome)
         return resp

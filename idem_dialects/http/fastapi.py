@@ -35,10 +35,12 @@ from .core import (
     current_connection,
     declared_too_large,
     entry,
+    is_event_stream,
     note_raised,
     raised_in,
     response_body,
     routed,
+    streamed,
     wire_headers,
 )
 from .policy import HttpRequest, IdempotencyPolicy
@@ -170,16 +172,23 @@ def idempotent_route(store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> ty
                                   body=b"" if too_large else await request.body(), body_too_large=too_large,
                                   query=request.url.query, context=request.scope, route=True)
 
+                streams: list[Response] = []
+
                 async def handler(conn: Any) -> HttpResponse:
                     if conn is not None:
                         setattr(request.state, STATE_KEY, conn)
                     resp = await endpoint(request)
+                    if is_event_stream(decode_headers(resp.raw_headers)):  # passed on as it streams, not stored
+                        streams.append(resp)
+                        return streamed(request.method, request.url.path, resp.status_code, [])
                     out = captured(resp.status_code, resp.raw_headers, await _buffer(resp, policy.max_response_bytes))
                     if raised_in(request.scope):
                         raise Raised(out)  # its writes roll back; the answer is stored on its own
                     return out
 
                 out = await idempotency.handle(req, handler)
+                if out.streamed:
+                    return streams[0]
                 response = Response(out.body, status_code=out.status)
                 response.raw_headers = wire_headers(out)  # the endpoint's own head, a replay's or a problem's
                 return response

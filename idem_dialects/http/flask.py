@@ -26,7 +26,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from ..api import StoreAPI
-from .core import Entry, Raised, entry, note_raised, raised_in, response_body, routed
+from .core import Entry, Raised, entry, is_event_stream, note_raised, raised_in, response_body, routed, streamed
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
@@ -72,8 +72,13 @@ def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable
                     marks.began = True
                 return passed
 
+            streams: list[flask.Response] = []
+
             def handler(conn: object) -> HttpResponse:
                 rv = answer(*args, **kwargs)
+                if rv.is_streamed and is_event_stream(list(rv.headers.items())):  # passed on, not stored
+                    streams.append(rv)
+                    return streamed(req.method, req.path, rv.status_code, [])
                 body = response_body(rv.get_data(), policy.max_response_bytes)
                 out = HttpResponse(rv.status_code, list(rv.headers.items()), body)
                 if raised_in(req.environ):
@@ -81,6 +86,8 @@ def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable
                 return out
 
             resp = idempotency.handle(request_from_flask(req, policy.max_request_bytes), handler)
+            if resp.streamed:
+                return streams[0]
             return flask.Response(resp.body, status=resp.status, headers=resp.headers)
 
         return cast(F, wrapper)

@@ -68,12 +68,14 @@ class HttpResponse:
     """A complete, buffered HTTP response: what a handler produced, a replay, or a problem.
 
     `raw`, when an adapter has it: the same header lines as an ASGI server sends them (lower-case latin-1 bytes) --
-    the app's own response head, or a replay's, decoded once per stored head -- so they go out as they are."""
+    the app's own response head, or a replay's, decoded once per stored head -- so they go out as they are.
+    `streamed`: the app streamed it, and the adapter passes it on unbuffered (`core.streamed`): never stored."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
     raw: Sequence[tuple[bytes, bytes]] | None = field(default=None, compare=False, repr=False)
+    streamed: bool = field(default=False, compare=False)
 
     def header(self, name: str) -> str | None:
         name = name.lower()

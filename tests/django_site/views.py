@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views import View
 from rest_framework import viewsets
 from rest_framework.decorators import api_view
@@ -177,6 +177,22 @@ def middleware_payments(request: HttpRequest) -> JsonResponse:
         raise PermissionDenied("over the limit")
     payment = Payment.objects.using(alias).create(account=str(request.user), amount=1)
     return JsonResponse({"id": payment.pk, "user": str(request.user)}, status=201)
+
+
+EVENTS_GATE = threading.Event()  # the stream's second event waits for the client to have read the first
+EVENTS_SEEN: list[bool] = []
+
+
+def middleware_events(request: HttpRequest) -> StreamingHttpResponse:
+    """Under /mw/: server-sent events, a stream the middleware passes through (and does not store)."""
+    ran(request, settings.IDEMPOTENCY["DATABASE"], "middleware-events")
+
+    def events() -> Any:
+        yield b"data: first\n\n"
+        EVENTS_SEEN.append(EVENTS_GATE.wait(30))
+        yield b"data: second\n\n"
+
+    return StreamingHttpResponse(events(), content_type="text/event-stream")
 
 
 class MiddlewareRefusal(APIView):

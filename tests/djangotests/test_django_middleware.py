@@ -71,6 +71,30 @@ def test_an_http_exception_raised_after_a_write_rolls_it_back_and_the_retry_repl
     assert CALLS[f"{mw.alias}:{name}:{key}"] == 1 and mw.rows() == 0 and mw.records(key) == 1
 
 
+def test_a_streaming_response_passes_through_unbuffered_with_a_warning_and_nothing_stored(mw: Site) -> None:
+    """Server-sent events (a StreamingHttpResponse) go out as the view streams them, with an IdemWarning naming the
+    route, and nothing is stored: such a route is not idempotent (issue 47; before, it was buffered whole)."""
+    from django_site.views import CALLS, EVENTS_GATE, EVENTS_SEEN
+
+    from idem_dialects import IdemWarning
+
+    key = new_key()
+    EVENTS_GATE.clear()
+    EVENTS_SEEN.clear()
+    headers = {"X-Remote-User": "carol", "Idempotency-Key": f'"{key}"'}
+    with pytest.warns(IdemWarning, match=r"POST /mw/events streamed its response"), mw.client(None) as client:
+        with client.stream("POST", "/mw/events", headers=headers) as resp:
+            chunks = resp.iter_bytes()
+            first = next(chunks)
+            EVENTS_GATE.set()  # the client has the first event while the stream is still open
+            body = first + b"".join(chunks)
+        again = client.post("/mw/events", headers=headers)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    assert body == b"data: first\n\ndata: second\n\n" and EVENTS_SEEN[0] is True
+    assert again.status_code == 200 and "idempotent-replayed" not in again.headers
+    assert CALLS[f"{mw.alias}:middleware-events:{key}"] == 2 and mw.records(key) == 0
+
+
 def test_paths_outside_the_policy_pass_through(mw: Site) -> None:
     key = new_key()
     first = mw.post("payments", key)  # the decorated DRF view: its own decorator, not the middleware
