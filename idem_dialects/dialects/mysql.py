@@ -41,8 +41,6 @@ from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import Pool, PoolResetState
-from sqlalchemy.pool.base import ResetStyle  # not re-exported; tests/test_statement_counts.py fails if it moves
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -54,6 +52,7 @@ from . import options
 from .base import Backend, Columns, binds, insert_values, key_is, params, replay_columns, statement
 from .mysql_errors import MariaDBErrors, MySQLErrors
 from .mysql_maintenance import MySQLMaintenance
+from .mysql_pool import _COMMITTED_CLEAN, _reset_unless_clean, resets_by_hook
 from .types import Utf8Bytes
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
@@ -71,30 +70,7 @@ _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 # write set committed anywhere before it began, so a claim never misses a record acknowledged on another node
 # (without bit 4 the INSERT succeeds locally, the effect callable runs, and only certification stops it).
 GALERA_SYNC_WAIT = 1 | 2 | 4
-# Set in Connection.info (the pool record's) once the store's COMMIT succeeded; the pool's reset hook pops it.
-_COMMITTED_CLEAN = "idem_dialects.committed_clean"
-SERVER_STATUS_IN_TRANS = 1  # the server's status flag (OK/EOF packets): a transaction is open on the session
 _SEP = b"|"  # between the fields of a claim's packed winner (`_winner`)
-
-
-def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
-    """The pool's reset on return, minus the ROLLBACK round trip when the connection is known to be clean: the
-    store's own transaction committed last and (where the driver reports it, as PyMySQL does) the server's last
-    status shows no transaction open. Anything else (application code, a failed commit) is rolled back."""
-    clean = record is not None and record.info.pop(_COMMITTED_CLEAN, False)
-    if state.terminate_only or state.transaction_was_reset or not state.asyncio_safe:
-        return  # discarded, or the Connection already rolled its transaction back
-    status = getattr(dbapi_connection, "server_status", None)
-    if clean and not (isinstance(status, int) and status & SERVER_STATUS_IN_TRANS):
-        return
-    dbapi_connection.rollback()
-
-
-def resets_by_hook(pool: Pool) -> bool:
-    """The pool resets nothing itself (pool_reset_on_return=None, what `engine_options` asks for), so a returned
-    connection is rolled back only by `_reset_unless_clean`, and only when it is not known clean. Pool has no public
-    accessor for its reset style; tests/test_statement_counts.py fails if this private one moves."""
-    return getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none
 
 
 def _primary_key_is_only_unique_key(table: Table) -> bool:

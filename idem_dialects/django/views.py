@@ -23,7 +23,8 @@ from django.http import HttpRequest as DjangoRequest
 from django.http import HttpResponse as DjangoResponse
 from sqlalchemy.engine import Connection
 
-from ..http.core import Buffer, Raised, is_event_stream, note_raised, raised_in, response_body, streamed
+from ..http.bodies import Buffer, is_event_stream, response_body, streamed
+from ..http.core import Raised, note_raised, raised_in
 from ..http.policy import HttpRequest, IdempotencyPolicy
 from ..http.problems import HttpResponse
 from ..http.runner import Idempotency

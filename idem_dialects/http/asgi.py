@@ -14,18 +14,8 @@ from functools import partial
 from typing import Any
 
 from ..api import AsyncStoreAPI
-from .core import (
-    Buffer,
-    Entry,
-    Raised,
-    declared_too_large,
-    entry,
-    is_event_stream,
-    note_raised,
-    raised_in,
-    streamed,
-    wire_headers,
-)
+from .bodies import Buffer, declared_too_large, is_event_stream, streamed
+from .core import Entry, Raised, entry, note_raised, raised_in, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency

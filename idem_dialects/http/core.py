@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -52,8 +51,9 @@ from enum import Enum
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigurationError, IdemError, IdemWarning
+from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
+from .bodies import ResponseTooLarge
 from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
 from .policy import (
@@ -142,22 +142,6 @@ def handler_made(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bo
     if isinstance(found, Passage) and found.routed:
         return found.began  # a route integration saw the request: it knows
     return not policy.framework_status(status)
-
-
-def streamed(method: str, path: str, status: int, headers: list[tuple[str, str]]) -> HttpResponse:
-    """The answer of an app that streams server-sent events, which the adapter passes on unbuffered: never stored,
-    with a warning naming the route (once per route and process)."""
-    warnings.warn(f"{method} {path} streamed its response (text/event-stream): it was passed through unbuffered and"
-                  " not stored, so it is not idempotent (in atomic mode its writes roll back, and its transaction may"
-                  " stay open while it streams); leave streaming routes out of the idempotency policy's paths",
-                  IdemWarning, stacklevel=2)
-    return HttpResponse(status, headers, streamed=True)
-
-
-def is_event_stream(headers: list[tuple[str, str]]) -> bool:
-    """Server-sent events: a stream by definition, whatever its first chunk looks like."""
-    return any(k.lower() == "content-type" and v.split(";")[0].strip().lower() == "text/event-stream"
-               for k, v in headers)
 
 
 def keeps(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bool:
@@ -292,46 +276,6 @@ class Raised(Exception):
         super().__init__(response.status)
 
 
-class ResponseTooLarge(Exception):
-    """An adapter met more response bytes than the policy stores."""
-
-
-class Buffer:
-    """A body collected whole up to `limit` bytes (the record must hold all of a response before its first byte
-    leaves; a request body over the limit is refused): every adapter's reading and capturing."""
-
-    __slots__ = ("_chunks", "limit", "size")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self._chunks: list[bytes] = []
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep `chunk`; False once the body is over the limit (nothing more is kept)."""
-        self.size += len(chunk)
-        if self.size > self.limit:
-            return False
-        self._chunks.append(chunk if type(chunk) is bytes else bytes(chunk))  # a bytearray or view may change
-        return True
-
-    def keep(self, chunk: bytes) -> None:
-        """`add` for a response: ResponseTooLarge once it is over the limit."""
-        if not self.add(chunk):
-            raise ResponseTooLarge(self.size)
-
-    def body(self) -> bytes:
-        chunks = self._chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def response_body(body: bytes, limit: int) -> bytes:
-    """A response body already whole, if the policy stores one that large (else ResponseTooLarge)."""
-    if len(body) > limit:
-        raise ResponseTooLarge(len(body))
-    return body
-
-
 class Entry(Enum):
     """What a layer does with a request, decided before its body is read (`entry`)."""
 
@@ -347,12 +291,6 @@ def entry(policy: IdempotencyPolicy, store: str, method: str, path: str, has_key
     if not policy.takes_part(method, path, has_key):
         return Entry.PASS
     return Entry.OUTSIDE if claimed_outside(context, store) else Entry.CLAIM
-
-
-def declared_too_large(policy: IdempotencyPolicy, content_length: str | None) -> bool:
-    """A request whose Content-Length is over `max_request_bytes`: refused without reading its body."""
-    declared = str(content_length or "")
-    return declared.isdigit() and int(declared) > policy.max_request_bytes
 
 
 class HandlerErrors:

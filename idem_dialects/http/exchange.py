@@ -28,12 +28,12 @@ from ..errors import ResponseTooLarge as StatementTooLarge
 from ..outcomes import Claimed
 from ..steps import Begin, Effect, Flow, transaction
 from ..telemetry import REQUEST_SPAN
+from .bodies import ResponseTooLarge
 from .core import (
     Call,
     HandlerErrors,
     NotStored,
     Raised,
-    ResponseTooLarge,
     claimed_outside,
     encode_stored,
     keeps,

@@ -28,21 +28,8 @@ from starlette.exceptions import HTTPException
 
 from ..api import AsyncStoreAPI
 from .asgi import STATE_KEY, captured, decode_headers, has_key
-from .core import (
-    Buffer,
-    Entry,
-    Raised,
-    current_connection,
-    declared_too_large,
-    entry,
-    is_event_stream,
-    note_raised,
-    raised_in,
-    response_body,
-    routed,
-    streamed,
-    wire_headers,
-)
+from .bodies import Buffer, declared_too_large, is_event_stream, response_body, streamed
+from .core import Entry, Raised, current_connection, entry, note_raised, raised_in, routed, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import PROBLEM_TYPE, HttpResponse
 from .runner import AsyncIdempotency

@@ -26,7 +26,8 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from ..api import StoreAPI
-from .core import Entry, Raised, entry, is_event_stream, note_raised, raised_in, response_body, routed, streamed
+from .bodies import is_event_stream, response_body, streamed
+from .core import Entry, Raised, entry, note_raised, raised_in, routed
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency

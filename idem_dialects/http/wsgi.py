@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..api import StoreAPI
-from .core import Buffer, Entry, entry, is_event_stream, streamed
+from .bodies import Buffer, is_event_stream, streamed
+from .core import Entry, entry
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency

@@ -14,15 +14,9 @@ Each returns once the destination has the command and raises `relay.Unreachable`
 
 from __future__ import annotations
 
-from ..relay import Unreachable
+from .refusal import CredentialsRefused
 
 __all__ = ["CredentialsRefused", "from_url"]
-
-
-class CredentialsRefused(Unreachable):
-    """The destination refused the publisher's credentials (a wrong user or password in its URL). As with
-    `Unreachable`, nothing was sent and the command costs no attempt; but no pause fixes it, so `idem-dialects relay`
-    says so, and with ``--once`` exits non-zero."""
 
 
 def from_url(url: str) -> object:

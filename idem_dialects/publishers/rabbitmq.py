@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ..outbox import Command
 from ..relay import Unreachable
-from . import CredentialsRefused
+from .refusal import CredentialsRefused
 
 __all__ = ["RabbitMQPublisher"]
 

@@ -16,7 +16,7 @@ import redis.exceptions
 
 from ..outbox import Command
 from ..relay import Unreachable
-from . import CredentialsRefused
+from .refusal import CredentialsRefused
 
 __all__ = ["HEADER_PREFIX", "ID_FIELD", "RedisStreamPublisher"]
 

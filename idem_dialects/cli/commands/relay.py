@@ -20,9 +20,8 @@ from typing import Any
 
 from ...relay import Relay
 from ...store import IdempotencyStore
-from .. import redacted
 from ..database import reached
-from ..output import add_quiet
+from ..output import add_quiet, redacted
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 
