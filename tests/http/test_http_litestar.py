@@ -5,14 +5,13 @@ Uvicorn serves it, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-import idem_dialects
 from idem_dialects.http import IdempotencyPolicy
 
 httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
@@ -30,22 +29,18 @@ class Order:
 
 def test_litestars_validation_400_is_not_stored_and_the_corrected_request_runs(database: Database,
                                                                                 serve_app: Serve) -> None:
+    from http_common import async_store
     from litestar.middleware import DefineMiddleware
 
     from idem_dialects.http.asgi import IdempotencyMiddleware
 
-    store = idem_dialects.AsyncIdempotencyStore.from_url(database.async_url, table_prefix=database.prefix + "idem_")
+    store, lifespan = async_store(database)
     calls: Counter[str] = Counter()
 
     @litestar.post("/orders", status_code=201)
     async def create(data: JSONBody[Order]) -> dict[str, int]:
         calls["create"] += 1
         return {"amount": data.amount}
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        yield
-        await store.engine.dispose()  # in the server's own loop
 
     policy = IdempotencyPolicy(scope=lambda r: r.header("x-account"))
     app = litestar.Litestar([create], lifespan=[lifespan],

@@ -6,14 +6,13 @@ and PostgreSQL; Django and DRF in tests/djangotests/test_django_views.py."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-import idem_dialects
 from idem_dialects import IdempotencyStore
 from idem_dialects.http import IdempotencyPolicy, current_connection
 
@@ -34,14 +33,9 @@ def insert(db: Database) -> Any:
 @contextmanager
 def asgi_served(db: Database, serve: Serve, app_of: Callable[[Any], Any]) -> Iterator[Any]:
     """`app_of(lifespan)` served on uvicorn with the async store; yields an httpx client."""
-    store = idem_dialects.AsyncIdempotencyStore.from_url(db.async_url, table_prefix=db.prefix + "idem_")
+    from http_common import async_store
 
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        yield
-        await store.engine.dispose()  # in the server's own loop
-
-    with serve("asgi-middleware", app_of((store, lifespan))) as url, httpx.Client(base_url=url, timeout=30) as client:
+    with serve("asgi-middleware", app_of(async_store(db))) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield client
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 
-import idem_dialects
 from idem_dialects import IdempotencyStore, IdemWarning
 from idem_dialects.http import IdempotencyPolicy
 
@@ -34,16 +33,11 @@ def events(gate: threading.Event, seen: list[bool]) -> Iterator[bytes]:
 def fastapi_app(db: Database, calls: Counter[str], gate: threading.Event, seen: list[bool]) -> Any:
     fastapi = pytest.importorskip("fastapi", reason="the [fastapi] extra is not installed")
     from fastapi.responses import StreamingResponse
+    from http_common import async_store
 
     from idem_dialects.http.asgi import IdempotencyMiddleware
 
-    store = idem_dialects.AsyncIdempotencyStore.from_url(db.async_url, table_prefix=db.prefix + "idem_")
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        yield
-        await store.engine.dispose()
-
+    store, lifespan = async_store(db)
     app = fastapi.FastAPI(lifespan=lifespan)
 
     @app.post("/events")
