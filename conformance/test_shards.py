@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from idem_dialects import Claimed, CrossShard, IdempotencyStore, RetryPolicy, ShardedStore
+from idem_dialects import Claimed, CrossShard, IdempotencyStore, RetryPolicy, ShardedStore, dialects
+from idem_dialects.dialects.classify import NO_PRIVILEGE
 from idem_dialects.dialects.options import driver_url
 from idem_dialects.engines import provisioning
 from idem_dialects.outbox import Command
@@ -87,12 +89,21 @@ def second_database(engine: EngineUnderTest) -> Iterator[str | None]:
     # A plain engine: the URL's own options (writers=, pooler=, ...) are the store's to consume.
     admin = create_engine(driver_url(engine.server.url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(provision.create_database_sql.format(name=name))
-        yield name
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(provision.create_database_sql.format(name=name))
+        except DBAPIError as exc:
+            errors = dialects.load(engine.backend)(admin).errors
+            if errors.config_problem(exc, (), None) != NO_PRIVILEGE:
+                raise
+            pytest.skip(f"the URL's role may not create a database (shard b needs one of its own), refused with"
+                        f" {type(exc.orig).__name__}: grant it the privilege to create databases to run this check")
+        try:
+            yield name
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(provision.drop_database_sql.format(name=name))
     finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(provision.drop_database_sql.format(name=name))
         admin.dispose()
 
 

@@ -156,8 +156,8 @@ class SyncStore(StoreBase, Generic[C]):
         `on_in_flight` says what an atomic run (no `lease`) does when another caller's claim of the same key is not
         committed yet (its effect still running): "wait" (the default) for that transaction to end, then replay its
         response (or claim, if it rolled back); "conflict": raise RequestInFlight at once (`retry_after` 1 s), using
-        the engine's own lock-timeout / no-wait mechanism. On SQLite the write lock is the database's, so "conflict"
-        also answers in flight while any other key is being written. A leased run always answers RequestInFlight.
+        the engine's own lock-timeout / no-wait mechanism. On SQLite (one write lock) only a key a write transaction
+        of this process holds is answered in flight; another waits. A leased run always answers RequestInFlight.
         """
         flow = self.claims.run(scope=scope, operation=operation, key=key, request=request, status=status,
                                lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL

@@ -1,4 +1,5 @@
-"""Real HTTP servers as processes for the HTTP tests: gunicorn and uvicorn with several workers."""
+"""Real HTTP servers as processes for the HTTP tests: gunicorn and uvicorn with several workers; the async store an
+in-process ASGI app serves."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 
@@ -69,3 +71,18 @@ def uvicorn(app: str, cwd: Path, env: dict[str, str], workers: int = 4) -> list[
     env["PORT"] = str(free_port())
     return [str(BIN / "uvicorn"), app, "--app-dir", str(cwd), "--workers", str(workers), "--host", "127.0.0.1",
             "--port", env["PORT"], "--log-level", "info"]
+
+
+def async_store(db: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """The async store on the tables of `db` (tests/http/conftest.py's Database), and an app lifespan that disposes
+    of its engine in the server's own loop."""
+    from idem_dialects import AsyncIdempotencyStore
+
+    store = AsyncIdempotencyStore.from_url(db.async_url, table_prefix=db.prefix + "idem_")
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await store.engine.dispose()
+
+    return store, lifespan

@@ -193,3 +193,57 @@ def test_duplicate_is_classified_by_extended_code(store: IdempotencyStore) -> No
 def test_memory_engine_without_shared_connection_warns() -> None:
     with pytest.warns(UserWarning, match="its own empty database"):
         IdempotencyStore(create_engine("sqlite://"))
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_conflict_mode_is_in_flight_for_the_key_held_and_another_key_waits(db: Path, api: str) -> None:
+    """on_in_flight="conflict" (issue 47): SQLite's write lock is the database's, but only the key a write
+    transaction holds is answered in flight; a claim of another key waits for the lock and then runs."""
+    import asyncio
+
+    from async_common import async_store_class
+
+    from idem_dialects import RequestInFlight
+
+    holder = IdempotencyStore.from_url(f"sqlite:///{db}")
+    holder.create_tables()
+    started, gate = threading.Event(), threading.Event()
+
+    def held(conn: Any) -> str:
+        started.set()
+        assert gate.wait(30)
+        return "first"
+
+    first = threading.Thread(target=lambda: holder.run(scope="s", operation="op", key="k1", request={}, effect=held))
+    first.start()
+    outcomes: dict[str, Any] = {}
+    try:
+        assert started.wait(30)
+        if api == "sync":
+            store = IdempotencyStore.from_url(f"sqlite:///{db}")
+
+            def claim(key: str) -> Any:
+                return store.run(scope="s", operation="op", key=key, request={}, on_in_flight="conflict",
+                                 effect=lambda conn: key)
+        else:
+            store = async_store_class("aiosqlite").from_url(f"sqlite+aiosqlite:///{db}")
+
+            def claim(key: str) -> Any:
+                async def effect(conn: Any) -> str:
+                    return key
+                return asyncio.run(store.run(scope="s", operation="op", key=key, request={},
+                                             on_in_flight="conflict", effect=effect))
+        with pytest.raises(RequestInFlight):
+            claim("k1")
+        other = threading.Thread(target=lambda: outcomes.update(k2=claim("k2")))
+        other.start()  # waits on the write lock, the holder's (another key)
+    finally:
+        gate.set()
+        first.join(30)
+    other.join(30)
+    assert outcomes["k2"].response == "k2" and not outcomes["k2"].replayed
+    again = claim("k1")
+    assert again.replayed and again.response == "first"
+    holder.engine.dispose()
+    if api == "sync":
+        store.engine.dispose()

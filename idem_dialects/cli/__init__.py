@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import select
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import NoReturn, Protocol
 
 from .. import __version__
 from .commands import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from .output import redacted
 from .plugins import COMMAND_GROUP, PROVIDERS, NotInstalled, installed, plugin
 
 
@@ -93,16 +93,6 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     """The subcommand named on the command line: the first argument that is not an option (the top-level parser
     has only --help and --version, which take no value)."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
-
-
-# USER:PASSWORD@ in a URL's text, wherever argparse repeats an argument (an invalid choice, an unrecognized one): up
-# to the last "@", as a password may hold one unencoded.
-_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*:)[^\s'\"]*@")
-
-
-def redacted(text: str) -> str:
-    """`text` with the password of any URL in it replaced by ***."""
-    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 class Parser(argparse.ArgumentParser):

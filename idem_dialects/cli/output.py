@@ -7,11 +7,21 @@ early (``idem-dialects ddl sqlite | head -1``) is not an error: `idem_dialects.c
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 Log = Callable[[str], None]
+
+# USER:PASSWORD@ in a URL's text, wherever a command repeats an argument (argparse's refusals, a malformed --route):
+# up to the last "@", as a password may hold one unencoded.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*:)[^\s'\"]*@")
+
+
+def redacted(text: str) -> str:
+    """`text` with the password of any URL in it replaced by ***."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 def add_output(parser: argparse.ArgumentParser, what: str = "the report") -> None:

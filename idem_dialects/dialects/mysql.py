@@ -41,8 +41,6 @@ from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.mysql import limit as mysql_limit
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import Pool, PoolResetState
-from sqlalchemy.pool.base import ResetStyle  # not re-exported; tests/test_statement_counts.py fails if it moves
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
 
@@ -54,6 +52,7 @@ from . import options
 from .base import Backend, Columns, binds, insert_values, key_is, params, replay_columns, statement
 from .mysql_errors import MariaDBErrors, MySQLErrors
 from .mysql_maintenance import MySQLMaintenance
+from .mysql_pool import _COMMITTED_CLEAN, _reset_unless_clean, resets_by_hook
 from .types import Utf8Bytes
 
 KEY_BYTES = MAX_LENGTH * 4  # UTF-8 needs at most 4 bytes per character
@@ -62,7 +61,8 @@ _UTC_NOW: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")  # the DB cloc
 _NOWAIT_ON = text("SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
 _NOWAIT_OFF = text("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait")
 # SHOW: MySQL has no wsrep_on, MariaDB without Galera says OFF. max_allowed_packet (the session's, fixed when it
-# connected) bounds one statement: a larger one fails with 1153 or, mid-send, drops the connection.
+# connected) bounds one statement: a larger one fails with 1153 or, mid-send, drops the connection. Each new session's
+# is read again (`session_setup`).
 _SERVER_FACTS = text("SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'max_allowed_packet')")
 _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 # Galera's wsrep_sync_wait bits: 1 reads (and BEGIN), 2 UPDATE/DELETE, 4 INSERT/REPLACE. A node applies other
@@ -70,30 +70,7 @@ _STRICT_MODES = frozenset({"STRICT_ALL_TABLES", "STRICT_TRANS_TABLES"})
 # write set committed anywhere before it began, so a claim never misses a record acknowledged on another node
 # (without bit 4 the INSERT succeeds locally, the effect callable runs, and only certification stops it).
 GALERA_SYNC_WAIT = 1 | 2 | 4
-# Set in Connection.info (the pool record's) once the store's COMMIT succeeded; the pool's reset hook pops it.
-_COMMITTED_CLEAN = "idem_dialects.committed_clean"
-SERVER_STATUS_IN_TRANS = 1  # the server's status flag (OK/EOF packets): a transaction is open on the session
 _SEP = b"|"  # between the fields of a claim's packed winner (`_winner`)
-
-
-def _reset_unless_clean(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
-    """The pool's reset on return, minus the ROLLBACK round trip when the connection is known to be clean: the
-    store's own transaction committed last and (where the driver reports it, as PyMySQL does) the server's last
-    status shows no transaction open. Anything else (application code, a failed commit) is rolled back."""
-    clean = record is not None and record.info.pop(_COMMITTED_CLEAN, False)
-    if state.terminate_only or state.transaction_was_reset or not state.asyncio_safe:
-        return  # discarded, or the Connection already rolled its transaction back
-    status = getattr(dbapi_connection, "server_status", None)
-    if clean and not (isinstance(status, int) and status & SERVER_STATUS_IN_TRANS):
-        return
-    dbapi_connection.rollback()
-
-
-def resets_by_hook(pool: Pool) -> bool:
-    """The pool resets nothing itself (pool_reset_on_return=None, what `engine_options` asks for), so a returned
-    connection is rolled back only by `_reset_unless_clean`, and only when it is not known clean. Pool has no public
-    accessor for its reset style; tests/test_statement_counts.py fails if this private one moves."""
-    return getattr(pool, "_reset_on_return", None) is ResetStyle.reset_none
 
 
 def _primary_key_is_only_unique_key(table: Table) -> bool:
@@ -187,6 +164,15 @@ class MySQLFeatures(Features):
     insert_returning: bool = False
 
 
+def _with_packet(features: Features, packet: int) -> Features:
+    """`features` whose statement limit is `packet` (a session's max_allowed_packet), unless it is lower already."""
+    known = features.max_statement_bytes
+    if known is not None and known <= packet:
+        return features
+    return features.replace(max_statement_bytes=packet,
+                            statement_limit=f"the server's max_allowed_packet, {packet:,} bytes")
+
+
 class MySQLBackend(Backend):
     name = "mysql"
     drivers = (pymysql.DRIVER, asyncmy.DRIVER, mysqlconnector.DRIVER, mysqldb.DRIVER, mariadbconnector.DRIVER)
@@ -235,9 +221,7 @@ class MySQLBackend(Backend):
         facts = yield from execute(self.prepared("server facts", lambda: statement(_SERVER_FACTS, Shape.ROWS)))
         found = {str(name).lower(): str(value) for name, value in facts}
         if found.get("max_allowed_packet", "").isdigit():
-            packet = int(found["max_allowed_packet"])
-            refined = refined.replace(max_statement_bytes=packet,
-                                      statement_limit=f"the server's max_allowed_packet, {packet:,} bytes")
+            refined = _with_packet(refined, int(found["max_allowed_packet"]))
         if found.get("wsrep_on", "").upper() == "ON":
             # Galera: a claim is not exclusive before commit (the first commit wins certification), so an atomic
             # effect callable may run on several nodes for one key; its database writes still land once. Unless
@@ -251,11 +235,14 @@ class MySQLBackend(Backend):
         """A strict sql_mode (a value that does not fit raises instead of being truncated with a warning):
         STRICT_ALL_TABLES added only if neither strict mode is set, the rest of the session's sql_mode kept. On a
         Galera node, the sync-wait bits (whatever bits the session already has kept). Outside any transaction,
-        since Galera waits for other nodes' commits only at a transaction's first statement, the claim itself."""
+        since Galera waits for other nodes' commits only at a transaction's first statement, the claim itself.
+        The session's max_allowed_packet, read in the same statement, lowers the store's statement limit if it is
+        below it (`_session_packet`)."""
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("SELECT @@SESSION.sql_mode")
-            mode = cursor.fetchone()[0]
+            cursor.execute("SELECT @@SESSION.sql_mode, @@SESSION.max_allowed_packet")
+            mode, packet = cursor.fetchone()
+            self._session_packet(packet)
             if not _STRICT_MODES & {m.strip().upper() for m in str(mode or "").split(",")}:
                 cursor.execute("SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''),"
                                " 'STRICT_ALL_TABLES')")
@@ -265,6 +252,14 @@ class MySQLBackend(Backend):
                 cursor.execute(f"SET SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | {GALERA_SYNC_WAIT}")
         finally:
             cursor.close()
+
+    def _session_packet(self, packet: object) -> None:
+        """A new session's max_allowed_packet (fixed when it connects, from the server's global value): the
+        statement limit is the lowest any session has had, so a limit lowered while the store runs (SET GLOBAL, a
+        failover to a server configured lower) is known before a response is sent to a session that would refuse
+        it. Never raised again: a session from before the change may still have the lower limit."""
+        if isinstance(packet, int) and not isinstance(packet, bool):
+            self.features = _with_packet(self.features, packet)
 
     # --- transactions and the clock --------------------------------------------------------------------------
 

@@ -4,9 +4,12 @@ A deferred transaction (the sqlite3 default) that reads and then writes can fail
 without waiting, when another connection wrote in between; BEGIN IMMEDIATE makes claimers queue on the lock
 instead (within the busy timeout), and `run` retries what still comes back busy.
 
-`run(..., on_in_flight="conflict")` claims with a busy timeout of 0: a claim that would queue on the write lock
-(another transaction is writing: the first request of its key, or any other writer, since the lock is the database's)
-gets SQLITE_BUSY at once, answered in flight; the connection's busy timeout is put back after the claim.
+`run(..., on_in_flight="conflict")` answers in flight only for its own key: the lock is the database's, and a
+writer's uncommitted claim is invisible to every other connection, so the backend notes the keys its write
+transactions claim, per database file, in this process (`_Held`). A claim whose key such a transaction holds claims
+with a busy timeout of 0: it gets SQLITE_BUSY at once, answered in flight (the connection's busy timeout is put back
+after the claim). Any other claim waits for the write lock as in wait mode, then claims or replays: a writer with
+another key, or one in another process, which the backend cannot see.
 
 `run`'s claim is the exception (`Begin.CLAIM`): its transaction begins deferred and the claim reads the record first,
 so a replay takes no write lock (it runs beside a writer in WAL mode, and a read-only database still replays). When
@@ -16,10 +19,13 @@ restarts as BEGIN IMMEDIATE and claims as usual; it never upgrades a read transa
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
+from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 from pathlib import PurePath
@@ -49,6 +55,35 @@ _RESTART = ("ROLLBACK", "BEGIN IMMEDIATE")  # a read-only claim transaction beco
 _BUSY_TIMEOUT = text("PRAGMA busy_timeout")
 
 
+class _Held:
+    """The keys claimed by this process's write transactions not yet ended, per database file and table: a write
+    transaction notes each key it claims (`SQLiteBackend.claim`) and lets them go when it ends (`transaction`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: Counter[tuple[Any, ...]] = Counter()
+
+    def note(self, noted: list[tuple[Any, ...]], key: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._keys[key] += 1
+        noted.append(key)
+
+    def let_go(self, noted: list[tuple[Any, ...]]) -> None:
+        with self._lock:
+            self._keys.subtract(noted)
+            for key in noted:
+                if self._keys[key] <= 0:
+                    del self._keys[key]
+
+    def __contains__(self, key: tuple[Any, ...]) -> bool:
+        return key in self._keys
+
+
+_HELD = _Held()
+# The keys the current transaction (of this thread, or task: the async store's greenlets share its context) noted.
+_NOTED: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("idem_dialects_sqlite_noted", default=None)
+
+
 def is_memory(url: URL) -> bool:
     return url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
 
@@ -72,6 +107,8 @@ class SQLiteBackend(Backend):
         super().__init__(engine)
         url: URL | None = getattr(engine, "url", None)  # None: a mock engine (DDL without a database)
         self.memory = url is not None and is_memory(url)
+        # What tells this database file from another in `_HELD` (a :memory: database is its engine's own).
+        self._database: object = id(engine) if self.memory or url is None else os.path.realpath(url.database or "")
         # A :memory: database is one connection (StaticPool); transactions on it must take turns.
         self._memory_lock = threading.RLock() if self.memory else None
         if self.memory and url is not None and not isinstance(engine.pool, StaticPool):
@@ -130,6 +167,8 @@ class SQLiteBackend(Backend):
         with lock:
             previous = dbapi.isolation_level
             conn.info[_USER_ISOLATION] = previous
+            noted: list[tuple[Any, ...]] = []
+            token = _NOTED.set(noted)
             try:
                 # Inside the try: aiosqlite sets it in its thread, and a task cancelled meanwhile must still restore
                 # it, or the pool would hand out a connection in autocommit mode.
@@ -137,6 +176,10 @@ class SQLiteBackend(Backend):
                 with conn.begin():
                     yield
             finally:
+                if noted:
+                    _HELD.let_go(noted)  # committed or rolled back: no longer in flight
+                with suppress(ValueError):  # the async store ends a transaction in another greenlet of its task
+                    _NOTED.reset(token)
                 conn.info.pop(_USER_ISOLATION, None)
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
                     _restore_isolation(conn, dbapi, previous)
@@ -184,7 +227,14 @@ class SQLiteBackend(Backend):
                 return False, row
             for verb in _RESTART:  # only the read ran: restart as a writer rather than upgrade
                 yield from execute(self.prepared(verb, partial(statement, text(verb), Shape.NOTHING)))
-        return (yield from super().claim(table, values, clock, key, fresh=False))
+        inserted, row = yield from super().claim(table, values, clock, key, fresh=False)
+        noted = _NOTED.get()
+        if inserted and noted is not None:
+            _HELD.note(noted, self._held_key(table, key))
+        return inserted, row
+
+    def _held_key(self, table: Table, key: Mapping[str, str]) -> tuple[Any, ...]:
+        return (self._database, table.name, *sorted(key.items()))
 
     def insert_if_absent(self, table: Table, values: Mapping[str, Any],
                          clock: Mapping[str, float] | None = None) -> Flow[bool]:
@@ -195,6 +245,8 @@ class SQLiteBackend(Backend):
         return (yield from rowcount(stmt, params(values))) == 1
 
     def not_waiting(self, table: Table, key: Mapping[str, str], claim: Flow[Any]) -> Flow[Any]:
+        if self._held_key(table, key) not in _HELD:  # the write lock, if taken, is another key's: wait for it
+            return (yield from claim)
         previous = int((yield from execute(self.prepared("busy timeout", lambda: statement(
             _BUSY_TIMEOUT, Shape.ROW))))[0])
 

@@ -2,10 +2,11 @@
 (`idem_dialects.http.exchange`) on a `DjangoStore`. They only translate: a Django (or DRF) request into the core's
 `HttpRequest`, and the view's response into the core's `HttpResponse` and back.
 
-Both take part only in the requests the policy selects (its methods and paths; a keyless one only if keys are
-required), and both treat an HTTP exception the view raises (`Http404`, `PermissionDenied`, `BadRequest`,
-`SuspiciousOperation`, DRF's `APIException`) as the view's answer: the middleware gets Django's response for it, and
-the decorator makes the same one (DRF's, on a DRF view), stored by its status."""
+Both take part only in the requests the policy selects (the middleware: its methods and paths; the decorator: its
+methods; a keyless one only if keys are required), and both treat an HTTP exception the view raises (`Http404`,
+`PermissionDenied`, `BadRequest`, `SuspiciousOperation`, DRF's `APIException`) as the view's answer: the middleware
+gets Django's response for it, and the decorator makes the same one (DRF's, on a DRF view). Its writes roll back, and
+the answer is stored by its status in a transaction of its own."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from django.http import HttpRequest as DjangoRequest
 from django.http import HttpResponse as DjangoResponse
 from sqlalchemy.engine import Connection
 
-from ..http.core import Buffer, response_body
+from ..http.bodies import Buffer, is_event_stream, response_body, streamed
+from ..http.core import Raised, note_raised, raised_in
 from ..http.policy import HttpRequest, IdempotencyPolicy
 from ..http.problems import HttpResponse
 from ..http.runner import Idempotency
@@ -49,9 +51,13 @@ def http_request(request: Any, max_bytes: int, route: bool = False) -> HttpReque
                        body_too_large=too_large, context=meta, route=route)
 
 
-def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
+def core_response(response: HttpResponseBase, limit: int, request: HttpRequest) -> HttpResponse:
     """The view's response, complete (a streaming one is buffered and handed on as one chunk); ResponseTooLarge past
-    `limit` bytes, since the record must hold all of it."""
+    `limit` bytes, since the record must hold all of it. Server-sent events are passed on as they stream, not stored
+    (`core.streamed`)."""
+    headers = list(response.items())
+    if response.streaming and is_event_stream(headers):
+        return streamed(request.method, request.path, response.status_code, [])
     if response.streaming:
         buffer = Buffer(limit)
         for chunk in response.streaming_content:  # type: ignore[attr-defined]
@@ -60,7 +66,7 @@ def core_response(response: HttpResponseBase, limit: int) -> HttpResponse:
         response.streaming_content = [body]  # type: ignore[attr-defined]
     else:
         body = response_body(response.content, limit)  # type: ignore[attr-defined]
-    return HttpResponse(response.status_code, list(response.items()), body)
+    return HttpResponse(response.status_code, headers, body)
 
 
 def django_response(answer: HttpResponse) -> DjangoResponse:
@@ -86,15 +92,20 @@ def respond(store: DjangoStore | ShardedStore, policy: IdempotencyPolicy, reques
             "external-call (lease) mode commits the claim before the view runs, which cannot happen inside an atomic"
             f" block on {held[0]!r}: turn ATOMIC_REQUESTS off for this view (@transaction.non_atomic_requests)")
     ran: list[tuple[HttpResponseBase, HttpResponse]] = []
+    meta = getattr(request, "_request", request).META
+
+    req = http_request(request, policy.max_request_bytes, route)
 
     def handler(conn: Connection | None) -> HttpResponse:
         response = view()
-        ran[:] = [(response, core_response(response, policy.max_response_bytes))]
+        ran[:] = [(response, core_response(response, policy.max_response_bytes, req))]
+        if raised_in(meta) or getattr(response, "exception", False):  # DRF marks the answer to an exception
+            raise Raised(ran[0][1])  # its writes roll back; the answer is stored on its own
         return ran[0][1]
 
     # route: the decorator wraps the view itself, so what it answers is the view's own (the middleware cannot tell
     # Django's 404/405/redirects from the view's; see idem_dialects.http.core).
-    answer = Idempotency(store, policy).handle(http_request(request, policy.max_request_bytes, route), handler)
+    answer = Idempotency(store, policy).handle(req, handler)
     if ran and answer is ran[0][1]:
         return ran[0][0]  # the view's response object itself: cookies, streaming and all
     return django_response(answer)
@@ -154,6 +165,11 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         return respond(get_store(), policy, request, lambda: self.get_response(request))
 
+    def process_exception(self, request: DjangoRequest, exception: Exception) -> None:
+        """The view raised: whatever answers it (Django's response for an HTTP exception, another middleware's),
+        its writes roll back (see `respond`)."""
+        note_raised(request.META)
+
 
 def takes_part(policy: IdempotencyPolicy, request: Any) -> bool:
     """Whether the policy selects a Django (or DRF) request; the others go to the view untouched."""
@@ -164,7 +180,11 @@ def takes_part(policy: IdempotencyPolicy, request: Any) -> bool:
 def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **policy: Any) -> Callable[[View], View]:
     """A view decorator: function views, a class-based view's ``as_view()`` or its methods (``method_decorator``),
     DRF ``APIView``/viewset methods and ``@api_view`` functions (below ``@api_view``, so DRF's authentication
-    has set ``request.user``). `using`, `scope` and IdempotencyPolicy options override ``settings.IDEMPOTENCY``."""
+    has set ``request.user``). `using`, `scope` and IdempotencyPolicy options override ``settings.IDEMPOTENCY``.
+    POLICY's ``methods`` apply, its ``paths`` do not: they select the requests the middleware takes, and a view
+    decorated is idempotent wherever it is routed."""
+
+    overrides = {"paths": None, **policy}  # explicit decoration wins: POLICY's paths select for the middleware
 
     def decorate(view: View) -> View:
         if inspect.iscoroutinefunction(view):
@@ -174,7 +194,7 @@ def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **
         @functools.wraps(view)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             view_self, request, rest = _split(args)
-            chosen = _policy(get_config(), scope, policy)
+            chosen = _policy(get_config(), scope, overrides)
             if not takes_part(chosen, request):
                 return view(*args, **kwargs)
 
@@ -185,6 +205,7 @@ def idempotent(*, using: str | None = None, scope: Scope | str | None = None, **
                     response = answered(exc, request, view_self)
                     if response is None:
                         raise  # the view's own error, unchanged
+                    note_raised(getattr(request, "_request", request).META)
                 return finished(response, request, view_self, rest, kwargs)  # type: ignore[no-any-return]
 
             return respond(get_store(using), chosen, request, call, route=True)

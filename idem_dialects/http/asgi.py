@@ -8,12 +8,14 @@ In atomic mode the handler finds the record's AsyncConnection in `request.state.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
 
 from ..api import AsyncStoreAPI
-from .core import Buffer, Entry, declared_too_large, entry, wire_headers
+from .bodies import Buffer, declared_too_large, is_event_stream, streamed
+from .core import Entry, Raised, entry, note_raised, raised_in, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
@@ -54,11 +56,12 @@ async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
             return buffer.body(), False  # one message, most bodies: its bytes as they came
 
 
-async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, limit: int, conn: Any
+async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes, limit: int, conn: Any
                    ) -> HttpResponse:
     """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`); the
-    middleware's handler, `conn` last (a partial of it: no closure per request)."""
-    inner = dict(scope)
+    middleware's handler, `conn` last (a partial of it: no closure per request). Server-sent events go to `send` as
+    they come instead (`core.streamed`)."""
+    inner = _Watched(scope)
     if conn is not None:
         inner["state"] = dict(scope.get("state") or {}, **{STATE_KEY: conn})
     delivered = False
@@ -72,17 +75,79 @@ async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, body: bytes, li
 
     start: dict[str, Any] = {}
     buffer = Buffer(limit)
+    passing = False  # server-sent events: passed on as they come
 
     async def capture(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        nonlocal passing
+        if passing:
+            await send(message)
+        elif message["type"] == "http.response.start":
             start.update(message)
+            passing = is_event_stream(decode_headers(start.get("headers", [])))
+            if passing:
+                await send(message)
         elif message["type"] == "http.response.body":
             buffer.keep(message.get("body", b""))
 
     await app(inner, replay_receive, capture)
     if not start:
         raise RuntimeError("the ASGI application returned without starting a response")
-    return captured(int(start["status"]), start.get("headers", []), buffer.body())
+    if passing:
+        return streamed(scope["method"], scope["path"], int(start["status"]), [])
+    resp = captured(int(start["status"]), start.get("headers", []), buffer.body())
+    if raised_in(inner):
+        raise Raised(resp)  # its writes roll back; the answer is stored on its own
+    return resp
+
+
+# Where Starlette's ExceptionMiddleware leaves the app's exception handlers, for its routes to answer with.
+_HANDLERS = "starlette.exception_handlers"
+
+
+class _Watched(dict[str, Any]):
+    """The scope the app gets: exception handlers an app's ExceptionMiddleware (Starlette, FastAPI) leaves in it note,
+    when one answers, that the handler raised (`core.note_raised`), since this layer sees only the answer."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == _HANDLERS and isinstance(value, tuple) and len(value) == 2:
+            value = (_Noting(value[0], self), _Noting(value[1], self))
+        super().__setitem__(key, value)
+
+
+class _Noting(dict[Any, Any]):
+    """Exception handlers (by class or by status) that note their call in the request's passage."""
+
+    def __init__(self, handlers: dict[Any, Any], scope: Scope) -> None:
+        super().__init__(handlers)
+        self._scope = scope
+
+    def __getitem__(self, key: Any) -> Any:
+        return _noting(super().__getitem__(key), self._scope)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return _noting(super().__getitem__(key), self._scope) if key in self else default
+
+
+def _noting(handler: Callable[..., Any], scope: Scope) -> Callable[..., Any]:
+    if _is_async(handler):
+        async def noted_async(*args: Any) -> Any:
+            note_raised(scope)
+            return await handler(*args)
+
+        return noted_async
+
+    def noted(*args: Any) -> Any:
+        note_raised(scope)
+        return handler(*args)
+
+    return noted
+
+
+def _is_async(handler: Any) -> bool:
+    """As Starlette decides whether to await a handler (or run it in its thread pool)."""
+    while isinstance(handler, partial):
+        handler = handler.func
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
 
 
 def captured(status: int, raw: Any, body: bytes) -> HttpResponse:
@@ -122,5 +187,7 @@ class IdempotencyMiddleware:
         req = HttpRequest(method=scope["method"], path=scope["path"], headers=headers, native=scope, body=body,
                           body_too_large=over, query=bytes(scope.get("query_string", b"")).decode("latin-1"),
                           context=scope)
-        handler = partial(run_asgi, self.app, scope, receive, body, policy.max_response_bytes)
-        await send_response(await self.idempotency.handle(req, handler), send)
+        handler = partial(run_asgi, self.app, scope, receive, send, body, policy.max_response_bytes)
+        answer = await self.idempotency.handle(req, handler)
+        if not answer.streamed:  # a stream went out as it came
+            await send_response(answer, send)

@@ -13,13 +13,14 @@ the claim is released in external-call mode. Content-Encoding is always kept, wh
 describes the stored bytes (a compression middleware inside this one compressed them), so a replay without it would
 not decode. Whether the handler made it: the route integrations (FastAPI route
 class, Flask decorator, Django decorator) know; under plain middleware, a status `framework_status(status)` accepts
-(default 3xx, 404, 405, 422: redirects, no route, wrong method, request validation, which a framework answers before
-any handler runs) is taken as the framework's and not stored. A framework's HTTP exception the handler raises
-(FastAPI/Starlette `HTTPException`, Flask/Werkzeug `abort`, Django `Http404`/`PermissionDenied`, DRF `APIException`)
-is an answer it made, under every integration alike: the route integrations turn it into the framework's response
-for it, as middleware sees it, and store it by its status (in atomic mode its writes commit with it, as with a
-returned answer). Any other exception is not an answer: it rolls back and reaches the server unchanged. A replay
-carries the marker header (`Idempotent-Replayed: true` by default).
+(default 3xx, 400, 404, 405, 422: redirects, malformed requests, no route, wrong method, request validation, which a
+framework answers before any handler runs) is taken as the framework's and not stored. A framework's HTTP exception
+the handler raises (FastAPI/Starlette `HTTPException`, Flask/Werkzeug `abort`, Django `Http404`/`PermissionDenied`,
+DRF `APIException`), or another exception an app's handler answers, is an answer it made: the route integrations
+turn it into the framework's response for it, as middleware sees it. Its writes roll back all the same (`Raised`):
+raising is how a handler undoes its work; the answer is then stored by its status in a transaction of its own.
+Middleware learns of it from the framework (`note_raised`). Any other exception is not an answer: it rolls back and
+reaches the server unchanged. A replay carries the marker header (`Idempotent-Replayed: true` by default).
 
 **Layers on one request** (`Passage`, in the ASGI scope / WSGI environ): a layer that claims a request notes its
 store and the key it claimed there; a layer further in on the same store, or about to claim the same key (scope,
@@ -27,12 +28,17 @@ operation, key) through another store object (the same database under another sp
 request through instead of claiming it again (which would wait on the outer layer's own claim), and a route
 integration notes that the handler ran.
 
-**Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. A response, streamed
-or not, is buffered until it is complete (the record must hold all of it before the first byte leaves); one over
-`max_response_bytes` is refused with a 500 `response-too-large` problem. In atomic mode the transaction rolls back
-(the handler's writes with it), so a retry runs the handler again; in external-call mode the handler has acted, so the
-claim is completed with that problem, which every retry receives instead of a second run. Routes that stream
-(server-sent events, large downloads) should not be idempotency routes: leave them out with `paths` / `methods`.
+**Server-sent events** (`text/event-stream`) are never a complete answer to store: buffering them would hold the
+client (and the record's transaction) until the stream ends, if ever. Every layer passes them through unbuffered,
+stores nothing for them (their writes roll back in atomic mode, the claim is released in external-call mode) and
+warns (`streamed`, an IdemWarning naming the route). Leave such routes out of `paths` / `methods`.
+
+**Limits.** A request body over `max_request_bytes` is refused (413 problem) before any claim. Any other response,
+streamed or not, is buffered until it is complete (the record must hold all of it before the first byte leaves);
+one over `max_response_bytes`, or over what the database takes in one statement, is refused with a 500
+`response-too-large` problem, final for the key: in atomic mode the transaction rolls back (the handler's writes with
+it) and the problem is stored in a transaction of its own; in external-call mode the handler has acted, so the claim
+is completed with that problem. Every retry receives it instead of a second run.
 """
 from __future__ import annotations
 
@@ -45,9 +51,9 @@ from enum import Enum
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigurationError, IdemError, RequestInFlight
-from ..features import Features
+from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
+from .bodies import ResponseTooLarge
 from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
 from .policy import (
@@ -69,6 +75,7 @@ class Passage:
     keys: set[tuple[str, str, str]] = field(default_factory=set)  # (scope, operation, key) claimed for it
     routed: bool = False  # a route integration received the request
     began: bool = False  # ... and its handler produced the response
+    raised: bool = False  # the handler answered by raising (a framework's exception handler made the response)
 
 
 def passage(context: MutableMapping[str, Any] | None) -> Passage | None:
@@ -111,6 +118,20 @@ def routed(context: MutableMapping[str, Any] | None) -> Passage | None:
         return None
     found.routed = True
     return found
+
+
+def note_raised(context: MutableMapping[str, Any] | None) -> None:
+    """An adapter saw the handler raise an exception its framework answered (an HTTP exception, an exception
+    handler of the app's): the layer claiming the request rolls the handler's writes back (`Raised`)."""
+    found = passage(context)
+    if found is not None:
+        found.raised = True
+
+
+def raised_in(context: MutableMapping[str, Any] | None) -> bool:
+    """Whether the handler of this request answered by raising (`note_raised`)."""
+    found = None if context is None else context.get(PASSAGE_KEY)
+    return isinstance(found, Passage) and found.raised
 
 
 def handler_made(policy: IdempotencyPolicy, req: HttpRequest, status: int) -> bool:
@@ -245,44 +266,14 @@ class NotStored(Exception):
         super().__init__(response.status)
 
 
-class ResponseTooLarge(Exception):
-    """An adapter met more response bytes than the policy stores."""
+class Raised(Exception):
+    """Raised out of the handler by an adapter for an answer the handler gave by raising (`note_raised`): the
+    atomic transaction rolls back, the handler's writes with it, and the answer is then stored in a transaction of
+    its own if the policy stores its status, so a retry replays it and nothing of the attempt persists."""
 
-
-class Buffer:
-    """A body collected whole up to `limit` bytes (the record must hold all of a response before its first byte
-    leaves; a request body over the limit is refused): every adapter's reading and capturing."""
-
-    __slots__ = ("_chunks", "limit", "size")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self._chunks: list[bytes] = []
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep `chunk`; False once the body is over the limit (nothing more is kept)."""
-        self.size += len(chunk)
-        if self.size > self.limit:
-            return False
-        self._chunks.append(chunk if type(chunk) is bytes else bytes(chunk))  # a bytearray or view may change
-        return True
-
-    def keep(self, chunk: bytes) -> None:
-        """`add` for a response: ResponseTooLarge once it is over the limit."""
-        if not self.add(chunk):
-            raise ResponseTooLarge(self.size)
-
-    def body(self) -> bytes:
-        chunks = self._chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def response_body(body: bytes, limit: int) -> bytes:
-    """A response body already whole, if the policy stores one that large (else ResponseTooLarge)."""
-    if len(body) > limit:
-        raise ResponseTooLarge(len(body))
-    return body
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+        super().__init__(response.status)
 
 
 class Entry(Enum):
@@ -300,12 +291,6 @@ def entry(policy: IdempotencyPolicy, store: str, method: str, path: str, has_key
     if not policy.takes_part(method, path, has_key):
         return Entry.PASS
     return Entry.OUTSIDE if claimed_outside(context, store) else Entry.CLAIM
-
-
-def declared_too_large(policy: IdempotencyPolicy, content_length: str | None) -> bool:
-    """A request whose Content-Length is over `max_request_bytes`: refused without reading its body."""
-    declared = str(content_length or "")
-    return declared.isdigit() and int(declared) > policy.max_request_bytes
 
 
 class HandlerErrors:
@@ -330,23 +315,22 @@ class HandlerErrors:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
                  ) -> None:
-        if exc is not None and not isinstance(exc, ResponseTooLarge):  # the adapter's, not the handler's
+        if exc is not None and not isinstance(exc, (ResponseTooLarge, Raised)):  # the adapter's, not the handler's
             self.raised.append(exc)
         if self._token is not None:
             _connection.reset(self._token)
             self._token = None
 
-    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError, features: Features | None = None
-               ) -> HttpResponse:
-        """The problem for an error of the layer or the store (whose `features` it is); re-raises the handler's
-        own."""
-        if any(exc is e for e in self.raised):
+    def own(self, exc: BaseException) -> bool:
+        """Whether `exc` is the handler's own (re-raised unchanged, whatever its type)."""
+        return any(exc is e for e in self.raised)
+
+    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
+        """The problem for an error of the layer or the store; re-raises the handler's own."""
+        if self.own(exc):
             raise exc
         if isinstance(exc, ResponseTooLarge):
             return too_large(policy)
-        if (isinstance(exc, RequestInFlight) and policy.lease is None and policy.on_in_flight == "conflict"
-                and features is not None and features.writers == 1):
-            return write_lock_held(policy, exc.retry_after)
         answer = error_problem(exc, base=policy.problem_base)
         if isinstance(exc, ConfigurationError):
             _tell_once(exc, answer.status)
@@ -381,24 +365,17 @@ def current_connection(*, required: bool = True) -> Any:
     return conn
 
 
-def write_lock_held(policy: IdempotencyPolicy, retry_after: float) -> HttpResponse:
-    """Atomic "conflict" mode on a database with one write lock (SQLite): the claim found the lock held, by a
-    request with this key or with any other; which one, nothing can tell before that transaction ends."""
-    return policy.problem("request-in-flight", 409, "Another request is still being handled and holds this"
-                          " database's single write lock (it takes one writing transaction at a time), so this one was"
-                          " not started: that request may have this idempotency key or another one. Retry after the"
-                          " Retry-After delay.", retry_after=retry_after)
-
-
 def too_large(policy: IdempotencyPolicy) -> HttpResponse:
-    """Atomic mode: the handler's writes rolled back with the claim."""
-    return policy.problem("response-too-large", 500, f"The response is over {policy.max_response_bytes} bytes, the"
-                          " most this service stores for replay; it was not stored and the request's writes were"
-                          " rolled back: a retry runs it again.")
+    """Atomic mode: the handler's writes rolled back with the claim; this answer is then kept for the key."""
+    return policy.problem("response-too-large", 500, f"The response is larger than this service stores for replay"
+                          f" (at most {policy.max_response_bytes} bytes, and what its database takes in one"
+                          " statement): it was not stored and the request's writes were rolled back. This answer is"
+                          " kept for the idempotency key instead, so a retry with it does not run the request again.")
 
 
 def too_large_after_acting(policy: IdempotencyPolicy) -> HttpResponse:
     """External-call mode: the handler acted; this answer is stored for the key, so no retry acts again."""
-    return policy.problem("response-too-large", 500, f"The request was carried out, but its response is over"
-                          f" {policy.max_response_bytes} bytes, the most this service stores for replay; this"
-                          " answer is kept for the key instead, so a retry does not carry it out again.")
+    return policy.problem("response-too-large", 500, f"The request was carried out, but its response is larger"
+                          f" than this service stores for replay (at most {policy.max_response_bytes} bytes, and what"
+                          " its database takes in one statement); this answer is kept for the idempotency key"
+                          " instead, so a retry does not carry it out again.")

@@ -2,10 +2,14 @@
 
 Atomic mode: the store's `run` flow claims, calls the handler with the record's connection (an `Effect` step) and
 stores the response in the same transaction, so the handler's writes and the record commit together or not at all.
+An answer the handler gave by raising (`core.Raised`) rolls its writes back; a response too large to store (over the
+policy's limit, or over the database's statement limit) rolls back too. Either answer is then stored for the key in
+a transaction of its own (the latter as the `response-too-large` problem), so a retry replays it and runs nothing.
 External-call mode (`policy.lease`): the claim commits alone, the handler runs outside any transaction, then the
 response is stored in a short transaction of its own, or the claim is released if the handler failed or its answer
 is not one a retry should see. Once the handler has returned, nothing releases the claim: a response too large to
-store is completed as the `response-too-large` problem, so a retry gets that instead of running the handler again.
+store (by either limit) is completed as the `response-too-large` problem, so a retry gets that instead of running
+the handler again.
 
 A request a layer further out already claimed on the same store, or whose key it claimed through any store, passes
 through untouched: claiming it again would wait on that layer's own claim (see `core.Passage`).
@@ -13,19 +17,23 @@ through untouched: claiming it again would wait on that layer's own claim (see `
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..api import ClaimFlows
 from ..claims import Reply
+from ..core import Request
 from ..errors import IdemError
+from ..errors import ResponseTooLarge as StatementTooLarge
 from ..outcomes import Claimed
 from ..steps import Begin, Effect, Flow, transaction
 from ..telemetry import REQUEST_SPAN
+from .bodies import ResponseTooLarge
 from .core import (
     Call,
     HandlerErrors,
     NotStored,
-    ResponseTooLarge,
+    Raised,
     claimed_outside,
     encode_stored,
     keeps,
@@ -34,10 +42,13 @@ from .core import (
     prepare,
     replay_response,
     routed,
+    too_large,
     too_large_after_acting,
 )
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
+
+log = logging.getLogger("idem_dialects")
 
 
 def exchange(claims: ClaimFlows, store: str, policy: IdempotencyPolicy, req: HttpRequest,
@@ -78,7 +89,7 @@ class _Kept:
         self.response: HttpResponse | None = None  # this request's own, answered as the handler made it
 
     def __call__(self, resp: HttpResponse) -> Reply:
-        if not keeps(self.policy, self.req, resp.status):
+        if resp.streamed or not keeps(self.policy, self.req, resp.status):
             raise NotStored(resp)  # rolls the claim and the handler's writes back
         self.response = resp
         return Reply(encode_stored(self.policy, resp), resp.status)
@@ -94,10 +105,43 @@ def _atomic(claims: ClaimFlows, policy: IdempotencyPolicy, req: HttpRequest, cal
             return replay_response(policy, call, result.response, result.status)
     except NotStored as ns:
         return ns.response
+    except Raised as raised:  # the handler's writes rolled back with the claim
+        if not keeps(policy, req, raised.response.status):
+            return raised.response
+        return (yield from _kept_apart(claims, policy, call, raised.response))
     except (ResponseTooLarge, IdemError) as exc:
-        return errors.answer(policy, exc, claims.features)
+        if _too_large(exc, errors):  # rolled back too: the key keeps the problem, no retry runs the handler again
+            return (yield from _kept_apart(claims, policy, call, too_large(policy)))
+        return errors.answer(policy, exc)
     assert kept.response is not None
     return kept.response
+
+
+def _too_large(exc: BaseException, errors: HandlerErrors) -> bool:
+    """A response over the policy's limit, or over what the database takes in one statement (not the handler's own
+    error of that type)."""
+    return isinstance(exc, ResponseTooLarge) or (isinstance(exc, StatementTooLarge) and not errors.own(exc))
+
+
+def _kept_apart(claims: ClaimFlows, policy: IdempotencyPolicy, call: Call, resp: HttpResponse
+                ) -> Flow[HttpResponse]:
+    """`resp`, this request's answer, stored for its key in a transaction of its own after the handler's writes
+    rolled back: every retry replays it and none runs the handler. If another request claimed the key meanwhile (a
+    duplicate waiting on this one's claim), that one's answer is the key's; this request still gets its own."""
+    req = claims.request(call.scope, call.operation, call.key, call.request)
+    body = encode_stored(policy, resp)
+    try:
+        yield from claims.retrying(lambda: transaction(_complete_now(claims, req, body, resp.status), Begin.CLAIM))
+    except IdemError as exc:  # the answer still goes out; a retry then runs the handler again
+        log.warning("could not store the %d answer for key %r in %r/%r: %s", resp.status, call.key, call.scope,
+                    call.operation, type(exc).__name__)
+    return resp
+
+
+def _complete_now(claims: ClaimFlows, req: Request, body: bytes, status: int) -> Flow[None]:
+    outcome = yield from claims.claim(req, fresh=True)
+    if isinstance(outcome, Claimed):
+        yield from claims.complete(outcome, body, status)
 
 
 def _external(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, call: Call, errors: HandlerErrors
@@ -105,7 +149,7 @@ def _external(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, 
     try:
         return (yield from _leased(claims, policy, http, call))
     except (ResponseTooLarge, IdemError) as exc:
-        return errors.answer(policy, exc, claims.features)
+        return errors.answer(policy, exc)
 
 
 def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, call: Call) -> Flow[HttpResponse]:
@@ -120,17 +164,29 @@ def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, ca
         resp: HttpResponse = yield Effect(claims.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
     except ResponseTooLarge:
         # The handler returned (it has acted); only its answer is too large to keep: keep this one instead.
-        resp = too_large_after_acting(policy)
+        resp, kept = too_large_after_acting(policy), True
+    except Raised as raised:  # an answer, raised: its writes are its own (no transaction of ours holds them)
+        resp = raised.response
+        kept = keeps(policy, http, resp.status)
     except BaseException as exc:
         yield from claims.release_after(outcome, exc)
         raise  # the handler's own error, unchanged
     else:
-        if not keeps(policy, http, resp.status):
-            yield from _release(claims, outcome)
-            return resp
-    body = encode_stored(policy, resp)
-    yield from claims.retrying(lambda: transaction(claims.complete(outcome, body, resp.status)))
+        kept = not resp.streamed and keeps(policy, http, resp.status)
+    if not kept:
+        yield from _release(claims, outcome)
+        return resp
+    try:
+        yield from _complete(claims, policy, outcome, resp)
+    except StatementTooLarge:  # under the policy's limit, over the database's: the handler has acted all the same
+        resp = too_large_after_acting(policy)
+        yield from _complete(claims, policy, outcome, resp)
     return resp
+
+
+def _complete(claims: ClaimFlows, policy: IdempotencyPolicy, claimed: Claimed, resp: HttpResponse) -> Flow[None]:
+    body = encode_stored(policy, resp)
+    yield from claims.retrying(lambda: transaction(claims.complete(claimed, body, resp.status)))
 
 
 def _release(claims: ClaimFlows, claimed: Claimed) -> Flow[None]:

@@ -5,10 +5,11 @@
   a request the layer passes through). Works under the ASGI middleware and under `idempotent_route`.
 - `idempotent_route(store, policy)`: an `APIRoute` class making only the routes of one router idempotent:
   `APIRouter(route_class=idempotent_route(store, policy))`. An `HTTPException` raised by such an endpoint (or its
-  dependencies) is its answer, as under the ASGI middleware: the app's handler for it makes the response, stored by
-  its status (see `idem_dialects.http.core`). A request-validation 422 is not stored (the endpoint never ran: the
-  corrected request may use the same key). The route's OpenAPI operation documents the `Idempotency-Key` header
-  (required or optional, as the policy says) and the 400/409/422 problem responses.
+  dependencies) is its answer, as under the ASGI middleware: its writes roll back, and the app's handler for it makes
+  the response, stored by its status in a transaction of its own (see `idem_dialects.http.core`). A
+  request-validation 422 is not stored (the endpoint never ran: the corrected request may use the same key). The
+  route's OpenAPI operation documents the `Idempotency-Key` header (required or optional, as the policy says) and
+  the 400/409/422 problem responses.
   Under the ASGI middleware on the same store, the route class passes the request through (the middleware holds the
   claim) and tells it whether the endpoint ran, so the middleware stores the endpoint's answers only.
 """
@@ -27,7 +28,8 @@ from starlette.exceptions import HTTPException
 
 from ..api import AsyncStoreAPI
 from .asgi import STATE_KEY, captured, decode_headers, has_key
-from .core import Buffer, Entry, current_connection, declared_too_large, entry, response_body, routed, wire_headers
+from .bodies import Buffer, declared_too_large, is_event_stream, response_body, streamed
+from .core import Entry, Raised, current_connection, entry, note_raised, raised_in, routed, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import PROBLEM_TYPE, HttpResponse
 from .runner import AsyncIdempotency
@@ -137,6 +139,7 @@ def idempotent_route(store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> ty
                 try:
                     return await original(request)
                 except HTTPException as exc:
+                    note_raised(request.scope)
                     return await answered(request, exc)
 
             async def handle(request: Request) -> Response:
@@ -156,14 +159,23 @@ def idempotent_route(store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> ty
                                   body=b"" if too_large else await request.body(), body_too_large=too_large,
                                   query=request.url.query, context=request.scope, route=True)
 
+                streams: list[Response] = []
+
                 async def handler(conn: Any) -> HttpResponse:
                     if conn is not None:
                         setattr(request.state, STATE_KEY, conn)
                     resp = await endpoint(request)
-                    return captured(resp.status_code, resp.raw_headers,
-                                    await _buffer(resp, policy.max_response_bytes))
+                    if is_event_stream(decode_headers(resp.raw_headers)):  # passed on as it streams, not stored
+                        streams.append(resp)
+                        return streamed(request.method, request.url.path, resp.status_code, [])
+                    out = captured(resp.status_code, resp.raw_headers, await _buffer(resp, policy.max_response_bytes))
+                    if raised_in(request.scope):
+                        raise Raised(out)  # its writes roll back; the answer is stored on its own
+                    return out
 
                 out = await idempotency.handle(req, handler)
+                if out.streamed:
+                    return streams[0]
                 response = Response(out.body, status_code=out.status)
                 response.raw_headers = wire_headers(out)  # the endpoint's own head, a replay's or a problem's
                 return response

@@ -9,8 +9,9 @@
         return {"id": 7}, 201, {"Location": "/payments/7"}
 
 A view that raises leaves nothing behind: its writes roll back with the claim, and Flask answers the error as usual.
-An HTTP exception (`abort(402)`, a werkzeug `HTTPException`) is the view's answer, as under the WSGI middleware: the
-app's error handler makes the response, stored by its status (see `idem_dialects.http.core`). Under the WSGI
+An HTTP exception (`abort(402)`, a werkzeug `HTTPException`) is the view's answer: its writes roll back too, and the
+app's error handler makes the response, stored by its status in a transaction of its own (see
+`idem_dialects.http.core`). Under the WSGI
 middleware on the same store, the decorator passes the request through (the middleware holds the claim) and tells it
 the view ran, so what it answers is the view's own.
 """
@@ -25,7 +26,8 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from ..api import StoreAPI
-from .core import Entry, entry, response_body, routed
+from .bodies import is_event_stream, response_body, streamed
+from .core import Entry, Raised, entry, note_raised, raised_in, routed
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
@@ -54,6 +56,7 @@ def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable
             try:
                 rv = view(*args, **kwargs)
             except HTTPException as exc:
+                note_raised(flask.request.environ)
                 rv = flask.current_app.handle_http_exception(exc)
             return flask.make_response(rv)
 
@@ -70,12 +73,22 @@ def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable
                     marks.began = True
                 return passed
 
+            streams: list[flask.Response] = []
+
             def handler(conn: object) -> HttpResponse:
                 rv = answer(*args, **kwargs)
+                if rv.is_streamed and is_event_stream(list(rv.headers.items())):  # passed on, not stored
+                    streams.append(rv)
+                    return streamed(req.method, req.path, rv.status_code, [])
                 body = response_body(rv.get_data(), policy.max_response_bytes)
-                return HttpResponse(rv.status_code, list(rv.headers.items()), body)
+                out = HttpResponse(rv.status_code, list(rv.headers.items()), body)
+                if raised_in(req.environ):
+                    raise Raised(out)  # its writes roll back; the answer is stored on its own
+                return out
 
             resp = idempotency.handle(request_from_flask(req, policy.max_request_bytes), handler)
+            if resp.streamed:
+                return streams[0]
             return flask.Response(resp.body, status=resp.status, headers=resp.headers)
 
         return cast(F, wrapper)

@@ -41,20 +41,30 @@ def parse_key_header(values: list[str], *, allow_token: bool = True) -> str | No
     text = values[0].strip(" \t")
     plain = _PLAIN.fullmatch(text)
     if plain is not None:
-        return plain.group(1)
+        return _not_blank(plain.group(1))
     if not text:
         raise KeyHeaderError("the header is empty; send the key, e.g. \"4f1c-...\"")
     if text.startswith('"'):
         key, rest = _parse_string(text)
         if _PARAMS.fullmatch(rest) is None:
             raise KeyHeaderError("unexpected text after the key; send exactly one quoted key")
-        return key
+        return _not_blank(key)
     if not allow_token:
         raise KeyHeaderError('the key must be a Structured Field string in double quotes, e.g. "4f1c-..."')
+    if "," in text and not all(text.split(",")):  # "," or "k,": a list with empty members (RFC 9110 5.6.1)
+        raise KeyHeaderError('a bare key may not begin or end with a comma, nor hold two in a row (the header would be'
+                             ' a list with empty members); send exactly one key, e.g. "4f1c-..."')
     if _BARE.fullmatch(text) is None:
         raise KeyHeaderError('a bare key is visible ASCII without spaces or double quotes; quote other keys,'
                              ' e.g. "4f1c-..."')
     return text
+
+
+def _not_blank(key: str) -> str:
+    """A quoted key of spaces only (or none) names no intent: refused as the empty header is."""
+    if not key.strip(" "):
+        raise KeyHeaderError('the key is blank (spaces only); send a key chosen once per intent, e.g. "4f1c-..."')
+    return key
 
 
 def _parse_string(text: str) -> tuple[str, str]:

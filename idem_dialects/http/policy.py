@@ -47,9 +47,10 @@ class HttpRequest:
 
 # Answers that mean "not done, try again": never a result a retry should get back.
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
-# Answers a framework gives before any handler runs: a redirect (FastAPI's redirect_slashes 307, Flask's 308), no
-# route (404), wrong method (405), request validation (FastAPI's 422).
-FRAMEWORK_STATUSES = frozenset({404, 405, 422})
+# Answers a framework gives before any handler runs: a redirect (FastAPI's redirect_slashes 307, Flask's 308), a
+# malformed request (Django's 400) or request validation (FastAPI's 422, Litestar's 400), no route (404), wrong
+# method (405).
+FRAMEWORK_STATUSES = frozenset({400, 404, 405, 422})
 
 
 def default_store_status(status: int) -> bool:
@@ -58,7 +59,7 @@ def default_store_status(status: int) -> bool:
 
 
 def default_framework_status(status: int) -> bool:
-    """The statuses a framework answers on its own (3xx, 404, 405, 422): under plain middleware, not stored."""
+    """The statuses a framework answers on its own (3xx, 400, 404, 405, 422): under plain middleware, not stored."""
     return 300 <= status < 400 or status in FRAMEWORK_STATUSES
 
 

@@ -17,7 +17,8 @@ Details never include a stored response, a request body or a claim token.
 |                       |        | call: the handler acted, so this answer is stored for the key)               |
 | retries-exhausted     | 503    | the database stayed busy/deadlocked past the retry budget (`Retry-After`)    |
 | transient             | 503    | another transient condition of the store (`Retry-After`)                     |
-| idempotency-error     | (its)  | any other error of the library, with its `http_status` (500 if none)        |
+| idempotency-error     | (its)  | any other error of the library, with its `http_status` (500 if none); the   |
+|                       |        | store's tables missing: 503 with `Retry-After`, naming `idem-dialects init`  |
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from ..errors import (
     InvalidKey,
     InvalidPayload,
     LeaseLost,
+    MissingTables,
     RequestInFlight,
     RequestMismatch,
+    ResponseTooLarge,
     RetriesExhausted,
     TransientError,
 )
@@ -56,6 +59,8 @@ _TITLES: dict[str, str] = {
     "idempotency-error": "Idempotency error",
 }
 SLUGS = tuple(_TITLES)  # every problem type the layer answers with
+# Seconds a client waits before retrying while the store's tables are missing: an operator has to act first.
+MISSING_TABLES_RETRY_AFTER = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +68,14 @@ class HttpResponse:
     """A complete, buffered HTTP response: what a handler produced, a replay, or a problem.
 
     `raw`, when an adapter has it: the same header lines as an ASGI server sends them (lower-case latin-1 bytes) --
-    the app's own response head, or a replay's, decoded once per stored head -- so they go out as they are."""
+    the app's own response head, or a replay's, decoded once per stored head -- so they go out as they are.
+    `streamed`: the app streamed it, and the adapter passes it on unbuffered (`core.streamed`): never stored."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
     raw: Sequence[tuple[bytes, bytes]] | None = field(default=None, compare=False, repr=False)
+    streamed: bool = field(default=False, compare=False)
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -112,6 +119,14 @@ def error_problem(exc: IdemError, *, base: str) -> HttpResponse:
     if isinstance(exc, RetriesExhausted):
         return problem("retries-exhausted", 503, f"The database stayed busy through {exc.attempts} attempts.",
                        base=base, retry_after=1)
+    if isinstance(exc, ResponseTooLarge):
+        return problem("response-too-large", 500, "The response is larger than this service's database takes in"
+                       " one statement, so it could not be stored for replay.", base=base)
+    if isinstance(exc, MissingTables):
+        return problem("idempotency-error", 503, "This service's idempotency tables do not exist in its database,"
+                       " so it cannot take idempotent requests until its operator creates them (`idem-dialects init"
+                       " URL`, or store.create_tables()). Nothing was done; retry after the Retry-After delay.",
+                       base=base, retry_after=MISSING_TABLES_RETRY_AFTER)
     if isinstance(exc, TransientError):
         return problem("transient", 503, "The idempotency record changed under this request; retry.", base=base,
                        retry_after=1)

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..api import StoreAPI
-from .core import Buffer, Entry, entry
+from .bodies import Buffer, is_event_stream, streamed
+from .core import Entry, entry
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
@@ -69,8 +70,11 @@ def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
                        query=str(environ.get("QUERY_STRING", "")), context=environ)
 
 
-def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpResponse:
-    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`)."""
+def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int,
+             passed: list[Iterable[bytes]] | None = None) -> HttpResponse:
+    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`). With
+    `passed`, a response of server-sent events is not collected: its iterable goes there, to be passed on as the app
+    streams it (`core.streamed`)."""
     env = dict(environ)
     env["wsgi.input"] = io.BytesIO(body)
     env["CONTENT_LENGTH"] = str(len(body))
@@ -87,6 +91,11 @@ def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int) -> HttpRes
         return add
 
     result = app(env, start_response)
+    if passed is not None and started and is_event_stream(started[0][1]):
+        passed.append(result)
+        status, headers = started[0]
+        return streamed(env.get("REQUEST_METHOD", "GET"), str(env.get("SCRIPT_NAME", "")) +
+                        str(env.get("PATH_INFO", "")), int(status.split(" ", 1)[0]), headers)
     try:
         for chunk in result:
             add(chunk)
@@ -131,11 +140,17 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)  # not this layer's, or an outer layer on this store has it
         req = request_from_environ(environ, self.policy.max_request_bytes)
 
+        passed: list[Iterable[bytes]] = []
+
         def handler(conn: Connection | None) -> HttpResponse:
             env = dict(environ)
             if conn is not None:
                 env[CONNECTION_KEY] = conn
-            return run_wsgi(self.app, env, req.body, self.policy.max_response_bytes)
+            return run_wsgi(self.app, env, req.body, self.policy.max_response_bytes, passed)
 
         # The handler's own error propagates unchanged to the server (after the transaction rolled back).
-        return send(self.idempotency.handle(req, handler), start_response)
+        answer = self.idempotency.handle(req, handler)
+        if answer.streamed:  # the app's own iterable, read by the server as it streams
+            start_response(status_line(answer.status), answer.headers)
+            return passed[0]
+        return send(answer, start_response)

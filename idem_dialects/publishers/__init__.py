@@ -8,12 +8,15 @@ only when imported itself (its client library is an extra of its own):
 - `idem_dialects.publishers.redis`: Redis Streams through redis-py (``[redis]``), the id in the entry's ``id`` field;
 - `idem_dialects.publishers.http`: an HTTP endpoint through the standard library, the id as the ``Idempotency-Key``.
 
-Each returns once the destination has the command and raises `relay.Unreachable` when it cannot be reached.
+Each returns once the destination has the command and raises `relay.Unreachable` when it cannot be reached, or
+`CredentialsRefused` (an `Unreachable`) when the destination refuses the credentials in its URL.
 """
 
 from __future__ import annotations
 
-__all__ = ["from_url"]
+from .refusal import CredentialsRefused
+
+__all__ = ["CredentialsRefused", "from_url"]
 
 
 def from_url(url: str) -> object:

@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ..outbox import Command
 from ..relay import Unreachable
+from .refusal import CredentialsRefused
 
 __all__ = ["RabbitMQPublisher"]
 
@@ -54,6 +55,10 @@ class RabbitMQPublisher:
                                        headers={**command.headers, "Idempotency-Key": command.id},
                                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
             await exchange.publish(message, routing_key=self.routing_key or command.destination, mandatory=True)
+        except aio_pika.exceptions.ProbableAuthenticationError as exc:  # an AMQPConnectionError: before _DOWN
+            self._channel = None
+            raise CredentialsRefused(f"RabbitMQ refused the user and password of its URL ({type(exc).__name__})"
+                                     ) from exc
         except _DOWN as exc:
             self._channel = None
             raise Unreachable(f"RabbitMQ: {type(exc).__name__}: {exc}") from exc

@@ -16,6 +16,7 @@ import redis.exceptions
 
 from ..outbox import Command
 from ..relay import Unreachable
+from .refusal import CredentialsRefused
 
 __all__ = ["HEADER_PREFIX", "ID_FIELD", "RedisStreamPublisher"]
 
@@ -36,6 +37,9 @@ class RedisStreamPublisher:
         fields.update({f"{HEADER_PREFIX}{name}": value for name, value in command.headers.items()})
         try:
             self.client.xadd(self.stream or command.destination, fields, maxlen=self.maxlen, approximate=True)
+        except redis.exceptions.AuthenticationError as exc:  # a ConnectionError: before it
+            raise CredentialsRefused(f"Redis refused the user and password of its URL ({type(exc).__name__})"
+                                     ) from exc
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise Unreachable(f"Redis: {type(exc).__name__}: {exc}") from exc
 

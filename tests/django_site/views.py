@@ -12,11 +12,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views import View
 from rest_framework import viewsets
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -31,10 +32,9 @@ EXPLODED: set[str] = set()
 STARTED, GATE = threading.Event(), threading.Event()  # the gated view has begun / may finish
 
 
-def idempotent(**options: Any) -> Any:
-    """The library's decorator, for every request path: a decorator applies the policy's paths as the middleware
-    does, and settings.IDEMPOTENCY's POLICY confines the middleware to /mw/, away from these views."""
-    return idem_django.idempotent(paths=None, **options)
+# The library's decorator: settings.IDEMPOTENCY's POLICY confines the middleware to /mw/, and the decorated views
+# below are elsewhere (a decorator applies the policy's methods, not its paths).
+idempotent = idem_django.idempotent
 
 
 def ran(request: Any, alias: str, name: str) -> None:
@@ -135,9 +135,23 @@ def views_for(alias: str) -> dict[str, Any]:
     class Missing(APIView):
         @idempotent(using=alias)
         def post(self, request: Request) -> Response:
-            """Answers by raising DRF's HTTP exception."""
+            """Answers by raising DRF's HTTP exception, after a write."""
             ran(request, alias, "missing")
+            pay(request, alias)
             raise NotFound("no such order")
+
+    @idempotent(using=alias, scope=lambda request: request.headers.get("X-Account"), max_response_bytes=1 << 26)
+    def big(request: HttpRequest) -> HttpResponse:
+        """A response of X-Size bytes (the database's statement limit may be below the policy's), after a write."""
+        ran(request, alias, "big")
+        pay(request, alias, request.headers["X-Account"])
+        return HttpResponse(b"x" * int(request.headers["X-Size"]), status=201)
+
+    @idempotent(using=alias, scope=lambda request: request.headers.get("X-Account"), max_response_bytes=1 << 26,
+                lease=timedelta(seconds=1))
+    def big_external(request: HttpRequest) -> HttpResponse:
+        ran(request, alias, "big-external")
+        return HttpResponse(b"x" * int(request.headers["X-Size"]), status=201)
 
     class ClassBased(View):
         def post(self, request: HttpRequest) -> JsonResponse:
@@ -147,7 +161,7 @@ def views_for(alias: str) -> dict[str, Any]:
     return {"payments": Payments.as_view(), "explode": Explode.as_view(), "external": External.as_view(),
             "gated": Gated.as_view(), "crash": Crash.as_view(), "viewset": Accounts.as_view({"post": "create"}),
             "api_view": api_function, "function": function, "ledger": ledger, "refuse": refuse,
-            "missing": Missing.as_view(),
+            "missing": Missing.as_view(), "big": big, "big-external": big_external,
             "class": idempotent(using=alias, scope=lambda r: r.headers.get("X-Account"))(ClassBased.as_view())}
 
 
@@ -158,8 +172,40 @@ def middleware_payments(request: HttpRequest) -> JsonResponse:
     if request.headers.get("X-Explode"):
         Payment.objects.using(alias).create(account=str(request.user), amount=0)
         raise RuntimeError("after the ORM write")
+    if request.headers.get("X-Refuse"):
+        Payment.objects.using(alias).create(account=str(request.user), amount=0)
+        raise PermissionDenied("over the limit")
     payment = Payment.objects.using(alias).create(account=str(request.user), amount=1)
     return JsonResponse({"id": payment.pk, "user": str(request.user)}, status=201)
+
+
+EVENTS_GATE = threading.Event()  # the stream's second event waits for the client to have read the first
+EVENTS_SEEN: list[bool] = []
+
+
+def middleware_events(request: HttpRequest) -> StreamingHttpResponse:
+    """Under /mw/: server-sent events, a stream the middleware passes through (and does not store)."""
+    ran(request, settings.IDEMPOTENCY["DATABASE"], "middleware-events")
+
+    def events() -> Any:
+        yield b"data: first\n\n"
+        EVENTS_SEEN.append(EVENTS_GATE.wait(30))
+        yield b"data: second\n\n"
+
+    return StreamingHttpResponse(events(), content_type="text/event-stream")
+
+
+class MiddlewareRefusal(APIView):
+    """Under /mw/: a DRF view that answers by raising DRF's HTTP exception after a write (DRF answers it itself)."""
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def post(self, request: Request) -> Response:
+        alias = settings.IDEMPOTENCY["DATABASE"]
+        ran(request, alias, "middleware-drf")
+        Payment.objects.using(alias).create(account=str(request.user), amount=0)
+        raise DRFPermissionDenied("over the limit")  # 403: a 404 under middleware may be a router's, never stored
 
 
 async def middleware_async_payments(request: HttpRequest) -> JsonResponse:

@@ -53,6 +53,48 @@ def test_view_raising_after_its_write_is_a_500_with_neither_row_nor_record(mw: S
     assert post(mw, key).status_code == 201 and mw.rows() == 1
 
 
+@pytest.mark.parametrize("view", ["django", "drf"])
+def test_an_http_exception_raised_after_a_write_rolls_it_back_and_the_retry_replays_it(mw: Site, view: str) -> None:
+    """Django's PermissionDenied (the middleware sees the view raise) and DRF's (DRF answers it inside its view,
+    marking the response): the write rolls back, the answer is stored on its own, the retry runs nothing."""
+    from django_site.views import CALLS
+
+    key = new_key()
+    path = "/mw/payments" if view == "django" else "/mw/drf"
+    headers = {"X-Remote-User": "carol", "X-Refuse": "1"}
+    first = mw.post(path, key, user=None, headers=headers)
+    again = mw.post(path, key, user=None, headers=headers)
+    assert first.status_code == again.status_code == 403, first.text
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    name = "middleware" if view == "django" else "middleware-drf"
+    assert CALLS[f"{mw.alias}:{name}:{key}"] == 1 and mw.rows() == 0 and mw.records(key) == 1
+
+
+def test_a_streaming_response_passes_through_unbuffered_with_a_warning_and_nothing_stored(mw: Site) -> None:
+    """Server-sent events (a StreamingHttpResponse) go out as the view streams them, with an IdemWarning naming the
+    route, and nothing is stored: such a route is not idempotent (issue 47; before, it was buffered whole)."""
+    from django_site.views import CALLS, EVENTS_GATE, EVENTS_SEEN
+
+    from idem_dialects import IdemWarning
+
+    key = new_key()
+    EVENTS_GATE.clear()
+    EVENTS_SEEN.clear()
+    headers = {"X-Remote-User": "carol", "Idempotency-Key": f'"{key}"'}
+    with pytest.warns(IdemWarning, match=r"POST /mw/events streamed its response"), mw.client(None) as client:
+        with client.stream("POST", "/mw/events", headers=headers) as resp:
+            chunks = resp.iter_bytes()
+            first = next(chunks)
+            EVENTS_GATE.set()  # the client has the first event while the stream is still open
+            body = first + b"".join(chunks)
+        again = client.post("/mw/events", headers=headers)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    assert body == b"data: first\n\ndata: second\n\n" and EVENTS_SEEN[0] is True
+    assert again.status_code == 200 and "idempotent-replayed" not in again.headers
+    assert CALLS[f"{mw.alias}:middleware-events:{key}"] == 2 and mw.records(key) == 0
+
+
 def test_paths_outside_the_policy_pass_through(mw: Site) -> None:
     key = new_key()
     first = mw.post("payments", key)  # the decorated DRF view: its own decorator, not the middleware

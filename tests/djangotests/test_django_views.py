@@ -35,6 +35,23 @@ def test_first_call_201_retry_replays_with_marker_and_no_second_row(site: Site) 
     assert site.rows() == 1 and site.records(key) == 1
 
 
+def test_a_view_decorated_outside_the_policys_paths_replays_and_runs_once(site: Site) -> None:
+    """settings.IDEMPOTENCY's POLICY selects only /mw/ for the middleware; the decorated views are elsewhere, and
+    explicit decoration wins over those paths (the decorator applies the policy's methods only)."""
+    from django.conf import settings
+
+    from idem_dialects.django.conf import get_config
+
+    assert not get_config().make_policy().applies("POST", f"/{site.alias}/function")
+    assert settings.IDEMPOTENCY["POLICY"]["paths"]("/mw/payments")
+    key, account = new_key(), {"X-Account": "acct-paths"}
+    first = site.post("function", key, headers=account)
+    again = site.post("function", key, headers=account)
+    assert first.status_code == again.status_code == 201, first.text
+    assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+    assert calls(site, "function", key) == 1 and site.rows("acct-paths") == 1 and site.records(key) == 1
+
+
 def test_a_different_body_is_422(site: Site) -> None:
     key = new_key()
     assert site.post("payments", key, {"amount": 100}).status_code == 201
@@ -197,9 +214,10 @@ def test_a_decorated_view_serves_methods_outside_the_policy_without_a_key_and_ne
 
 
 @pytest.mark.parametrize("view", ["refuse", "missing"])
-def test_an_http_exception_a_decorated_view_raises_is_its_answer_stored_once(site: Site, view: str) -> None:
-    """Django's PermissionDenied (after a write) and DRF's NotFound are answered as Django and DRF answer them, and
-    stored like a returned answer, as the middleware stores them (one rule for both integrations)."""
+def test_an_http_exception_a_decorated_view_raises_rolls_its_write_back_and_is_stored_once(site: Site,
+                                                                                            view: str) -> None:
+    """Django's PermissionDenied and DRF's NotFound, each raised after a write, are answered as Django and DRF answer
+    them: the write rolls back, the answer is stored in a transaction of its own, and the retry replays it."""
     key, account = new_key(), {"X-Account": "acct-1"}
     first = site.post(view, key, headers=account)
     again = site.post(view, key, headers=account)
@@ -207,4 +225,4 @@ def test_an_http_exception_a_decorated_view_raises_is_its_answer_stored_once(sit
     assert first.status_code == again.status_code == status, first.text
     assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
     assert again.content == first.content and calls(site, view, key) == 1
-    assert site.records(key) == 1
+    assert site.rows() == 0 and site.records(key) == 1

@@ -216,18 +216,20 @@ def test_a_form_encoded_anew_by_a_retry_replays_and_another_form_is_a_mismatch(
     assert calls["upload"] == 2
 
 
-# --- item 10: SQLite's conflict answer names its one write lock ------------------------------------------------------
+# --- item 10 (issue 47): SQLite's conflict answer is for the key in flight only ----------------------------------
 
-def test_on_sqlite_a_conflict_answer_for_another_key_names_the_databases_write_lock(
+def test_on_sqlite_conflict_mode_answers_409_for_the_key_in_flight_and_another_key_waits(
         database: Database, serve_app: Serve) -> None:
     if database.engine_name != "sqlite":
-        pytest.skip("only a database with one write lock answers other keys in flight")
+        pytest.skip("only a database with one write lock could mistake another key for this one")
     started, gate = threading.Event(), threading.Event()
+    calls: Counter[str] = Counter()
 
     def routes(app: Any, decorate: Callable[[Any], Any]) -> None:
         @app.post("/slow")
         @decorate
         def slow() -> Any:
+            calls["slow"] += 1
             started.set()
             assert gate.wait(30)
             return {"slow": True}, 201
@@ -235,24 +237,30 @@ def test_on_sqlite_a_conflict_answer_for_another_key_names_the_databases_write_l
         @app.post("/quick")
         @decorate
         def quick() -> Any:
+            calls["quick"] += 1
             return {"quick": True}, 201
 
+    slow_key = dict(HEADERS, **{"idempotency-key": '"slow-1"'})
     with flask_served(database, serve_app, "route", routes, policy(on_in_flight="conflict")) as client:
-        results: list[Any] = []
-        holder = threading.Thread(target=lambda: results.append(
-            client.post("/slow", headers=dict(HEADERS, **{"idempotency-key": '"slow-1"'}))))
+        results: dict[str, Any] = {}
+        holder = threading.Thread(target=lambda: results.update(slow=client.post("/slow", headers=slow_key)))
         holder.start()
         try:
             assert started.wait(30)
-            other = client.post("/quick", headers=dict(HEADERS, **{"idempotency-key": '"quick-1"'}))
+            same = client.post("/slow", headers=slow_key)  # the key in flight: 409 at once
+            other = threading.Thread(target=lambda: results.update(quick=client.post(
+                "/quick", headers=dict(HEADERS, **{"idempotency-key": '"quick-1"'}))))
+            other.start()  # another key: it waits for the write lock instead of a 409
         finally:
             gate.set()
             holder.join(30)
-    assert results[0].status_code == 201
-    assert other.status_code == 409 and other.headers["retry-after"] == "1"
-    detail = other.json()["detail"]
-    assert "write lock" in detail and "another" in detail, detail
-    assert "The first request with this idempotency key" not in detail
+        other.join(30)
+        replay = client.post("/slow", headers=slow_key)
+    assert same.status_code == 409 and same.headers["retry-after"] == "1"
+    assert same.json()["type"] == PROBLEM + "request-in-flight"
+    assert results["slow"].status_code == 201 and results["quick"].status_code == 201, results["quick"].text
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert calls == Counter(slow=1, quick=1)
 
 
 # --- item 11: the record's connection in external-call mode, the caller's scope, tables gone ------------------------
@@ -363,4 +371,35 @@ def test_tables_dropped_under_a_running_service_answer_503_not_500(database: Dat
         IdempotencyStore(database.sync, table_prefix=database.prefix + "idem_").create_tables()  # for the teardown
     assert gone.status_code == 503, gone.text
     assert gone.headers["content-type"] == "application/problem+json" and gone.json()["status"] == 503
+    assert int(gone.headers["retry-after"]) >= 1  # nothing is wrong with the request: it may come again
+    assert "idem-dialects init" in gone.json()["detail"]
+
+
+@pytest.mark.parametrize("stack", ["asgi-middleware", "flask-decorator"])
+def test_a_blank_key_and_a_bare_comma_are_400_and_run_nothing(database: Database, serve_app: Serve,
+                                                              stack: str) -> None:
+    calls: Counter[str] = Counter()
+
+    def fastapi_routes(router: Any) -> None:
+        async def pay() -> Any:
+            calls["pay"] += 1
+            return {"paid": True}
+
+        router.add_api_route("/pay", pay, methods=["POST"], status_code=201)
+
+    def flask_routes(app: Any, decorate: Callable[[Any], Any]) -> None:
+        @app.post("/pay")
+        @decorate
+        def pay() -> Any:
+            calls["pay"] += 1
+            return {"paid": True}, 201
+
+    served = (fastapi_served(database, serve_app, "middleware", fastapi_routes) if stack == "asgi-middleware"
+              else flask_served(database, serve_app, "route", flask_routes))
+    with served as client:
+        answers = [client.post("/pay", headers=dict(HEADERS, **{"idempotency-key": key}))
+                   for key in ('" "', '"   "', ",", ",,", "k,", ",k")]
+    for resp in answers:
+        assert resp.status_code == 400 and resp.json()["type"] == PROBLEM + "invalid-key", resp.text
+    assert calls["pay"] == 0 and database.count("idem_records") == 0
 

@@ -3,12 +3,14 @@ database at URL, until stopped (SIGTERM, Ctrl-C), or once through with --once; -
 --requeue-dead gives dead-lettered commands a fresh start. Run as many relays as you like: they share the outbox
 through each engine's skip-locked read (docs: outbox).
 
-Exit status: 0 done (or stopped); 1 --once left dead-lettered commands behind; 64 bad arguments.
+Exit status: 0 done (or stopped); 1 --once left dead-lettered commands behind; 2 --once met a destination that
+refused the credentials in its --route URL (or a database that did not answer); 64 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import signal
@@ -19,8 +21,8 @@ from typing import Any
 from ...relay import Relay
 from ...store import IdempotencyStore
 from ..database import reached
-from ..output import add_quiet
-from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ..output import add_quiet, redacted
+from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,21 +46,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_quiet(parser, "no summary line (errors still go to stderr)")
 
 
+def watched(publisher: Any, route: str, refused: list[str]) -> Any:
+    """`publisher`, noting (in `refused`, and in a log line, once) that its destination refused its credentials:
+    the relay gives such a command back untried, as for a destination that is down, which no pause fixes."""
+    from ...publishers import CredentialsRefused
+
+    def note() -> None:
+        if route not in refused:
+            refused.append(route)
+            logging.getLogger("idem_dialects.relay").error("%s: authentication failed; fix its user and password",
+                                                           route)
+
+    class Watched:
+        def close(self) -> None:
+            close = getattr(publisher, "close", None)
+            if close is not None:
+                close()
+
+    if inspect.iscoroutinefunction(publisher.publish):
+        class AsyncWatched(Watched):
+            async def publish(self, command: Any) -> None:
+                try:
+                    await publisher.publish(command)
+                except CredentialsRefused:
+                    note()
+                    raise
+
+            async def close(self) -> None:  # type: ignore[override]
+                close = getattr(publisher, "close", None)
+                if close is not None:
+                    await close()
+
+        return AsyncWatched()
+
+    class SyncWatched(Watched):
+        def publish(self, command: Any) -> None:
+            try:
+                publisher.publish(command)
+            except CredentialsRefused:
+                note()
+                raise
+
+    return SyncWatched()
+
+
 def run(args: argparse.Namespace) -> int:
     prog = "idem-dialects relay"
     routes: dict[str, Any] = {}
+    refused: list[str] = []  # routes whose destination refused their credentials
     if not (args.stats or args.requeue_dead):
         from ...publishers import from_url
 
         for item in args.route:
             name, sep, url = item.partition("=")
-            if not sep or not name or not url:
-                print(f"{prog}: --route takes DESTINATION=URL, got {item!r}", file=sys.stderr)
+            if not sep or not name or not url or "://" in name:  # a bare URL's query has a "=" too
+                print(f"{prog}: --route takes DESTINATION=URL, got {redacted(item)!r}", file=sys.stderr)
+                print(f"  fix: name the destination the commands are for, e.g. --route 'orders={redacted(item)}'"
+                      " ('*' for any other)", file=sys.stderr)
                 return EXIT_USAGE
             try:
-                routes[name] = from_url(url)
+                routes[name] = watched(from_url(url), f"--route {name}={redacted(url)}", refused)
             except ValueError as exc:
-                print(f"{prog}: --route {name}: {exc}", file=sys.stderr)
+                print(f"{prog}: --route {name}: {redacted(str(exc))}", file=sys.stderr)
                 return EXIT_USAGE
         if not routes:
             print(f"{prog}: give at least one --route DESTINATION=URL", file=sys.stderr)
@@ -84,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
                     pass
             finally:
                 relay.close()
+            if refused:
+                print(f"{prog}: {refused[0]}: authentication failed, nothing was published there", file=sys.stderr)
+                print("  fix: check the user and password in that --route URL", file=sys.stderr)
+                return EXIT_UNAVAILABLE
         else:
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
