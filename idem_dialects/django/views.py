@@ -52,7 +52,7 @@ def http_request(request: Any, max_bytes: int, route: bool = False) -> HttpReque
 
 
 def core_response(response: HttpResponseBase, limit: int, request: HttpRequest) -> HttpResponse:
-    """The view's response, complete (a streaming one is buffered and handed on as one chunk); ResponseTooLarge past
+    """The view's response, complete (a streaming one is buffered and handed on as one chunk); BodyOverLimit past
     `limit` bytes, since the record must hold all of it. Server-sent events are passed on as they stream, not stored
     (`core.streamed`)."""
     headers = list(response.items())

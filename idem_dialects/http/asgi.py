@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api import AsyncStoreAPI
 from .bodies import Buffer, declared_too_large, is_event_stream, streamed
-from .core import Entry, Raised, entry, note_raised, raised_in, wire_headers
+from .core import Admission, Raised, entry, note_raised, raised_in, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
@@ -58,7 +58,7 @@ async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
 
 async def run_asgi(app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes, limit: int, conn: Any
                    ) -> HttpResponse:
-    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`); the
+    """Call `app` with the buffered body and collect its whole response (BodyOverLimit past `limit`); the
     middleware's handler, `conn` last (a partial of it: no closure per request). Server-sent events go to `send` as
     they come instead (`core.streamed`)."""
     inner = _Watched(scope)
@@ -176,7 +176,7 @@ class IdempotencyMiddleware:
             return await self.app(scope, receive, send)  # most requests: decided before the headers are decoded
         headers = decode_headers(scope.get("headers", []))
         if entry(policy, self.idempotency.identity, scope["method"], scope["path"], has_key(policy, headers),
-                 scope) is not Entry.CLAIM:
+                 scope) is not Admission.CLAIM:
             return await self.app(scope, receive, send)  # not this layer's, or an outer layer on this store has it
         scope = dict(scope)  # the caller's scope stays as it was (ASGI); this layer's notes go in the copy
         too_large = declared_too_large(policy, next((v for k, v in headers if k == "content-length"), None))

@@ -11,7 +11,7 @@ from .policy import IdempotencyPolicy
 from .problems import HttpResponse
 
 
-class ResponseTooLarge(Exception):
+class BodyOverLimit(Exception):
     """An adapter met more response bytes than the policy stores."""
 
 
@@ -35,9 +35,9 @@ class Buffer:
         return True
 
     def keep(self, chunk: bytes) -> None:
-        """`add` for a response: ResponseTooLarge once it is over the limit."""
+        """`add` for a response: BodyOverLimit once it is over the limit."""
         if not self.add(chunk):
-            raise ResponseTooLarge(self.size)
+            raise BodyOverLimit(self.size)
 
     def body(self) -> bytes:
         chunks = self._chunks
@@ -45,9 +45,9 @@ class Buffer:
 
 
 def response_body(body: bytes, limit: int) -> bytes:
-    """A response body already whole, if the policy stores one that large (else ResponseTooLarge)."""
+    """A response body already whole, if the policy stores one that large (else BodyOverLimit)."""
     if len(body) > limit:
-        raise ResponseTooLarge(len(body))
+        raise BodyOverLimit(len(body))
     return body
 
 

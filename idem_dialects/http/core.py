@@ -53,7 +53,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, IdemError
 from ..outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed
-from .bodies import ResponseTooLarge
+from .bodies import BodyOverLimit
 from .identity import request_identity
 from .keyheader import KeyHeaderError, parse_key_header
 from .policy import (
@@ -276,7 +276,7 @@ class Raised(Exception):
         super().__init__(response.status)
 
 
-class Entry(Enum):
+class Admission(Enum):
     """What a layer does with a request, decided before its body is read (`entry`)."""
 
     PASS = "pass"  # not the layer's (method, path, no key where none is required): the handler, untouched
@@ -285,12 +285,12 @@ class Entry(Enum):
 
 
 def entry(policy: IdempotencyPolicy, store: str, method: str, path: str, has_key: bool,
-          context: MutableMapping[str, Any] | None) -> Entry:
+          context: MutableMapping[str, Any] | None) -> Admission:
     """Every integration's first question about a request, asked one way (the key claimed further out through another
     store object is only known once the request is prepared: `exchange` asks that)."""
     if not policy.takes_part(method, path, has_key):
-        return Entry.PASS
-    return Entry.OUTSIDE if claimed_outside(context, store) else Entry.CLAIM
+        return Admission.PASS
+    return Admission.OUTSIDE if claimed_outside(context, store) else Admission.CLAIM
 
 
 class HandlerErrors:
@@ -315,7 +315,7 @@ class HandlerErrors:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
                  ) -> None:
-        if exc is not None and not isinstance(exc, (ResponseTooLarge, Raised)):  # the adapter's, not the handler's
+        if exc is not None and not isinstance(exc, (BodyOverLimit, Raised)):  # the adapter's, not the handler's
             self.raised.append(exc)
         if self._token is not None:
             _connection.reset(self._token)
@@ -325,11 +325,11 @@ class HandlerErrors:
         """Whether `exc` is the handler's own (re-raised unchanged, whatever its type)."""
         return any(exc is e for e in self.raised)
 
-    def answer(self, policy: IdempotencyPolicy, exc: ResponseTooLarge | IdemError) -> HttpResponse:
+    def answer(self, policy: IdempotencyPolicy, exc: BodyOverLimit | IdemError) -> HttpResponse:
         """The problem for an error of the layer or the store; re-raises the handler's own."""
         if self.own(exc):
             raise exc
-        if isinstance(exc, ResponseTooLarge):
+        if isinstance(exc, BodyOverLimit):
             return too_large(policy)
         answer = error_problem(exc, base=policy.problem_base)
         if isinstance(exc, ConfigurationError):

@@ -23,12 +23,11 @@ from typing import Any
 from ..api import ClaimFlows
 from ..claims import Reply
 from ..core import Request
-from ..errors import IdemError
-from ..errors import ResponseTooLarge as StatementTooLarge
+from ..errors import IdemError, ResponseTooLarge
 from ..outcomes import Claimed
 from ..steps import Begin, Effect, Flow, transaction
 from ..telemetry import REQUEST_SPAN
-from .bodies import ResponseTooLarge
+from .bodies import BodyOverLimit
 from .core import (
     Call,
     HandlerErrors,
@@ -109,7 +108,7 @@ def _atomic(claims: ClaimFlows, policy: IdempotencyPolicy, req: HttpRequest, cal
         if not keeps(policy, req, raised.response.status):
             return raised.response
         return (yield from _kept_apart(claims, policy, call, raised.response))
-    except (ResponseTooLarge, IdemError) as exc:
+    except (BodyOverLimit, IdemError) as exc:
         if _too_large(exc, errors):  # rolled back too: the key keeps the problem, no retry runs the handler again
             return (yield from _kept_apart(claims, policy, call, too_large(policy)))
         return errors.answer(policy, exc)
@@ -120,7 +119,7 @@ def _atomic(claims: ClaimFlows, policy: IdempotencyPolicy, req: HttpRequest, cal
 def _too_large(exc: BaseException, errors: HandlerErrors) -> bool:
     """A response over the policy's limit, or over what the database takes in one statement (not the handler's own
     error of that type)."""
-    return isinstance(exc, ResponseTooLarge) or (isinstance(exc, StatementTooLarge) and not errors.own(exc))
+    return isinstance(exc, BodyOverLimit) or (isinstance(exc, ResponseTooLarge) and not errors.own(exc))
 
 
 def _kept_apart(claims: ClaimFlows, policy: IdempotencyPolicy, call: Call, resp: HttpResponse
@@ -148,7 +147,7 @@ def _external(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, 
               ) -> Flow[HttpResponse]:
     try:
         return (yield from _leased(claims, policy, http, call))
-    except (ResponseTooLarge, IdemError) as exc:
+    except (BodyOverLimit, IdemError) as exc:
         return errors.answer(policy, exc)
 
 
@@ -162,7 +161,7 @@ def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, ca
     try:
         assert req.lease is not None
         resp: HttpResponse = yield Effect(claims.heartbeat(outcome, req.lease))  # the lease renewed meanwhile
-    except ResponseTooLarge:
+    except BodyOverLimit:
         # The handler returned (it has acted); only its answer is too large to keep: keep this one instead.
         resp, kept = too_large_after_acting(policy), True
     except Raised as raised:  # an answer, raised: its writes are its own (no transaction of ours holds them)
@@ -178,7 +177,7 @@ def _leased(claims: ClaimFlows, policy: IdempotencyPolicy, http: HttpRequest, ca
         return resp
     try:
         yield from _complete(claims, policy, outcome, resp)
-    except StatementTooLarge:  # under the policy's limit, over the database's: the handler has acted all the same
+    except ResponseTooLarge:  # under the policy's limit, over the database's: the handler has acted all the same
         resp = too_large_after_acting(policy)
         yield from _complete(claims, policy, outcome, resp)
     return resp

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from ..api import AsyncStoreAPI
 from .asgi import STATE_KEY, captured, decode_headers, has_key
 from .bodies import Buffer, declared_too_large, is_event_stream, response_body, streamed
-from .core import Entry, Raised, current_connection, entry, note_raised, raised_in, routed, wire_headers
+from .core import Admission, Raised, current_connection, entry, note_raised, raised_in, routed, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import PROBLEM_TYPE, HttpResponse
 from .runner import AsyncIdempotency
@@ -146,10 +146,10 @@ def idempotent_route(store: AsyncStoreAPI[Any], policy: IdempotencyPolicy) -> ty
                 headers = decode_headers(request.scope.get("headers", []))
                 met = entry(policy, idempotency.identity, request.method, request.url.path, has_key(policy, headers),
                             request.scope)
-                if met is Entry.PASS:
+                if met is Admission.PASS:
                     return await original(request)
                 marks = routed(request.scope)  # outer layers learn the route received it ...
-                if met is Entry.OUTSIDE:  # the ASGI middleware holds the claim
+                if met is Admission.OUTSIDE:  # the ASGI middleware holds the claim
                     passed = await endpoint(request)
                     if marks is not None:
                         marks.began = True  # ... and that the endpoint answered (not validation or an exception)

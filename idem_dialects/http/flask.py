@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..api import StoreAPI
 from .bodies import is_event_stream, response_body, streamed
-from .core import Entry, Raised, entry, note_raised, raised_in, routed
+from .core import Admission, Raised, entry, note_raised, raised_in, routed
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
@@ -64,9 +64,9 @@ def idempotent_view(store: StoreAPI[Any], policy: IdempotencyPolicy) -> Callable
         def wrapper(*args: Any, **kwargs: Any) -> flask.Response:
             req = flask.request
             met = entry(policy, idempotency.identity, req.method, req.path, policy.header in req.headers, req.environ)
-            if met is Entry.PASS:
+            if met is Admission.PASS:
                 return flask.make_response(view(*args, **kwargs))
-            if met is Entry.OUTSIDE:  # the WSGI middleware on this store holds the claim
+            if met is Admission.OUTSIDE:  # the WSGI middleware on this store holds the claim
                 marks = routed(req.environ)
                 passed = answer(*args, **kwargs)
                 if marks is not None:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from ..api import StoreAPI
 from .bodies import Buffer, is_event_stream, streamed
-from .core import Entry, entry
+from .core import Admission, entry
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import Idempotency
@@ -72,7 +72,7 @@ def request_from_environ(environ: Environ, max_bytes: int) -> HttpRequest:
 
 def run_wsgi(app: WSGIApp, environ: Environ, body: bytes, limit: int,
              passed: list[Iterable[bytes]] | None = None) -> HttpResponse:
-    """Call `app` with the buffered body and collect its whole response (ResponseTooLarge past `limit`). With
+    """Call `app` with the buffered body and collect its whole response (BodyOverLimit past `limit`). With
     `passed`, a response of server-sent events is not collected: its iterable goes there, to be passed on as the app
     streams it (`core.streamed`)."""
     env = dict(environ)
@@ -136,7 +136,8 @@ class IdempotencyMiddleware:
         method = str(environ.get("REQUEST_METHOD", "GET"))
         path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
         header = "HTTP_" + self.policy.header.upper().replace("-", "_")
-        if entry(self.policy, self.idempotency.identity, method, path, header in environ, environ) is not Entry.CLAIM:
+        admitted = entry(self.policy, self.idempotency.identity, method, path, header in environ, environ)
+        if admitted is not Admission.CLAIM:
             return self.app(environ, start_response)  # not this layer's, or an outer layer on this store has it
         req = request_from_environ(environ, self.policy.max_request_bytes)
 
