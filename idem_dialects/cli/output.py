@@ -41,6 +41,15 @@ def write(text: str, output: str | None) -> None:
         sys.stdout.flush()
 
 
+def progress(command: str, quiet: bool) -> Log:
+    """The progress lines of `command` on stderr, each as it happens (none with ``-q``)."""
+    def log(line: str) -> None:
+        if not quiet:
+            print(f"{command}: {line}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def prefixed(log: Log, prefix: str) -> Log:
     """`log` with `prefix` before each progress line (the engine or broker it is about)."""
     return lambda line: log(prefix + line)

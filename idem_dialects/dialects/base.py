@@ -103,6 +103,21 @@ def insert_values(backend: Backend, table: Table, values: Mapping[str, Any],
     return {**binds(table, values), **{name: backend.now_plus(s) for name, s in (clock or {}).items()}}
 
 
+def zeroed(setting: Callable[[int], Flow[None]], previous: int, claim: Flow[S]) -> Flow[S]:
+    """`claim` run with a session setting (a lock or busy timeout) at 0, the connection's own value `previous` set
+    back after it, whatever the claim raised (`not_waiting` on engines whose setting outlives the transaction)."""
+    yield from setting(0)
+    try:
+        result = yield from claim
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from setting(previous)
+        raise
+    yield from setting(previous)
+    return result
+
+
 class Backend(ABC):
     """One SQL engine's way of doing the protocol's statements, and its facts."""
 

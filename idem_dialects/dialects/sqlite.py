@@ -43,7 +43,7 @@ from ..drivers import aiosqlite, pysqlite
 from ..errors import IdemWarning
 from ..features import Features
 from ..steps import Begin, Flow, Shape, execute, rowcount
-from .base import Backend, Columns, insert_values, params, statement
+from .base import Backend, Columns, insert_values, params, statement, zeroed
 from .sqlite_errors import SQLiteErrors, is_read_only
 from .sqlite_maintenance import SQLiteMaintenance
 from .types import TextOrParsedDateTime
@@ -253,16 +253,7 @@ class SQLiteBackend(Backend):
         def busy_timeout(ms: int) -> Flow[None]:  # an int: nothing to escape
             yield from execute(statement(text(f"PRAGMA busy_timeout = {ms}"), Shape.NOTHING))
 
-        yield from busy_timeout(0)
-        try:
-            result = yield from claim
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield from busy_timeout(previous)
-            raise
-        yield from busy_timeout(previous)
-        return result
+        return (yield from zeroed(busy_timeout, previous, claim))
 
     def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
         def build() -> Any:

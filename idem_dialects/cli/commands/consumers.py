@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from ..output import add_output, add_quiet, prefixed, write
+from ..output import add_output, add_quiet, prefixed, progress, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 LIVE_ENGINES = ["sqlite", "postgresql-18", "postgresql", "mariadb"]
@@ -63,10 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
-    def log(line: str) -> None:
-        if not args.quiet:
-            print(f"consumers: {line}", file=sys.stderr, flush=True)
-
+    log = progress("consumers", args.quiet)
     results = []
     for name in names:
         status = provision(name, {})

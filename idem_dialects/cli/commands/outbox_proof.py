@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..output import add_output, add_quiet, prefixed, write
+from ..output import add_output, add_quiet, prefixed, progress, write
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 BROKERS = ["rabbitmq", "nats", "redis"]
@@ -57,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
-    def log(line: str) -> None:
-        if not args.quiet:
-            print(f"outbox-proof: {line}", file=sys.stderr, flush=True)
-
+    log = progress("outbox-proof", args.quiet)
     results = []
     for name in args.engine or ["postgresql", "mariadb"]:
         try:
