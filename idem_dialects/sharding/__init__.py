@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .moving import MoveReport
+from .onshard import OnShard
 from .placement import Move, Pinned, Rendezvous, ShardChooser, moved_share
-from .routing import CrossShard, OnShard, ShardedClaims, UnknownShard
+from .routing import CrossShard, ShardedClaims, UnknownShard
 from .sync import ShardedStore
 
 if TYPE_CHECKING:

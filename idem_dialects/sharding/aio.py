@@ -24,8 +24,9 @@ from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
 from ..storebase import refuse_sync_effect
 from .moving import MoveReport, move_records
+from .onshard import OnShard
 from .placement import ShardChooser
-from .routing import CrossShard, OnShard, Sharded, crossing, from_urls, owner
+from .routing import CrossShard, Sharded, crossing, from_urls, owner
 
 T = TypeVar("T")
 AsyncEffect = Callable[[Any], Awaitable[Any]]

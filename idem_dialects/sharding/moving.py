@@ -23,8 +23,8 @@ from ..dialects.base import binds, statement
 from ..errors import ConfigurationError
 from ..schema import MESSAGE_KEY_COLUMNS
 from ..steps import Flow, Shape, Sleep, Statement, execute, transaction
+from .onshard import on_shard
 from .placement import Move
-from .routing import on_shard
 
 if TYPE_CHECKING:
     from .routing import ShardedClaims

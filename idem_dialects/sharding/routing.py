@@ -10,14 +10,12 @@ the effect always gets the connection of its scope's shard, and one transaction 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy.engine import URL
 
-from ..api import OutboxFlows
 from ..claims import Claims, result_of
 from ..core import Request
 from ..errors import ConfigurationError, IdemError, RequestMismatch, RetriesExhausted, RetryCause
@@ -25,15 +23,16 @@ from ..features import Features
 from ..fingerprint import Encoder
 from ..inbox import Inbox, mismatched
 from ..keys import check_identifier
-from ..outbox import Command, Failure, OutboxStats
 from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retry import RetryPolicy, retrying
-from ..steps import Begin, Flow, Heartbeat, Stepper, Transaction, transaction
+from ..steps import Begin, Flow, Heartbeat, transaction
 from ..storebase import StoreBase
+from .onshard import noting, on_shard
+from .outbox import ShardedOutbox
 from .placement import Move, Rendezvous, ShardChooser
 
 if TYPE_CHECKING:
-    from ..telemetry import Telemetry
+    pass
 
 T = TypeVar("T")
 S = TypeVar("S", bound=StoreBase)
@@ -51,45 +50,6 @@ class UnknownShard(ConfigurationError):
 class CrossShard(IdemError):
     """A transaction that would span two shards, or a connection of one shard used for a key of another: a record must
     commit in the same transaction as its effect, on the same database."""
-
-
-@dataclass(frozen=True, slots=True)
-class OnShard:
-    """Run `body` (a flow of one shard's `Claims`) on shard `shard`: in the transaction open around this step (which
-    it opens on that shard if it is the transaction's first routed step), or on the shard store's own loop. `alone`:
-    always on the shard store's own loop, outside any transaction of the caller's (a look at a moving scope's old
-    shard before the claim on its new one)."""
-
-    shard: str
-    body: Flow[Any]
-    alone: bool = False
-
-
-def on_shard(shard: str, body: Flow[T], *, alone: bool = False) -> Flow[T]:
-    """`body` run on `shard`; a RetriesExhausted of its own retries names the shard."""
-    try:
-        return (yield OnShard(shard, body, alone))  # type: ignore[misc, no-any-return]  # only sharded loops run it
-    except RetriesExhausted as exc:
-        raise exc.on_shard(shard) from exc.__cause__
-
-
-def _noting(flow: Flow[T], seen: list[str]) -> Flow[T]:
-    """`flow`, passed through step by step, noting in `seen` the first shard a step of it is routed to (inside its
-    transactions too)."""
-    stepper = Stepper(flow)
-    while (step := stepper.next()) is not None:
-        if isinstance(step, OnShard) and not step.alone and not seen:
-            seen.append(step.shard)
-        elif isinstance(step, Transaction):
-            step = replace(step, body=_noting(step.body, seen))
-        try:
-            stepper.send((yield step))
-        except GeneratorExit:
-            flow.close()
-            raise
-        except BaseException as exc:
-            stepper.throw(exc)
-    return stepper.value
 
 
 def choose(chooser: ShardChooser, shards: Mapping[str, object], scope: object) -> str:
@@ -171,7 +131,7 @@ class ShardedClaims:
                 self.shards[seen[0]].core.count_retry(cause)
 
         try:
-            return (yield from retrying(budget, cause, lambda: _noting(attempt(), seen), count))
+            return (yield from retrying(budget, cause, lambda: noting(attempt(), seen), count))
         except RetriesExhausted as exc:
             if not seen:
                 raise
@@ -233,63 +193,6 @@ class ShardedClaims:
 def crossing(first: str, then: str) -> CrossShard:
     return CrossShard(f"one transaction on shard {first!r} was asked to run statements on shard {then!r}: a record"
                       " and its effect commit together, on one database")
-
-
-class ShardedOutbox:
-    """The outbox flows over every shard, for a relay of a sharded store: a claim takes each shard's due commands in
-    turn (the first place rotates, so no shard waits behind another's backlog), and the settle marks each command on
-    the shard it was claimed from."""
-
-    def __init__(self, outboxes: Mapping[str, OutboxFlows]) -> None:
-        self.shards = dict(outboxes)
-        self._first = next(iter(self.shards.values()))
-        self._placed: dict[str, str] = {}  # a claimed command's id -> its shard, until it is settled
-        self._turn = 0
-
-    @property
-    def telemetry(self) -> Telemetry:
-        return self._first.telemetry
-
-    @property
-    def table(self) -> str:
-        return self._first.table
-
-    def claim(self, token: str, limit: int, lease: float, ordered: bool = True) -> Flow[list[Command]]:
-        names = list(self.shards)
-        self._turn = (self._turn + 1) % len(names)
-        taken: list[Command] = []
-        for shard in names[self._turn:] + names[:self._turn]:
-            if len(taken) >= limit:
-                break
-            found = yield from on_shard(shard, self.shards[shard].claim(token, limit - len(taken), lease, ordered))
-            self._placed.update((command.id, shard) for command in found)
-            taken.extend(found)
-        return taken
-
-    def settle(self, token: str, published: Sequence[str], failed: Sequence[Failure] = (),
-               released: Sequence[str] = ()) -> Flow[int]:
-        done = 0
-        for shard, outbox in self.shards.items():
-            mine = [i for i in published if self._placed.get(i) == shard]
-            lost = [f for f in failed if self._placed.get(f.id) == shard]
-            back = [i for i in released if self._placed.get(i) == shard]
-            if mine or lost or back:
-                done += yield from on_shard(shard, outbox.settle(token, mine, lost, back))
-        for ident in (*published, *(f.id for f in failed), *released):
-            self._placed.pop(ident, None)
-        return done
-
-    def stats(self) -> Flow[OutboxStats]:
-        parts = []
-        for shard, outbox in self.shards.items():
-            parts.append((yield from on_shard(shard, outbox.stats())))
-        return OutboxStats.combined(parts)
-
-    def requeue(self) -> Flow[int]:
-        count = 0
-        for shard, outbox in self.shards.items():
-            count += yield from on_shard(shard, outbox.requeue())
-        return count
 
 
 def owner(shards: Mapping[str, Any], conn: Any) -> str:

@@ -29,8 +29,9 @@ from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
 from ..store import IdempotencyStore, SyncStore
 from ..storebase import refuse_async_effect, refuse_awaitable
 from .moving import MoveReport, move_records
+from .onshard import OnShard
 from .placement import ShardChooser
-from .routing import CrossShard, OnShard, Sharded, crossing, from_urls, owner
+from .routing import CrossShard, Sharded, crossing, from_urls, owner
 
 T = TypeVar("T")
 
