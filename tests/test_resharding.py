@@ -28,6 +28,7 @@ from sqlalchemy.pool import NullPool
 
 from idem_dialects import IdempotencyStore, RequestInFlight, RetriesExhausted, RetryPolicy, ShardedStore
 from idem_dialects.claims import MOVED
+from idem_dialects.engines import provisioning
 from idem_dialects.errors import InvalidURLOption
 from idem_dialects.http import IdempotencyPolicy
 from idem_dialects.sharding import Move, Pinned, Rendezvous, moved_share
@@ -213,26 +214,29 @@ FX = Table("rs_fx", MetaData(), Column("id", String(32), primary_key=True), Colu
 
 @contextmanager
 def databases(engines: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A database of its own per shard on the machine's servers (dropped after)."""
-    made: list[tuple[Any, str]] = []
+    """A database of its own per shard on the machine's servers (dropped after), made as the engine's provisioning
+    says."""
+    made: list[tuple[Any, str, str]] = []
     try:
         urls = {}
         for shard, engine in engines.items():
             admin = create_engine(SERVERS[engine].format(db="test" if engine == "mariadb" else "postgres"),
                                   isolation_level="AUTOCOMMIT", poolclass=NullPool)
+            provision = provisioning(engine)
+            assert provision.create_database_sql and provision.drop_database_sql
             name = f"idem_rs_{secrets.token_hex(4)}_{shard}"
             try:
                 with admin.connect() as conn:
-                    conn.exec_driver_sql(f"CREATE DATABASE {name}")
+                    conn.exec_driver_sql(provision.create_database_sql.format(name=name))
             except OperationalError as exc:
                 pytest.skip(f"the {engine} server at {admin.url.host}:{admin.url.port} does not answer: {exc}")
-            made.append((admin, name))
+            made.append((admin, name, provision.drop_database_sql))
             urls[shard] = SERVERS[engine].format(db=name)
         yield urls
     finally:
-        for admin, name in made:
+        for admin, name, drop in made:
             with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE {name}")
+                conn.exec_driver_sql(drop.format(name=name))
             admin.dispose()
 
 

@@ -1,5 +1,6 @@
-"""Routing by scope, written once for both stores: the shard chooser, the step that runs a flow on one shard, and
-`ShardedClaims`, the declared claim API (`Claims`) whose every flow is routed to the shard of its scope.
+"""Routing by scope, written once for both stores: choosing a scope's shard, `ShardedClaims` (the declared claim API,
+`Claims`, whose every flow is routed to the shard of its scope, through a moving scope's old shard while the chooser
+is a `Move`), and `Sharded`, what both stores share.
 
 The vocabulary is SQLAlchemy's horizontal sharding extension's: a store has `shards` (id -> a store on one database)
 and a `shard_chooser` (SQLAlchemy's takes a mapper and an instance; ours takes the key's `scope`, the owner of the key,
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy.engine import URL
 
@@ -30,9 +31,6 @@ from ..storebase import StoreBase
 from .onshard import noting, on_shard
 from .outbox import ShardedOutbox
 from .placement import Move, Rendezvous, ShardChooser
-
-if TYPE_CHECKING:
-    pass
 
 T = TypeVar("T")
 S = TypeVar("S", bound=StoreBase)
