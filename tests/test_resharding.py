@@ -28,9 +28,11 @@ from sqlalchemy.pool import NullPool
 
 from idem_dialects import IdempotencyStore, RequestInFlight, RetriesExhausted, RetryPolicy, ShardedStore
 from idem_dialects.claims import MOVED
+from idem_dialects.consumers import ConsumerBase
 from idem_dialects.engines import provisioning
 from idem_dialects.errors import InvalidURLOption
 from idem_dialects.http import IdempotencyPolicy
+from idem_dialects.outcomes import Disposition
 from idem_dialects.sharding import Move, Pinned, Rendezvous, moved_share
 
 SCOPES = [f"tenant:{i}" for i in range(1000)]
@@ -186,6 +188,11 @@ def test_each_shards_budget_applies_and_retries_exhausted_names_the_shard(tmp_pa
     with pytest.raises(RetriesExhausted) as raised:
         store.consume(subscriber="s", message_id="m", scope="b1", handler=lambda c: None)
     assert raised.value.shard == "b" and raised.value.attempts == 2
+    consumer = ConsumerBase(subscriber="s", on_mismatch=Disposition.DEAD_LETTER, max_deliveries=None, retry_delay=0,
+                            compare_payload=False, scope=lambda message: message)
+    before = sum(stores["b"].retries.values()), sum(stores["a"].retries.values())
+    assert consumer.process(store, "m2", {}, lambda c: None, 1, message="b1") is Disposition.RETRY
+    assert (sum(stores["b"].retries.values()), sum(stores["a"].retries.values())) == (before[0] + 1, before[1])
     werkzeug = pytest.importorskip("werkzeug.test", reason="the [http] extra (werkzeug) is not installed")
     from idem_dialects.http.wsgi import IdempotencyMiddleware
 
