@@ -75,7 +75,8 @@ ENGINES: dict[str, CatalogueEntry] = {
         CatalogueEntry("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
                        [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a"
                        " PostgreSQL server then run on loopback ports)",
-                       "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction"),
+                       "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction&failover_window=20",
+                       failover_window=20.0),
         CatalogueEntry("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
                        [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
                        " nodes and HAProxy then run on loopback ports)",

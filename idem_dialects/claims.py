@@ -34,6 +34,9 @@ _Fenceable = TypeVar("_Fenceable", Update, Delete)
 # The Retry-After of a duplicate answered in flight without waiting: the first request's end is unknown (no lease).
 CONFLICT_RETRY_AFTER = 1.0
 _BUSY: Any = object()  # a claim statement that met another transaction's lock on the key and did not wait
+# The claim token of a forwarding mark: a sharded store moving the key's scope to another shard left it where the scope
+# was placed before, so that no claim there runs the key again (a uuid4's hex is never this).
+MOVED = "moved"
 log = logging.getLogger("idem_dialects")
 
 
@@ -61,6 +64,11 @@ def result_of(outcome: Outcome, req: Request) -> Result:
         raise RequestMismatch(*ident, outcome.stored_fingerprint, outcome.given_fingerprint)
     assert isinstance(outcome, InFlight)
     raise RequestInFlight(*ident, outcome.retry_after)
+
+
+def _conflict() -> InFlight:
+    """In flight where the claim's end is unknown here: retry after CONFLICT_RETRY_AFTER seconds."""
+    return InFlight(CONFLICT_RETRY_AFTER, datetime.now(UTC) + timedelta(seconds=CONFLICT_RETRY_AFTER))
 
 
 def fence_params(claimed: Claimed) -> dict[str, Any]:
@@ -104,7 +112,21 @@ class Claims:
         """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
-        return self.core.telemetry.claim(req.operation, self._claim(req, wait, fresh and self.core.own_transactions))
+        return self.core.telemetry.claim(req.operation, self._claimed(req, wait, fresh))
+
+    def _claimed(self, req: Request, wait: bool, fresh: bool) -> Flow[Outcome]:
+        outcome = yield from self._claim(req, wait, fresh and self.core.own_transactions)
+        assert outcome is not None  # only a forwarding claim forwards
+        return outcome
+
+    def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:
+        """For a sharded store moving the key's scope from this shard to another: the key's record here decides
+        (Replayed, Mismatch, or InFlight while its claim is live), or None where the key belongs to the new shard
+        from now on: it had no record here (a forwarding mark is left in its place, claim token `MOVED`, its lease
+        `hold` seconds), it had a mark, or its claim was abandoned (marked in its place, fenced on its token). It
+        never claims the key here, so nothing runs here again; a claim here (from a process on the old placement)
+        that meets a mark answers InFlight and never takes it over."""
+        return self._claim(req, True, fresh and self.core.own_transactions, hold)
 
     def _claim_or_read(self, values: dict[str, Any], clock: dict[str, float], ident: dict[str, str], wait: bool,
                        fresh: bool) -> Flow[tuple[bool, Any]]:
@@ -120,12 +142,14 @@ class Claims:
                 return False, _BUSY
             raise
 
-    def _claim(self, req: Request, wait: bool, fresh: bool) -> Flow[Outcome]:
+    def _claim(self, req: Request, wait: bool, fresh: bool, mark: float | None = None) -> Flow[Outcome | None]:
         # An atomic claim is never visible uncommitted; if it is ever committed without `complete`, it was
-        # abandoned, so its lease is already over and the next caller takes it over.
-        hold = req.lease or 0.0
+        # abandoned, so its lease is already over and the next caller takes it over. With `mark` (`forward`), the
+        # row inserted or taken over is a forwarding mark held `mark` seconds, and None means: on the new shard.
+        hold = (req.lease or 0.0) if mark is None else mark
+        token = req.token if mark is None else MOVED
         clock = {"created_at": 0.0, "locked_until": hold}
-        values = dict(req.ident, fingerprint=req.fingerprint, claim_token=req.token)
+        values = dict(req.ident, fingerprint=req.fingerprint, claim_token=token)
         previous = self.core.previous
         if previous is not None:
             # Generations: a record completed before the last rotation is in the previous table, which only a
@@ -141,11 +165,13 @@ class Claims:
             inserted, row = yield from self._claim_or_read(values, clock, req.ident, wait, fresh)
             fresh = False  # a claim round after the first runs in a transaction that has begun
             if inserted:
-                return req.claimed()
+                return req.claimed() if mark is None else None
             if row is _BUSY:  # the transaction may be unusable now (PostgreSQL): the caller ends it
-                return InFlight(CONFLICT_RETRY_AFTER, datetime.now(UTC) + timedelta(seconds=CONFLICT_RETRY_AFTER))
+                return _conflict()
             if row is None:
                 continue  # the winner rolled back or was purged after our insert saw it: claim again
+            if row.claim_token == MOVED and mark is not None:
+                return None
             if row.fingerprint != req.fingerprint:
                 return Mismatch(row.fingerprint, req.fingerprint)
             if row.completed_at is not None:
@@ -154,11 +180,15 @@ class Claims:
             if req.lease is not None and row.claim_token == req.token:
                 log.info("resuming our own claim on key %r (its commit went through, the reply was lost)", req.key)
                 return req.claimed()
+            if row.claim_token == MOVED:
+                return _conflict()  # the key lives on another shard now: never taken over here
             if row.locked_until > row.db_now:
                 return InFlight((row.locked_until - row.db_now).total_seconds(), row.locked_until)
-            # The holder's lease is over: take the claim over, fenced on the token we saw.
+            # The holder's lease is over: take the claim over (or mark it moved), fenced on the token we saw.
             if (yield from rowcount(self._takeover(hold), fence_params(req.claimed()) | {
-                    "w_claim_token": row.claim_token, "new_token": req.token})) == 1:
+                    "w_claim_token": row.claim_token, "new_token": token})) == 1:
+                if mark is not None:
+                    return None
                 log.warning("took over the claim on key %r in %r/%r: its holder's lease ended without completing",
                             req.key, req.scope, req.operation)
                 return req.claimed(taken_over=True)

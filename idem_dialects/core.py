@@ -193,7 +193,7 @@ class Core:
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
         """`attempt()` re-run on the backend's retryable errors within the retry budget, counted in `retries`."""
-        return retrying(policy or self.retry, self.retry_cause, attempt, self._count_retry)
+        return retrying(policy or self.retry, self.retry_cause, attempt, self.count_retry)
 
     def retry_cause(self, exc: BaseException) -> RetryCause | None:
         """Why a flow may run its attempt again after `exc` (None: it propagates): the backend's classification."""
@@ -210,7 +210,8 @@ class Core:
             return RetryCause.ROTATION
         return self.backend.errors.retry_cause(exc)
 
-    def _count_retry(self, cause: str) -> None:
+    def count_retry(self, cause: str) -> None:
+        """One retry absorbed (`retries`), for a flow that retries on this store's behalf (a sharded store's)."""
         with self._retries_lock:
             self.retries[cause] += 1
         self.telemetry.retry(cause)

@@ -200,25 +200,38 @@ class ResponseTooLarge(IdemError):
 class RetriesExhausted(IdemError):
     """`run` kept hitting retryable errors until its budget ran out; the last error is the __cause__ (HTTP 503).
 
-    `causes` tallies every failed attempt by cause; `retried` only the failures that were followed by a retry."""
+    `causes` tallies every failed attempt by cause; `retried` only the failures that were followed by a retry.
+    `shard`: the shard of a sharded store the attempts ran on (None on a store of one database)."""
 
     http_status = 503
 
     def __init__(self, attempts: int, elapsed: float, causes: Mapping[str, int], last: BaseException,
-                 retried: Mapping[str, int] | None = None) -> None:
+                 retried: Mapping[str, int] | None = None, shard: str | None = None) -> None:
         self.attempts = attempts
         self.elapsed = elapsed
         self.causes = dict(causes)
         self.retried = {c: n for c, n in (retried or {}).items() if n}
         self.last_error = last
+        self.shard = shard
         tally = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.causes.items()))
         redone = ", ".join(f"{cause} x{count}" for cause, count in sorted(self.retried.items()))
         plural = "attempt" if attempts == 1 else "attempts"
+        where = "" if shard is None else f"shard {shard!r}: "
         super().__init__(
-            f"gave up after {attempts} {plural} in {elapsed:.2f}s; failed attempts by cause: {tally}"
+            f"{where}gave up after {attempts} {plural} in {elapsed:.2f}s; failed attempts by cause: {tally}"
             + (f"; retried: {redone}" if redone else "")
             + f"; last error: {type(last).__name__}: {_first_line(last)}"
         )
+
+    def on_shard(self, shard: str) -> RetriesExhausted:
+        """The same failure, naming the shard it happened on (its last error stays the __cause__)."""
+        if self.shard is not None:
+            return self
+        named = RetriesExhausted(self.attempts, self.elapsed, self.causes, self.last_error, self.retried, shard)
+        named.__cause__ = self.__cause__
+        for note in getattr(self, "__notes__", ()):
+            named.add_note(note)
+        return named
 
 
 class ConfigurationError(IdemError):

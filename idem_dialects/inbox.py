@@ -35,11 +35,22 @@ class Inbox:
             row = yield from self._read(ident)
             if row is None:
                 continue  # purged or rolled back in between
-            if fp is not None and row.fingerprint is not None and row.fingerprint != fp:
-                raise RequestMismatch(ident["subscriber"], "message", ident["message_id"], row.fingerprint, fp)
+            _compare(row, ident, fp)
             return False
         raise ClaimRaced(f"message {ident['message_id']!r} of {ident['subscriber']!r} changed under"
                          f" {ROUNDS} attempts")
+
+    def recorded(self, subscriber: str, message_id: str, payload: Any = NO_PAYLOAD) -> Flow[bool]:
+        """Whether the message was processed here, recording nothing (RequestMismatch if with another payload): a
+        sharded store's look at a moving scope's old shard. Validates eagerly."""
+        ident, fp = self.core.message(subscriber, message_id, payload)
+        return self._recorded(ident, fp)
+
+    def _recorded(self, ident: dict[str, str], fp: str | None) -> Flow[bool]:
+        row = yield from self._read(ident)
+        if row is not None:
+            _compare(row, ident, fp)
+        return row is not None
 
     def _read(self, ident: dict[str, str]) -> Flow[Any]:
         key = {name: ident[name] for name in MESSAGE_KEY_COLUMNS}
@@ -61,11 +72,8 @@ class Inbox:
     def _consumed(self, ident: dict[str, str], fp: str | None, on_mismatch: OnMismatch,
                   retry: RetryPolicy | None) -> Flow[Delivery]:
         delivery = yield from self.core.retrying(lambda: transaction(self._consume(ident, fp)), retry)
-        if delivery.mismatch is not None:
-            chosen = on_mismatch(delivery.mismatch) if callable(on_mismatch) else on_mismatch
-            delivery = Delivery(Disposition(chosen), mismatch=delivery.mismatch)
         # The one place a message's fate is known: accepted (handler ran), duplicate, or mismatched.
-        return delivery
+        return delivery if delivery.mismatch is None else mismatched(delivery.mismatch, on_mismatch)
 
     def _consume(self, ident: dict[str, str], fp: str | None) -> Flow[Delivery]:
         try:  # counted as accepted, duplicate or mismatch where every consumer form is counted
@@ -78,3 +86,13 @@ class Inbox:
         return Delivery(Disposition.ACK, value=(yield from call_effect(self.core, operation=ident["subscriber"],
                                                                        origin=origin)))
 
+
+def _compare(row: Any, ident: dict[str, str], fp: str | None) -> None:
+    """RequestMismatch if the message was recorded with another payload (where both have one)."""
+    if fp is not None and row.fingerprint is not None and row.fingerprint != fp:
+        raise RequestMismatch(ident["subscriber"], "message", ident["message_id"], row.fingerprint, fp)
+
+
+def mismatched(mismatch: RequestMismatch, on_mismatch: OnMismatch) -> Delivery:
+    """The delivery of a message processed before with another payload: the disposition `on_mismatch` chooses."""
+    return Delivery(Disposition(on_mismatch(mismatch) if callable(on_mismatch) else on_mismatch), mismatch=mismatch)

@@ -141,14 +141,15 @@ class _Budget:
 
 
 def retrying(
-    policy: RetryPolicy,
+    policy: RetryPolicy | Callable[[], RetryPolicy],
     classify: Callable[[BaseException], str | None],
     attempt: Callable[[], Flow[T]],
     on_retry: Callable[[str], None] = lambda cause: None,
 ) -> Flow[T]:
     """A flow that runs `attempt()` until it succeeds or raises something `classify` calls non-retryable, sleeping
     (a `Sleep` step) between attempts; RetriesExhausted (with the tally of failed attempts by cause) when the budget
-    runs out. `on_retry(cause)` hears of every retry.
+    runs out. `on_retry(cause)` hears of every retry. `policy` may be a function, asked at the first retryable
+    failure (a sharded store's budget is its shard's, known once the attempt has reached it).
 
     An error the effect raised reaches `classify` unwrapped (see EffectFailed) and, when it is not retried, the
     caller unchanged; an error raised while cleaning up after it never replaces it."""
@@ -165,7 +166,7 @@ def retrying(
 
 
 def _retrying(
-    policy: RetryPolicy,
+    policy: RetryPolicy | Callable[[], RetryPolicy],
     classify: Callable[[BaseException], str | None],
     attempt: Callable[[], Flow[T]],
     on_retry: Callable[[str], None],
@@ -180,7 +181,7 @@ def _retrying(
     # Tenacity decides everything after a retryable failure: its decision step (`iter`) is free of I/O, so this flow
     # drives it the way tenacity's own loop does. It is built only then: per uncontended call, building it cost
     # 31-48 us, a tenth of a replay.
-    budget = _Budget(policy, classify, on_retry, started)
+    budget = _Budget(policy() if callable(policy) else policy, classify, on_retry, started)
     controller = tenacity.Retrying(**budget.options())
     controller.begin()
     state = tenacity.RetryCallState(controller, fn=None, args=(), kwargs={})

@@ -1,6 +1,6 @@
-"""The URL options idem-dialects consumes (failover_window, pooler, writers): read into features, checked before any
-connection, kept from the driver, turned into driver settings; and the store's warning about a retry budget shorter
-than the declared failover window. No server needed."""
+"""The URL options idem-dialects consumes (failover_window, pooler, purge, writers): read into features, checked
+before any connection, kept from the driver, turned into driver settings; and the store's warning about a retry
+budget shorter than the declared failover window. No server needed."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_options_become_features() -> None:
     (f"{PG}?failover_window=nan", "'nan' is not a positive number of seconds"),
     (f"{PG}?pooler=statement", "'statement' is not one of session, transaction"),
     (f"{PG}?pooler=transaction&pooler=session", "given more than once"),
-    (f"{PG}?writers=single", "the postgresql backend has no such option (it has: failover_window, pooler)"),
+    (f"{PG}?writers=single", "the postgresql backend has no such option (it has: failover_window, pooler, purge)"),
     ("mariadb+pymysql://u@h/db?pooler=transaction", "the mariadb backend has no such option"),
     ("mariadb+pymysql://u@h/db?writers=one", "'one' is not one of all, single"),
     ("sqlite:///x.db?failover_window=5", "the sqlite backend has no such option (it has: none)"),

@@ -10,6 +10,9 @@ writer. The URL says so, and the backend turns that into its `Features` and into
   transaction may run on another server session: server-side prepared statements are turned off on every driver.
   Without it the backend asks the first connection whether a pooler is in front (`pooler.py`).
   ``pooler=session`` says a session-mode pooler is there (nothing to change).
+- ``purge=portable`` (PostgreSQL): purge deletes by primary key (the keys selected first, then deleted) instead of
+  the engine's own batch statement, for a server that refuses the latter (Citus: a multi-shard ``FOR UPDATE`` or
+  ``ctid``); ``purge=native`` is the default.
 - ``writers=single`` (MariaDB Galera): a load balancer sends every session to one node (HAProxy with backup
   servers), so an atomic claim excludes other claimers as on a single server; ``writers=all`` is the default.
 
@@ -32,9 +35,11 @@ from ..errors import ConnectionConfigError, InvalidURL, InvalidURLOption
 
 FAILOVER_WINDOW = "failover_window"
 POOLER = "pooler"
+PURGE = "purge"
 WRITERS = "writers"
-CHOICES: dict[str, tuple[str, ...]] = {POOLER: ("session", "transaction"), WRITERS: ("all", "single")}
-ALL = (FAILOVER_WINDOW, POOLER, WRITERS)
+CHOICES: dict[str, tuple[str, ...]] = {POOLER: ("session", "transaction"), PURGE: ("native", "portable"),
+                                       WRITERS: ("all", "single")}
+ALL = (FAILOVER_WINDOW, POOLER, PURGE, WRITERS)
 
 _installed: weakref.WeakSet[Engine] = weakref.WeakSet()
 

@@ -77,7 +77,7 @@ class PostgreSQLBackend(Backend):
     base_features = Features(max_identity_bytes=BTREE_IDENTITY_BYTES, max_statement_bytes=MESSAGE_LIMIT,
                              statement_limit=f"PostgreSQL's largest message and value, {MESSAGE_LIMIT:,} bytes")
     aliases = ("postgres", "pg", "pgsql", "psql")
-    url_options = frozenset({options.FAILOVER_WINDOW, options.POOLER})
+    url_options = frozenset({options.FAILOVER_WINDOW, options.POOLER, options.PURGE})
     several_hosts = ("?host=HOST1:PORT1&host=HOST2:PORT2 after an empty host part, e.g."
                      " postgresql+psycopg://USER@/DB?host=h1:5432&host=h2:5432&target_session_attrs=read-write")
     # COLLATE "C" is deterministic and compares bytes, whatever the database default (an ICU locale such as
@@ -192,6 +192,9 @@ class PostgreSQLBackend(Backend):
             return statement(delete(table).where(ctid == any_(func.array(batch)), condition), Shape.ROWCOUNT,
                                   table)
 
+        url = getattr(self.engine, "url", None)
+        if url is not None and options.choice(url, options.PURGE, self.url_options) == "portable":
+            return (yield from super().purge_batch(table, condition, limit))  # e.g. Citus: no multi-shard ctid
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
 
     # --- operations ------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .routing import CrossShard, OnShard, ShardChooser, ShardedClaims, UnknownShard
+from .moving import MoveReport
+from .onshard import OnShard
+from .placement import Move, Pinned, Rendezvous, ShardChooser, moved_share
+from .routing import CrossShard, ShardedClaims, UnknownShard
 from .sync import ShardedStore
 
 if TYPE_CHECKING:
@@ -21,5 +24,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AsyncShardedStore", "CrossShard", "OnShard", "ShardChooser", "ShardedClaims", "ShardedStore",
-           "UnknownShard"]
+__all__ = ["AsyncShardedStore", "CrossShard", "Move", "MoveReport", "OnShard", "Pinned", "Rendezvous", "ShardChooser",
+           "ShardedClaims", "ShardedStore", "UnknownShard", "moved_share"]

@@ -1,5 +1,6 @@
-"""Routing by scope, written once for both stores: the shard chooser, the step that runs a flow on one shard, and
-`ShardedClaims`, the declared claim API (`Claims`) whose every flow is routed to the shard of its scope.
+"""Routing by scope, written once for both stores: choosing a scope's shard, `ShardedClaims` (the declared claim API,
+`Claims`, whose every flow is routed to the shard of its scope, through a moving scope's old shard while the chooser
+is a `Move`), and `Sharded`, what both stores share.
 
 The vocabulary is SQLAlchemy's horizontal sharding extension's: a store has `shards` (id -> a store on one database)
 and a `shard_chooser` (SQLAlchemy's takes a mapper and an instance; ours takes the key's `scope`, the owner of the key,
@@ -10,34 +11,29 @@ the effect always gets the connection of its scope's shard, and one transaction 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy.engine import URL
 
-from ..api import OutboxFlows
-from ..claims import Claims
+from ..claims import Claims, result_of
 from ..core import Request
-from ..errors import ConfigurationError, IdemError, RetryCause
+from ..errors import ConfigurationError, IdemError, RequestMismatch, RetriesExhausted, RetryCause
 from ..features import Features
 from ..fingerprint import Encoder
+from ..inbox import Inbox, mismatched
 from ..keys import check_identifier
-from ..outbox import Command, Failure, OutboxStats
-from ..outcomes import Claimed, Outcome, Result
+from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retry import RetryPolicy, retrying
-from ..steps import Flow, Heartbeat
+from ..steps import Begin, Flow, Heartbeat, transaction
 from ..storebase import StoreBase
-
-if TYPE_CHECKING:
-    from ..telemetry import Telemetry
+from .onshard import noting, on_shard
+from .outbox import ShardedOutbox
+from .placement import Move, Rendezvous, ShardChooser
 
 T = TypeVar("T")
 S = TypeVar("S", bound=StoreBase)
-ShardChooser = Callable[[str], str]
-"""The shard of a scope: a function from the (validated) scope to a shard id of the store's `shards`. It must be a
-pure function of the scope (the same shard on every call, in every process), or keys would cross shards."""
 
 
 class UnknownShard(ConfigurationError):
@@ -54,19 +50,6 @@ class CrossShard(IdemError):
     commit in the same transaction as its effect, on the same database."""
 
 
-@dataclass(frozen=True, slots=True)
-class OnShard:
-    """Run `body` (a flow of one shard's `Claims`) on shard `shard`: in the transaction open around this step (which
-    it opens on that shard if it is the transaction's first routed step), or on the shard store's own loop."""
-
-    shard: str
-    body: Flow[Any]
-
-
-def on_shard(shard: str, body: Flow[T]) -> Flow[T]:
-    return (yield OnShard(shard, body))  # type: ignore[misc, no-any-return]  # a step only sharded loops run
-
-
 def choose(chooser: ShardChooser, shards: Mapping[str, object], scope: object) -> str:
     """The shard id for `scope` (validated first, as every scope is, so the chooser sees only valid ones)."""
     valid = check_identifier("scope", scope)
@@ -77,7 +60,8 @@ def choose(chooser: ShardChooser, shards: Mapping[str, object], scope: object) -
 
 
 class ShardedClaims:
-    """`Claims`' API for adapters (the HTTP layer's request flow), each flow routed to the shard of its scope."""
+    """`Claims`' API for adapters (the HTTP layer's request flow), each flow routed to the shard of its scope. While
+    the chooser is a `Move`, a key of a moving scope is first looked up on its old shard (`forwarded`)."""
 
     def __init__(self, claims: Mapping[str, Claims], chooser: ShardChooser) -> None:
         self.shards = dict(claims)
@@ -86,6 +70,36 @@ class ShardedClaims:
 
     def shard(self, scope: object) -> str:
         return choose(self.chooser, self.shards, scope)
+
+    def moving(self, scope: object) -> str | None:
+        """The old shard of `scope` while the chooser moves it (None: not moving)."""
+        if not isinstance(self.chooser, Move):
+            return None
+        valid = check_identifier("scope", scope)
+        was = self.chooser.source(valid)
+        if was is not None and was not in self.shards:
+            raise UnknownShard(valid, was, list(self.shards))
+        return was
+
+    def forwarded(self, req: Request, retry: RetryPolicy | None = None) -> Flow[Outcome | None]:
+        """What the old shard of a moving scope answers for the key (`Claims.forward`), in a transaction of its own
+        there within that shard's retry budget; None when the key is the new shard's (or the scope is not moving)."""
+        old = self.moving(req.scope)
+        if old is None:
+            return None
+        claims = self.shards[old]
+        assert isinstance(self.chooser, Move)
+        hold = self.chooser.hold.total_seconds()
+        return (yield from on_shard(old, claims.retrying(
+            lambda: transaction(claims.forward(req, hold, fresh=True), Begin.CLAIM), retry), alone=True))
+
+    def _after_forward(self, req: Request, then: Flow[T], answer: Callable[[Outcome], T],
+                       retry: RetryPolicy | None = None) -> Flow[T]:
+        outcome = yield from self.forwarded(req, retry)
+        if outcome is None:
+            return (yield from then)
+        then.close()
+        return answer(outcome)
 
     @property
     def features(self) -> Features:
@@ -100,8 +114,26 @@ class ShardedClaims:
         return None
 
     def retrying(self, attempt: Callable[[], Flow[T]], policy: RetryPolicy | None = None) -> Flow[T]:
-        """`attempt()` re-run on any shard's retryable errors, within the first shard's retry budget (or `policy`)."""
-        return retrying(policy or self._first.core.retry, self.retry_cause, attempt)
+        """`attempt()` re-run on the retryable errors of the shard it runs on, within that shard's retry budget (or
+        `policy`), counted in that shard's `retries`; RetriesExhausted names the shard."""
+        seen: list[str] = []
+
+        def budget() -> RetryPolicy:
+            return policy or (self.shards[seen[0]] if seen else self._first).core.retry
+
+        def cause(exc: BaseException) -> RetryCause | None:
+            return self.shards[seen[0]].retry_cause(exc) if seen else self.retry_cause(exc)
+
+        def count(cause: str) -> None:
+            if seen:
+                self.shards[seen[0]].core.count_retry(cause)
+
+        try:
+            return (yield from retrying(budget, cause, lambda: noting(attempt(), seen), count))
+        except RetriesExhausted as exc:
+            if not seen:
+                raise
+            raise exc.on_shard(seen[0]) from exc.__cause__
 
     def span(self, name: str, operation: str, flow: Flow[T], describe: Callable[[T], dict[str, Any]]) -> Flow[T]:
         return self._first.span(name, operation, flow, describe)
@@ -112,7 +144,8 @@ class ShardedClaims:
 
     def claim(self, req: Request, *, wait: bool = True, fresh: bool = False) -> Flow[Outcome]:
         shard = self.shard(req.scope)
-        return on_shard(shard, self.shards[shard].claim(req, wait=wait, fresh=fresh))
+        then = on_shard(shard, self.shards[shard].claim(req, wait=wait, fresh=fresh))
+        return then if self.moving(req.scope) is None else self._after_forward(req, then, lambda found: found)
 
     def complete(self, claimed: Claimed, response: Any, status: int = 200) -> Flow[None]:
         shard = self.shard(claimed.scope)
@@ -142,9 +175,13 @@ class ShardedClaims:
             lease: timedelta | None = None, retry: RetryPolicy | None = None,
             on_effect: Callable[[Any], Any] | None = None, on_in_flight: Any = "wait") -> Flow[Result]:
         shard = self.shard(scope)
-        return on_shard(shard, self.shards[shard].run(scope=scope, operation=operation, key=key, request=request,
+        then = on_shard(shard, self.shards[shard].run(scope=scope, operation=operation, key=key, request=request,
                                                       status=status, lease=lease, retry=retry, on_effect=on_effect,
-                                                      on_in_flight=on_in_flight))
+                                                      on_in_flight=on_in_flight))  # validated before any SQL
+        if self.moving(scope) is None:
+            return then
+        req = self.request(scope, operation, key, request, lease)
+        return self._after_forward(req, then, lambda found: result_of(found, req), retry)
 
     def effect(self, status: int, on_effect: Callable[[Any], Any] | None = None, operation: str = "",
                heartbeat: Heartbeat | None = None) -> Flow[tuple[Any, int]]:
@@ -154,63 +191,6 @@ class ShardedClaims:
 def crossing(first: str, then: str) -> CrossShard:
     return CrossShard(f"one transaction on shard {first!r} was asked to run statements on shard {then!r}: a record"
                       " and its effect commit together, on one database")
-
-
-class ShardedOutbox:
-    """The outbox flows over every shard, for a relay of a sharded store: a claim takes each shard's due commands in
-    turn (the first place rotates, so no shard waits behind another's backlog), and the settle marks each command on
-    the shard it was claimed from."""
-
-    def __init__(self, outboxes: Mapping[str, OutboxFlows]) -> None:
-        self.shards = dict(outboxes)
-        self._first = next(iter(self.shards.values()))
-        self._placed: dict[str, str] = {}  # a claimed command's id -> its shard, until it is settled
-        self._turn = 0
-
-    @property
-    def telemetry(self) -> Telemetry:
-        return self._first.telemetry
-
-    @property
-    def table(self) -> str:
-        return self._first.table
-
-    def claim(self, token: str, limit: int, lease: float, ordered: bool = True) -> Flow[list[Command]]:
-        names = list(self.shards)
-        self._turn = (self._turn + 1) % len(names)
-        taken: list[Command] = []
-        for shard in names[self._turn:] + names[:self._turn]:
-            if len(taken) >= limit:
-                break
-            found = yield from on_shard(shard, self.shards[shard].claim(token, limit - len(taken), lease, ordered))
-            self._placed.update((command.id, shard) for command in found)
-            taken.extend(found)
-        return taken
-
-    def settle(self, token: str, published: Sequence[str], failed: Sequence[Failure] = (),
-               released: Sequence[str] = ()) -> Flow[int]:
-        done = 0
-        for shard, outbox in self.shards.items():
-            mine = [i for i in published if self._placed.get(i) == shard]
-            lost = [f for f in failed if self._placed.get(f.id) == shard]
-            back = [i for i in released if self._placed.get(i) == shard]
-            if mine or lost or back:
-                done += yield from on_shard(shard, outbox.settle(token, mine, lost, back))
-        for ident in (*published, *(f.id for f in failed), *released):
-            self._placed.pop(ident, None)
-        return done
-
-    def stats(self) -> Flow[OutboxStats]:
-        parts = []
-        for shard, outbox in self.shards.items():
-            parts.append((yield from on_shard(shard, outbox.stats())))
-        return OutboxStats.combined(parts)
-
-    def requeue(self) -> Flow[int]:
-        count = 0
-        for shard, outbox in self.shards.items():
-            count += yield from on_shard(shard, outbox.requeue())
-        return count
 
 
 def owner(shards: Mapping[str, Any], conn: Any) -> str:
@@ -243,12 +223,13 @@ class Sharded(Generic[S]):
 
     needs: ClassVar[str]  # the subject of the error for no shard: "a ShardedStore"
 
-    def __init__(self, shards: Mapping[str, S], shard_chooser: ShardChooser) -> None:
+    def __init__(self, shards: Mapping[str, S], shard_chooser: ShardChooser | None = None) -> None:
         if not shards:
             raise ConfigurationError(f"{self.needs} needs at least one shard")
         self.shards: dict[str, S] = dict(shards)
-        self.shard_chooser = shard_chooser
-        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, shard_chooser)
+        self.shard_chooser = Rendezvous(self.shards) if shard_chooser is None else shard_chooser
+        self.claims = ShardedClaims({k: s.claims for k, s in self.shards.items()}, self.shard_chooser)
+        self._inboxes = {k: Inbox(s.claims.core) for k, s in self.shards.items()}
         self.outbox = ShardedOutbox({k: s.outbox for k, s in self.shards.items()})
         self._first = next(iter(self.shards.values()))
         self._owned = False
@@ -269,6 +250,42 @@ class Sharded(Generic[S]):
             raise IdemError(f"{call} on a sharded store needs scope=: the owner of what it writes, whose shard it"
                             " runs on")
         return self.store_for(scope)
+
+    def _consuming(self, scope: str | None, subscriber: str, message_id: str, payload: Any, on_mismatch: OnMismatch,
+                   retry: RetryPolicy | None) -> Flow[Delivery]:
+        """`consume`'s flow on the shard of `scope` (validated before any SQL); for a moving scope, a message its old
+        shard recorded is a duplicate (a message names no scope: it is looked up there by its id)."""
+        if scope is None:
+            self._routed(scope, "consume()")  # on one shard none is needed
+            shard = next(iter(self.shards))
+        else:
+            shard = self.shard_for(scope)
+        then = on_shard(shard, self._inboxes[shard].consume(subscriber=subscriber, message_id=message_id,
+                                                            payload=payload, on_mismatch=on_mismatch, retry=retry))
+        old = None if scope is None else self.claims.moving(scope)
+        return then if old is None else self._consumed_before(old, subscriber, message_id, payload, on_mismatch,
+                                                                retry, then)
+
+    def _consumed_before(self, old: str, subscriber: str, message_id: str, payload: Any, on_mismatch: OnMismatch,
+                         retry: RetryPolicy | None, then: Flow[Delivery]) -> Flow[Delivery]:
+        before, core = self._inboxes[old], self.shards[old].claims.core
+        try:
+            found = yield from on_shard(old, core.retrying(
+                lambda: transaction(before.recorded(subscriber, message_id, payload)), retry), alone=True)
+        except RequestMismatch as mismatch:
+            then.close()
+            return mismatched(mismatch, on_mismatch)
+        if not found:
+            return (yield from then)
+        then.close()
+        return Delivery(Disposition.ACK, duplicate=True)
+
+    def _looked_up(self, scope: str, operation: str, key: str, request: Any,
+                   lease: timedelta | None) -> Flow[Outcome | None]:
+        """The step-by-step `claim`'s look at a moving scope's old shard (None: claim on the caller's connection)."""
+        if self.claims.moving(scope) is None:
+            return None
+        return (yield from self.claims.forwarded(self.claims.request(scope, operation, key, request, lease)))
 
     def _owner(self, conn: Any, scope: object | None = None) -> S:
         """The shard store a caller's connection belongs to (checked against `scope`'s shard where one is named)."""

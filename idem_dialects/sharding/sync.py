@@ -27,8 +27,11 @@ from ..retention import Stats
 from ..retry import RetryPolicy
 from ..steps import Begin, Effect, Flow, Sleep, Step, Stepper, Transaction
 from ..store import IdempotencyStore, SyncStore
-from ..storebase import refuse_awaitable
-from .routing import CrossShard, OnShard, ShardChooser, Sharded, crossing, from_urls, owner
+from ..storebase import refuse_async_effect, refuse_awaitable
+from .moving import MoveReport, move_records
+from .onshard import OnShard
+from .placement import ShardChooser
+from .routing import CrossShard, Sharded, crossing, from_urls, owner
 
 T = TypeVar("T")
 
@@ -58,7 +61,7 @@ class ShardedStore(Sharded[SyncStore[Any]]):
     needs = "a ShardedStore"
 
     @classmethod
-    def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser,
+    def from_urls(cls, urls: Mapping[str, str | URL], *, shard_chooser: ShardChooser | None = None,
                   **options: Any) -> ShardedStore:
         """One IdempotencyStore per URL (`options` go to each `from_url`); `close()` closes them."""
         sharded = cls(from_urls(lambda url: IdempotencyStore.from_url(url, **options), SyncStore.close, urls),
@@ -93,8 +96,13 @@ class ShardedStore(Sharded[SyncStore[Any]]):
 
     def claim(self, conn: Any, *, scope: str, operation: str, key: str, request: Any,
               lease: timedelta | None = None) -> Outcome:
-        return self._owner(conn, scope).claim(conn, scope=scope, operation=operation, key=key, request=request,
-                                              lease=lease)
+        """On the shard of `scope`, whose connection `conn` must be; while the chooser moves the scope, a key its old
+        shard recorded is answered from there."""
+        store = self._owner(conn, scope)
+        found = self.drive(self._looked_up(scope, operation, key, request, lease))
+        if found is not None:
+            return found
+        return store.claim(conn, scope=scope, operation=operation, key=key, request=request, lease=lease)
 
     def complete(self, conn: Any, claimed: Claimed, response: Any, status: int = 200) -> None:
         self._owner(conn, claimed.scope).complete(conn, claimed, response, status)
@@ -118,15 +126,29 @@ class ShardedStore(Sharded[SyncStore[Any]]):
                 on_mismatch: OnMismatch = Disposition.DEAD_LETTER, retry: RetryPolicy | None = None,
                 scope: str | None = None) -> Delivery:
         """`consume` on the shard of `scope`: the owner of what the handler writes (a message names no scope)."""
-        return self._routed(scope, "consume()").consume(subscriber=subscriber, message_id=message_id, handler=handler,
-                                                          payload=payload, on_mismatch=on_mismatch, retry=retry)
+        flow = self._consuming(scope, subscriber, message_id, payload, on_mismatch, retry)
+        refuse_async_effect(handler, "handler")
+        return self.drive(flow, effect=handler)
 
     def run(self, *, scope: str, operation: str, key: str, request: Any, effect: Callable[[Any], Any],
             status: int = 200, lease: timedelta | None = None, retry: RetryPolicy | None = None,
             on_in_flight: OnInFlight = "wait") -> Result:
         """`run` on the shard of `scope`: `effect` gets that shard's connection."""
-        return self.store_for(scope).run(scope=scope, operation=operation, key=key, request=request, effect=effect,
-                                         status=status, lease=lease, retry=retry, on_in_flight=on_in_flight)
+        flow = self.claims.run(scope=scope, operation=operation, key=key, request=request, status=status,
+                               lease=lease, retry=retry, on_in_flight=on_in_flight)  # validated before any SQL
+        refuse_async_effect(effect)
+        return self.drive(flow, effect=effect)
+
+    # --- changing the placement -----------------------------------------------------------------------------------
+
+    def move_records(self, *, batch_size: int = 500, wait: timedelta = timedelta(minutes=5),
+                     poll: float = 1.0) -> MoveReport:
+        """While the chooser is a `Move`: copy every moving scope's completed records from its old shard to its new
+        one, mark its abandoned claims moved, and wait (up to `wait`, looking every `poll` seconds) for its live
+        claims there to end; then copy the processed messages of each shard that loses scopes to the shards that
+        gain them. Run it once every process routes with the `Move`; once `done`, the store may route by `after`
+        alone. Safe to run again (what is there already is kept). See docs: Scaling out."""
+        return self.drive(move_records(self.claims, batch_size, wait, poll))
 
     # --- the loop adapters drive `claims` and `outbox` with -------------------------------------------------------
 
@@ -142,6 +164,8 @@ class ShardedStore(Sharded[SyncStore[Any]]):
     def _step(self, step: Step | OnShard, conn: Any, effect: Callable[[Any], Any] | None) -> Any:
         if isinstance(step, OnShard):
             store = self.shards[step.shard]
+            if step.alone:
+                return store.drive(step.body, None, effect)
             if isinstance(conn, _Pending):
                 return store.drive(step.body, conn.on(step.shard, store), effect)
             if conn is not None:  # a caller's connection (step-by-step): it must be of this shard
