@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Delete, Update, bindparam, delete, update
 from sqlalchemy.exc import DBAPIError
@@ -112,12 +112,9 @@ class Claims:
         """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
-        return self.core.telemetry.claim(req.operation, self._claimed(req, wait, fresh))
-
-    def _claimed(self, req: Request, wait: bool, fresh: bool) -> Flow[Outcome]:
-        outcome = yield from self._claim(req, wait, fresh and self.core.own_transactions)
-        assert outcome is not None  # only a forwarding claim forwards
-        return outcome
+        # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so.
+        flow = cast("Flow[Outcome]", self._claim(req, wait, fresh and self.core.own_transactions))
+        return self.core.telemetry.claim(req.operation, flow)
 
     def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:
         """For a sharded store moving the key's scope from this shard to another: the key's record here decides
