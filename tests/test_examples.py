@@ -40,17 +40,9 @@ NOT_HERE = {
 # Pages whose blocks do not yet run twice, or on every engine, in a fresh environment: the first failure seen.
 # Marked xfail without running (strict once removed): each entry is work left, not a pass.
 NOT_YET = {
-    "consumers/index.md": "CREATE TABLE balances without IF NOT EXISTS: fails on the second run",
-    "consumers/celery.md": "asserts a first delivery: the second run meets the first run's processed message",
-    "consumers/nats.md": "CREATE TABLE receipts without IF NOT EXISTS: fails on the second run",
-    "consumers/rabbitmq.md": "CREATE TABLE receipts without IF NOT EXISTS: fails on the second run",
-    "consumers/redis.md": "asserts a first delivery: the second run meets the first run's processed message",
     "faults.md": "its block takes PostgreSQL's URL only (sqlite has no such server fault to show)",
-    "inputs.md": "asserts first-time outcomes: the second run meets the first run's records",
     "operations/observability.md": "imports opentelemetry.sdk, which [otel] (the API only) does not bring",
     "operations/purge.md": "its first block fails on an empty database in a fresh environment",
-    "outbox.md": "asserts first-time outcomes: the second run meets the first run's commands",
-    "protocol.md": "CREATE TABLE without IF NOT EXISTS and first-time assertions: fails on the second run",
     "scaling.md": "first-time assertions on its two shards: fails on the second run and on MariaDB",
 }
 # A relative SQLite file in a block, or README's placeholder server (app.db on SQLite): the URLs a reader changes for
