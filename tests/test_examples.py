@@ -1,10 +1,10 @@
 """Every code block of README and of the documentation, as a user copies it: in a fresh virtual environment with
 only the package and the extras its page names in its `pip install` lines (plus the drivers of the engines it runs
-on: [postgresql], [mysql]), each page's blocks in order in one namespace (a console block's commands with bash), the
-whole page run twice in a row in one directory (the second run meets the files, tables and records of the first),
-on SQLite, PostgreSQL and MariaDB where the page takes a database URL (a relative sqlite:/// file), with only the
-URL changed. Each server run gets a database of its own per file name the page uses (dropped after); virtual
-environments are shared per set of extras within one run.
+on: [postgresql], [mysql]; and the packages a console block's `pip install` adds), each page's blocks in order in
+one namespace (a console block's commands with bash), the whole page run twice in a row in one directory (the
+second run meets the files, tables and records of the first), on SQLite, PostgreSQL and MariaDB where the page takes
+a database URL (a relative sqlite:/// file), with only the URL changed. Each server run gets a database of its own
+per file name the page uses (dropped after); virtual environments are shared per set of extras within one run.
 
 Sybil runs the same blocks in the development environment on SQLite (docs/conftest.py), once; this adds the fresh
 environments, the server engines, the second run and README, which Sybil does not read.
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import subprocess
 import sys
 import venv
@@ -41,7 +42,6 @@ NOT_HERE = {
 # Marked xfail without running (strict once removed): each entry is work left, not a pass.
 NOT_YET = {
     "faults.md": "its block takes PostgreSQL's URL only (sqlite has no such server fault to show)",
-    "operations/observability.md": "imports opentelemetry.sdk, which [otel] (the API only) does not bring",
     "operations/purge.md": "its first block fails on an empty database in a fresh environment",
     "scaling.md": "first-time assertions on its two shards: fails on the second run and on MariaDB",
 }
@@ -97,6 +97,7 @@ class Page:
     path: Path
     steps: list[dict[str, object]] = field(default_factory=list)
     extras: frozenset[str] = frozenset()
+    packages: frozenset[str] = frozenset()  # what a console block's `pip install` adds beside the package
 
     @property
     def files(self) -> list[str]:
@@ -127,6 +128,8 @@ def read_page(name: str, path: Path) -> Page:
              for group in re.findall(r"idem-dialects\[([\w,-]+)\]", command) for e in group.split(",")}
     asynchronous = ENGINE_ASYNC if named & ASYNC_DRIVERS else set()
     page.extras = frozenset(named - NOT_RUN_ENGINES | ENGINE_DRIVERS | asynchronous)
+    page.packages = frozenset(p for command in re.findall(r"^\$ pip install (.*)$", text_, re.M)
+                              for p in shlex.split(command, comments=True) if not p.startswith("idem-dialects"))
     return page
 
 
@@ -145,18 +148,20 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("*.whl"))
 
 
-_venvs: dict[frozenset[str], Path] = {}  # one fresh environment per set of extras, shared within the run
+# One fresh environment per set of extras (and packages beside them), shared within the run.
+_venvs: dict[tuple[frozenset[str], frozenset[str]], Path] = {}
 
 
-def environment(extras: frozenset[str], wheel: Path, base: Path) -> Path:
-    if extras not in _venvs:
-        home = base / ("venv-" + "-".join(sorted(extras)))
+def environment(extras: frozenset[str], wheel: Path, base: Path, packages: frozenset[str] = frozenset()) -> Path:
+    if (extras, packages) not in _venvs:
+        home = base / "-".join(["venv", *sorted(extras), *sorted(packages)])
         venv.create(home, with_pip=True)
         done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q",
-                               f"{wheel}[{','.join(sorted(extras))}]"], capture_output=True, text=True, timeout=900)
+                               f"{wheel}[{','.join(sorted(extras))}]", *sorted(packages)],
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
-        _venvs[extras] = home
-    return _venvs[extras]
+        _venvs[extras, packages] = home
+    return _venvs[extras, packages]
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ def test_every_block_runs_twice_in_a_fresh_environment_with_the_pages_extras(pag
                                                                              wheel: Path, tmp_path: Path,
                                                                              tmp_path_factory: pytest.TempPathFactory
                                                                              ) -> None:
-    home = environment(page.extras, wheel, tmp_path_factory.getbasetemp())
+    home = environment(page.extras, wheel, tmp_path_factory.getbasetemp(), page.packages)
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(with_urls(page.steps, target)), encoding="utf-8")
     runner = tmp_path / "runner.py"
