@@ -3,8 +3,9 @@ only the package and the extras its page names in its `pip install` lines (plus 
 on: [postgresql], [mysql]; and the packages a console block's `pip install` adds), each page's blocks in order in
 one namespace (a console block's commands with bash), the whole page run twice in a row in one directory (the
 second run meets the files, tables and records of the first), on SQLite, PostgreSQL and MariaDB where the page takes
-a database URL (a relative sqlite:/// file), with only the URL changed. Each server run gets a database of its own
-per file name the page uses (dropped after); virtual environments are shared per set of extras within one run.
+a database URL (a relative sqlite:/// file, or a server's URL where the page needs what only a server has:
+ON_SERVER), with only the URL changed. Each server run gets a database of its own per file name (or server URL) the
+page uses (dropped after); virtual environments are shared per set of extras within one run.
 
 Sybil runs the same blocks in the development environment on SQLite (docs/conftest.py), once; this adds the fresh
 environments, the server engines, the second run and README, which Sybil does not read.
@@ -41,10 +42,13 @@ NOT_HERE = {
 # Pages whose blocks do not yet run twice, or on every engine, in a fresh environment: the first failure seen.
 # Marked xfail without running (strict once removed): each entry is work left, not a pass.
 NOT_YET = {
-    "faults.md": "its block takes PostgreSQL's URL only (sqlite has no such server fault to show)",
     "operations/purge.md": "its first block fails on an empty database in a fresh environment",
     "scaling.md": "first-time assertions on its two shards: fails on the second run and on MariaDB",
 }
+# Pages whose blocks take a server's URL for what only a server has: skipped on SQLite with the reason, run on each
+# server with that URL changed to the server's.
+ON_SERVER = {"faults.md": ("postgresql+psycopg://postgres@127.0.0.1:5432/test",
+                           "the fault proxy cuts a server's connection, and SQLite has none")}
 # A relative SQLite file in a block, or README's placeholder server (app.db on SQLite): the URLs a reader changes for
 # another engine. An async store's URL is changed to the engine's async driver's.
 SQLITE_FILE = re.compile(r"(AsyncIdempotencyStore\.from_url\(\\\")?(?:sqlite(\+aiosqlite)?:///([\w.-]+\.db)\b"
@@ -103,7 +107,7 @@ class Page:
     def files(self) -> list[str]:
         """The relative SQLite files its blocks name: a page that names one runs on every engine."""
         found = {m.group(3) or "app.db" for s in self.steps for m in SQLITE_FILE.finditer(json.dumps(s))}
-        return sorted(found)
+        return sorted(found | ({ON_SERVER[self.name][0]} if self.name in ON_SERVER else set()))
 
 
 def read_page(name: str, path: Path) -> Page:
@@ -167,7 +171,7 @@ def environment(extras: frozenset[str], wheel: Path, base: Path, packages: froze
 @dataclass(frozen=True)
 class Target:
     name: str
-    urls: dict[str, tuple[str, str]]  # SQLite file -> (sync URL, async URL) of the engine's database standing for it
+    urls: dict[str, tuple[str, str]]  # the page's SQLite file or server URL -> (sync, async) URL standing for it
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
@@ -176,6 +180,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     after); SQLite keeps the page's own files."""
     name = request.param
     page: Page = request.getfixturevalue("page")
+    if name == "sqlite" and page.name in ON_SERVER:
+        pytest.skip(f"{page.name} runs on the servers only: {ON_SERVER[page.name][1]}")
     if name == "sqlite":
         yield Target(name, {})
         return
@@ -207,8 +213,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
 
 
 def with_urls(steps: list[dict[str, object]], target: Target) -> list[dict[str, object]]:
-    """The steps with each SQLite file's URL replaced by the target's (its async URL where the block's was
-    aiosqlite): the only change a reader makes."""
+    """The steps with each SQLite file's URL (or server URL: ON_SERVER) replaced by the target's (its async URL where
+    the block's was aiosqlite): the only change a reader makes."""
     def replace(found: re.Match[str]) -> str:
         call, aio, file, _ = found.groups()
         if target.name == "sqlite":
@@ -216,7 +222,14 @@ def with_urls(steps: list[dict[str, object]], target: Target) -> list[dict[str, 
         sync, asynchronous = target.urls[file or "app.db"]
         return (call or "") + (asynchronous if (aio if file else call) else sync)
 
-    return [json.loads(SQLITE_FILE.sub(replace, json.dumps(step))) for step in steps]
+    def replace_all(step: str) -> str:
+        step = SQLITE_FILE.sub(replace, step)
+        for printed, (sync, _) in target.urls.items():
+            if "://" in printed:  # a server's URL the page prints (ON_SERVER)
+                step = step.replace(printed, sync)
+        return step
+
+    return [json.loads(replace_all(json.dumps(step))) for step in steps]
 
 
 @pytest.fixture(params=PAGES, ids=[p.name for p in PAGES])
