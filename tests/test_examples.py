@@ -1,10 +1,11 @@
 """Every code block of README and of the documentation, as a user copies it: in a fresh virtual environment with
 only the package and the extras its page names in its `pip install` lines (plus the drivers of the engines it runs
-on: [postgresql], [mysql]), each page's blocks in order in one namespace (a console block's commands with bash), the
-whole page run twice in a row in one directory (the second run meets the files, tables and records of the first),
-on SQLite, PostgreSQL and MariaDB where the page takes a database URL (a relative sqlite:/// file), with only the
-URL changed. Each server run gets a database of its own per file name the page uses (dropped after); virtual
-environments are shared per set of extras within one run.
+on: [postgresql], [mysql]; and the packages a console block's `pip install` adds), each page's blocks in order in
+one namespace (a console block's commands with bash), the whole page run twice in a row in one directory (the
+second run meets the files, tables and records of the first), on SQLite, PostgreSQL and MariaDB where the page takes
+a database URL (a relative sqlite:/// file, or a server's URL where the page needs what only a server has:
+ON_SERVER), with only the URL changed. Each server run gets a database of its own per file name (or server URL) the
+page uses (dropped after); virtual environments are shared per set of extras within one run.
 
 Sybil runs the same blocks in the development environment on SQLite (docs/conftest.py), once; this adds the fresh
 environments, the server engines, the second run and README, which Sybil does not read.
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import subprocess
 import sys
 import venv
@@ -35,24 +37,20 @@ DOCS = ROOT / "docs"
 NOT_HERE = {
     "django.md": "fragments of a Django project (examples/django_postgres, run by tests/test_django_example.py),"
                  " set up by Sybil's invisible blocks from the source tree",
-    "conformance.md": "its recipe runs the source tree's own test layout",
+    "conformance.md": "its recipe's two test files are shown as their contents (tests/test_opt_in.py writes them"
+                      " into a fresh project and runs it), and its install lines name [all], for a copy of the CI"
+                      " workflow",
 }
 # Pages whose blocks do not yet run twice, or on every engine, in a fresh environment: the first failure seen.
 # Marked xfail without running (strict once removed): each entry is work left, not a pass.
 NOT_YET = {
-    "consumers/index.md": "CREATE TABLE balances without IF NOT EXISTS: fails on the second run",
-    "consumers/celery.md": "asserts a first delivery: the second run meets the first run's processed message",
-    "consumers/nats.md": "CREATE TABLE receipts without IF NOT EXISTS: fails on the second run",
-    "consumers/rabbitmq.md": "CREATE TABLE receipts without IF NOT EXISTS: fails on the second run",
-    "consumers/redis.md": "asserts a first delivery: the second run meets the first run's processed message",
-    "faults.md": "its block takes PostgreSQL's URL only (sqlite has no such server fault to show)",
-    "inputs.md": "asserts first-time outcomes: the second run meets the first run's records",
-    "operations/observability.md": "imports opentelemetry.sdk, which [otel] (the API only) does not bring",
     "operations/purge.md": "its first block fails on an empty database in a fresh environment",
-    "outbox.md": "asserts first-time outcomes: the second run meets the first run's commands",
-    "protocol.md": "CREATE TABLE without IF NOT EXISTS and first-time assertions: fails on the second run",
     "scaling.md": "first-time assertions on its two shards: fails on the second run and on MariaDB",
 }
+# Pages whose blocks take a server's URL for what only a server has: skipped on SQLite with the reason, run on each
+# server with that URL changed to the server's.
+ON_SERVER = {"faults.md": ("postgresql+psycopg://postgres@127.0.0.1:5432/test",
+                           "the fault proxy cuts a server's connection, and SQLite has none")}
 # A relative SQLite file in a block, or README's placeholder server (app.db on SQLite): the URLs a reader changes for
 # another engine. An async store's URL is changed to the engine's async driver's.
 SQLITE_FILE = re.compile(r"(AsyncIdempotencyStore\.from_url\(\\\")?(?:sqlite(\+aiosqlite)?:///([\w.-]+\.db)\b"
@@ -105,12 +103,13 @@ class Page:
     path: Path
     steps: list[dict[str, object]] = field(default_factory=list)
     extras: frozenset[str] = frozenset()
+    packages: frozenset[str] = frozenset()  # what a console block's `pip install` adds beside the package
 
     @property
     def files(self) -> list[str]:
         """The relative SQLite files its blocks name: a page that names one runs on every engine."""
         found = {m.group(3) or "app.db" for s in self.steps for m in SQLITE_FILE.finditer(json.dumps(s))}
-        return sorted(found)
+        return sorted(found | ({ON_SERVER[self.name][0]} if self.name in ON_SERVER else set()))
 
 
 def read_page(name: str, path: Path) -> Page:
@@ -135,6 +134,8 @@ def read_page(name: str, path: Path) -> Page:
              for group in re.findall(r"idem-dialects\[([\w,-]+)\]", command) for e in group.split(",")}
     asynchronous = ENGINE_ASYNC if named & ASYNC_DRIVERS else set()
     page.extras = frozenset(named - NOT_RUN_ENGINES | ENGINE_DRIVERS | asynchronous)
+    page.packages = frozenset(p for command in re.findall(r"^\$ pip install (.*)$", text_, re.M)
+                              for p in shlex.split(command, comments=True) if not p.startswith("idem-dialects"))
     return page
 
 
@@ -153,24 +154,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("*.whl"))
 
 
-_venvs: dict[frozenset[str], Path] = {}  # one fresh environment per set of extras, shared within the run
+# One fresh environment per set of extras (and packages beside them), shared within the run.
+_venvs: dict[tuple[frozenset[str], frozenset[str]], Path] = {}
 
 
-def environment(extras: frozenset[str], wheel: Path, base: Path) -> Path:
-    if extras not in _venvs:
-        home = base / ("venv-" + "-".join(sorted(extras)))
+def environment(extras: frozenset[str], wheel: Path, base: Path, packages: frozenset[str] = frozenset()) -> Path:
+    if (extras, packages) not in _venvs:
+        home = base / "-".join(["venv", *sorted(extras), *sorted(packages)])
         venv.create(home, with_pip=True)
         done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q",
-                               f"{wheel}[{','.join(sorted(extras))}]"], capture_output=True, text=True, timeout=900)
+                               f"{wheel}[{','.join(sorted(extras))}]", *sorted(packages)],
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
-        _venvs[extras] = home
-    return _venvs[extras]
+        _venvs[extras, packages] = home
+    return _venvs[extras, packages]
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    urls: dict[str, tuple[str, str]]  # SQLite file -> (sync URL, async URL) of the engine's database standing for it
+    urls: dict[str, tuple[str, str]]  # the page's SQLite file or server URL -> (sync, async) URL standing for it
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
@@ -179,6 +182,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     after); SQLite keeps the page's own files."""
     name = request.param
     page: Page = request.getfixturevalue("page")
+    if name == "sqlite" and page.name in ON_SERVER:
+        pytest.skip(f"{page.name} runs on the servers only: {ON_SERVER[page.name][1]}")
     if name == "sqlite":
         yield Target(name, {})
         return
@@ -210,8 +215,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
 
 
 def with_urls(steps: list[dict[str, object]], target: Target) -> list[dict[str, object]]:
-    """The steps with each SQLite file's URL replaced by the target's (its async URL where the block's was
-    aiosqlite): the only change a reader makes."""
+    """The steps with each SQLite file's URL (or server URL: ON_SERVER) replaced by the target's (its async URL where
+    the block's was aiosqlite): the only change a reader makes."""
     def replace(found: re.Match[str]) -> str:
         call, aio, file, _ = found.groups()
         if target.name == "sqlite":
@@ -219,7 +224,14 @@ def with_urls(steps: list[dict[str, object]], target: Target) -> list[dict[str, 
         sync, asynchronous = target.urls[file or "app.db"]
         return (call or "") + (asynchronous if (aio if file else call) else sync)
 
-    return [json.loads(SQLITE_FILE.sub(replace, json.dumps(step))) for step in steps]
+    def replace_all(step: str) -> str:
+        step = SQLITE_FILE.sub(replace, step)
+        for printed, (sync, _) in target.urls.items():
+            if "://" in printed:  # a server's URL the page prints (ON_SERVER)
+                step = step.replace(printed, sync)
+        return step
+
+    return [json.loads(replace_all(json.dumps(step))) for step in steps]
 
 
 @pytest.fixture(params=PAGES, ids=[p.name for p in PAGES])
@@ -237,7 +249,7 @@ def test_every_block_runs_twice_in_a_fresh_environment_with_the_pages_extras(pag
                                                                              wheel: Path, tmp_path: Path,
                                                                              tmp_path_factory: pytest.TempPathFactory
                                                                              ) -> None:
-    home = environment(page.extras, wheel, tmp_path_factory.getbasetemp())
+    home = environment(page.extras, wheel, tmp_path_factory.getbasetemp(), page.packages)
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(with_urls(page.steps, target)), encoding="utf-8")
     runner = tmp_path / "runner.py"
