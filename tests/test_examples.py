@@ -45,7 +45,6 @@ NOT_HERE = {
 # Marked xfail without running (strict once removed): each entry is work left, not a pass.
 NOT_YET = {
     "operations/purge.md": "its first block fails on an empty database in a fresh environment",
-    "scaling.md": "first-time assertions on its two shards: fails on the second run and on MariaDB",
 }
 # Pages whose blocks take a server's URL for what only a server has: skipped on SQLite with the reason, run on each
 # server with that URL changed to the server's.
