@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from consumer_common import Inbox
+from wheel_common import Built, build, build_site
 
 from idem_dialects import engines
 from idem_dialects.engines.brokers import BROKERS
@@ -67,3 +68,16 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
     made = Inbox(tmp_path)
     yield made
     made.close()
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The wheel and sdist, built once for the session (tests/wheel_common.py)."""
+    return build(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def site(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once for the session the way it is published (.readthedocs.yaml): every test
+    that reads a built page shares it."""
+    return build_site(built, tmp_path_factory.mktemp("site"))

@@ -1,9 +1,9 @@
 """The documentation site builds with warnings as errors (broken internal links and references included, and every
 parameter of the API reference described: docs/_ext/parameters.py), the API reference holds every public name, the
 command reference every option of every subcommand, and the built pages render in headless Chromium; the
-screenshots are kept in docs/screenshots/. The examples inside the pages run as tests of their own
-(docs/conftest.py); tests/test_wheel.py builds the site the way the publishing configuration (.readthedocs.yaml)
-does, in a fresh venv with only its extras."""
+screenshots are kept in docs/screenshots/. The site is built once, as it is published: the `site` fixture
+(tests/conftest.py) builds it in a fresh venv with the wheel and exactly the extras .readthedocs.yaml names. The
+examples inside the pages run as tests of their own (docs/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,17 @@ import importlib
 import re
 import shutil
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 SHOTS = {"index.html": "site-index.png", "engines/postgresql.html": "site-engine-postgresql.png"}
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--host-resolver-rules=MAP * ~NOTFOUND", "--hide-scrollbars", "--window-size=1280,1400"]
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("sphinx", reason="the docs extra is not installed (pip install 'idem-dialects[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
-                           str(out)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
 
 
 # The modules whose `__all__` is the public API: the package, the HTTP layer and Django, and the integrations.
@@ -58,6 +48,8 @@ def public_names(modules: tuple[str, ...]) -> list[str]:
 
 
 def test_docs_build_without_warnings(site: Path) -> None:
+    config = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
+    assert re.search(r"^\s*fail_on_warning:\s*true\s*$", config, re.M), "the published build must fail on warnings"
     for page in ("index.html", "reference/api.html", "reference/cli.html", *SHOTS):
         assert (site / page).is_file(), page
 

