@@ -92,10 +92,10 @@ class PrivateBroker:
     def __init__(self, spec: BrokerSpec, port: int, args: list[str], ready: Callable[[], bool],
                  env: dict[str, str] | None = None, url: str | None = None) -> None:
         self.spec, self.port, self._args, self._ready, self._env = spec, port, args, ready, env
-        self.directory = Path(tempfile.mkdtemp(prefix=f"idem-{spec.name}-"))
-        self._stopped = track(f"private {spec.title} in {self.directory}", self._remove)
         self.url = url or urlsplit(spec.default_url)._replace(netloc=_netloc(spec.default_url, port)).geturl()
         self._proc: subprocess.Popen[bytes] | None = None
+        self.directory = Path(tempfile.mkdtemp(prefix=f"idem-{spec.name}-"))
+        self._stopped = track(f"private {spec.title} in {self.directory}", self._remove)
 
     @property
     def log(self) -> Path:

@@ -3,7 +3,9 @@ handler that stops them, newest first, when the process ends: normally (atexit) 
 run that is cancelled or timed out then leaves no server holding a port and no data directory in the temp dir.
 
 A provider registers a server with `track` as soon as it has something to clean up (a temp dir, a process) and
-hands out the stop `track` returns: it runs once, and forgets the server. The handlers are installed on the first
+hands out the stop `track` returns: it runs once, and forgets the server. A run that must start no database or
+broker server (the test suite's SQLite-only command) says why with `refuse`: `track` then cleans up and raises
+Unavailable with that reason, which a test turns into a skip. The handlers are installed on the first
 registration (in the main thread; a signal handler set by someone else runs after ours). A forked child inherits
 the registry but never stops its parent's servers.
 """
@@ -18,6 +20,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from .entry import Unavailable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _log = logging.getLogger(__name__)
@@ -42,6 +46,15 @@ class Started:
         return f"<started {self.what}>"
 
 
+_refusal: str | None = None
+
+
+def refuse(reason: str | None) -> None:
+    """Refuse every server start from now on, for `reason` (None: accept them again)."""
+    global _refusal
+    _refusal = reason
+
+
 _lock = threading.RLock()  # reentrant: a signal handler may run in the main thread while it holds the lock
 _running: list[Started] = []
 _owner = os.getpid()
@@ -49,9 +62,13 @@ _previous: dict[int, Any] = {}
 _stopping = False
 
 
-def track(what: str, stop: Callable[[], None]) -> Started:
+def track(what: str, stop: Callable[[], None], *, refusable: bool = True) -> Started:
     """Register a server (`what` names it in a log line if its stop fails) and return its stop, to call instead of
-    `stop`."""
+    `stop`. Unavailable (after `stop`) while servers are refused, unless it is not `refusable` (a test's own HTTP
+    server)."""
+    if refusable and _refusal is not None:
+        stop()
+        raise Unavailable(_refusal)
     entry = Started(what, stop)
     with _lock:
         _running.append(entry)

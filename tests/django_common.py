@@ -72,7 +72,7 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
     ports_free([port])
     with open(log, "ab") as out:
         server = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=out)
-    stopped = track(f"gunicorn on port {port}", lambda: stop(server))
+    stopped = track(f"gunicorn on port {port}", lambda: stop(server), refusable=False)
     try:
         deadline = time.monotonic() + 60
         while True:

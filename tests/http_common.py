@@ -34,7 +34,7 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
     ports_free([int(port)])
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
-    stopped = track(f"{Path(command[0]).name} on port {port}", lambda: stop(proc))
+    stopped = track(f"{Path(command[0]).name} on port {port}", lambda: stop(proc), refusable=False)
     try:
         deadline = time.monotonic() + timeout
         while True:

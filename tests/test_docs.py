@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# The site is the session's publishing build (tests/conftest.py): a wheel and a venv installed from the index.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SHOTS = {"index.html": "site-index.png", "engines/postgresql.html": "site-engine-postgresql.png"}

@@ -11,12 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from idem_dialects.engines import Unavailable, brokers, local, started
+from idem_dialects.engines import Unavailable, brokers, get, local, started
 from idem_dialects.engines.brokers import BROKERS
 
 # Starts what the suite starts (the embedded PostgreSQL 18, whose postmaster runs in a session of its own, and a
@@ -97,6 +98,23 @@ def test_a_server_is_never_started_on_a_port_another_process_holds(held_port: in
     with pytest.raises(Unavailable, match=f"port {held_port} on 127.0.0.1 is already in use"):
         BROKERS["redis"].private()
     assert started.running() == before  # its temp dir was removed and it left the registry
+
+
+def test_a_run_that_starts_no_server_refuses_one_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `--idem-engine sqlite` does (tests/conftest.py): a provider that would start a server raises Unavailable
+    with the reason, and its temp dir is gone."""
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
+    started.refuse("this run starts no server")
+    try:
+        with pytest.raises(Unavailable, match="this run starts no server"):
+            BROKERS["redis"].private()
+        with pytest.raises(Unavailable, match="this run starts no server"):
+            get("pgbouncer-transaction").provide()
+    finally:
+        started.refuse(None)
+    assert made and [d for d in made if Path(d).exists()] == []
 
 
 ORDER = """

@@ -28,11 +28,11 @@ from wheel_common import venv as make_venv
 
 from idem_dialects import engines
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("build")]  # one worker builds the wheel and the site
+pytestmark = pytest.mark.slow
 
 # Development tools: no runtime extra may bring one (`conformance` runs on pytest, `docs` is Sphinx: those only).
-DEV_TOOLS = {"pytest", "ruff", "mypy", "sphinx", "zizmor", "sybil", "pytest-django", "django-stubs", "twine",
-             "check-wheel-contents", "build"}
+DEV_TOOLS = {"pytest", "pytest-xdist", "ruff", "mypy", "sphinx", "zizmor", "sybil", "pytest-django", "django-stubs",
+             "twine", "check-wheel-contents", "build"}
 ALLOWED_TOOLS = {"conformance": {"pytest"}, "docs": {"sphinx"}, "all": {"pytest"}}
 # Async round trips per async driver extra: (engine of live_urls or "sqlite", driver).
 ASYNC_ENGINES = {"asyncpg": ("postgresql", "asyncpg"), "aiosqlite": ("sqlite", "aiosqlite"),
