@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from .entry import Unavailable
 from .local import free_ports, log_tail, ports_free, wait_until
-from .started import track
+from .started import refused, track
 
 _START_TIMEOUT = 60.0
 
@@ -49,6 +49,10 @@ class BrokerSpec:
         """Why the adapter cannot be proved here (its client missing, nothing listening), or None."""
         if find_spec(self.client) is None:
             return f"{self.client} is not installed (pip install 'idem-dialects[{self.extra}]')"
+        try:
+            refused()
+        except Unavailable as exc:
+            return str(exc)
         parts = urlsplit(self.url())
         host, port = parts.hostname or "127.0.0.1", parts.port
         try:

@@ -3,9 +3,10 @@ handler that stops them, newest first, when the process ends: normally (atexit) 
 run that is cancelled or timed out then leaves no server holding a port and no data directory in the temp dir.
 
 A provider registers a server with `track` as soon as it has something to clean up (a temp dir, a process) and
-hands out the stop `track` returns: it runs once, and forgets the server. A run that must start no database or
-broker server (the test suite's SQLite-only command) says why with `refuse`: `track` then cleans up and raises
-Unavailable with that reason, which a test turns into a skip. The handlers are installed on the first
+hands out the stop `track` returns: it runs once, and forgets the server. A run that must use no database or broker
+server (the test suite's SQLite-only command) says why with `refuse`: `track` then cleans up and raises Unavailable
+with that reason, which a test turns into a skip, and so does a provider of a server already running
+(`refused()`), so the run is the same whether the machine runs servers or not. The handlers are installed on the first
 registration (in the main thread; a signal handler set by someone else runs after ours). A forked child inherits
 the registry but never stops its parent's servers.
 """
@@ -50,9 +51,15 @@ _refusal: str | None = None
 
 
 def refuse(reason: str | None) -> None:
-    """Refuse every server start from now on, for `reason` (None: accept them again)."""
+    """Refuse every server from now on, for `reason` (None: accept them again)."""
     global _refusal
     _refusal = reason
+
+
+def refused() -> None:
+    """Unavailable, with the reason, while servers are refused."""
+    if _refusal is not None:
+        raise Unavailable(_refusal)
 
 
 _lock = threading.RLock()  # reentrant: a signal handler may run in the main thread while it holds the lock
@@ -68,7 +75,7 @@ def track(what: str, stop: Callable[[], None], *, refusable: bool = True) -> Sta
     server)."""
     if refusable and _refusal is not None:
         stop()
-        raise Unavailable(_refusal)
+        refused()
     entry = Started(what, stop)
     with _lock:
         _running.append(entry)

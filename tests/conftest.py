@@ -20,14 +20,14 @@ pytest_plugins = ["idem_dialects.conformance.plugin"]
 def pytest_configure(config: Any) -> None:
     """The project proves both stores: the conformance suite runs on the sync and the async store unless the command
     line picks one (``--idem-api sync``); a third party's suite keeps the plugin's default (sync). A run whose engines
-    (``--idem-engine``, ``--idem-require``) all live in the client (``--idem-engine sqlite``) starts no database or
-    broker server: a test that would start one skips, saying so."""
+    (``--idem-engine``, ``--idem-require``) all live in the client (``--idem-engine sqlite``) uses no database or
+    broker server, running or not: a test that would start or reach one through the catalogue skips, saying so."""
     if getattr(config.option, "idem_api", "unset") is None:
         config.option.idem_api = "both"
     chosen = (config.getoption("idem_engine", None) or []) + (config.getoption("idem_require", None) or [])
     if chosen and "all" not in chosen and all(provisioning(engines.get(name).backend).embedded
                                               for name in engines.expand(chosen)):
-        started.refuse(f"this run starts no server (--idem-engine {' '.join(chosen)})")
+        started.refuse(f"this run uses no server (--idem-engine {' '.join(chosen)})")
 
 
 # Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module):

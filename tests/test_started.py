@@ -92,6 +92,7 @@ def test_a_server_is_never_started_on_a_port_another_process_holds(held_port: in
         local.spawn(["sleep", "60"], tmp_path / "log", ports=[held_port])
     if shutil.which("redis-server") is None:
         return
+    monkeypatch.setattr(started, "_refusal", None)  # (in a run that uses no server: this check starts none)
     monkeypatch.setattr(brokers, "free_ports", lambda count: [held_port] * count)
     monkeypatch.setattr(subprocess, "Popen", None)  # nothing may be started: the port is checked first
     before = started.running()
@@ -106,11 +107,11 @@ def test_a_run_that_starts_no_server_refuses_one_and_leaves_nothing(monkeypatch:
     made: list[str] = []
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
-    started.refuse("this run starts no server")
+    started.refuse("this run uses no server")
     try:
-        with pytest.raises(Unavailable, match="this run starts no server"):
+        with pytest.raises(Unavailable, match="this run uses no server"):
             BROKERS["redis"].private()
-        with pytest.raises(Unavailable, match="this run starts no server"):
+        with pytest.raises(Unavailable, match="this run uses no server"):
             get("pgbouncer-transaction").provide()
     finally:
         started.refuse(None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -39,6 +40,14 @@ def collected() -> list[str]:
     return [line for line in done.stdout.splitlines() if "::" in line]
 
 
+def readme_command(name: str) -> list[str]:
+    """The arguments of README's pytest command between its <!-- NAME --> markers (after `.venv/bin/pytest`)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(rf"<!-- {name} -->\n```\n(.*?)\n```\n<!-- /{name} -->", readme, re.S)
+    assert found, f"README has no {name} block"
+    return shlex.split(found.group(1).rpartition(".venv/bin/pytest")[2])
+
+
 def _column(nodeid: str) -> tuple[str, str]:
     """(check function, parameter id) of a node id."""
     name, _, params = nodeid.partition("::")[2].partition("[")
@@ -70,6 +79,20 @@ def test_development_page_lists_every_check_the_stacks_leave_to_their_base_engin
     table = "\n".join(line.split(" | ")[0] for line in found.group(1).splitlines() if line.startswith("| `"))
     listed = set(re.findall(r"`([a-z0-9_]+)`", table))
     assert listed == {name.removeprefix("test_") for name in CHECKS if not _stack_check(name)}
+
+
+def test_the_quick_command_runs_the_suite_on_sqlite_and_builds_nothing() -> None:
+    """README's quick command, collected: the conformance checks on SQLite's columns only, no wheel or site build."""
+    args = readme_command("quick-command")
+    assert args[:2] == ["-n", "2"] and "--idem-engine" in args
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *args[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    columns = {_column(n)[1].split("-")[0] for n in ids if n.startswith("tests/test_conformance.py::")}
+    assert columns == {"sqlite"}
+    assert not [n for n in ids if n.startswith(("tests/test_wheel.py", "tests/test_docs.py"))]
 
 
 def test_one_test_module_builds_the_documentation() -> None:
