@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wheel_common
 from consumer_common import Inbox
-from wheel_common import Built, build, build_site
+from wheel_common import Built
 
 from idem_dialects import engines
 from idem_dialects.engines import provisioning, started
@@ -30,10 +31,9 @@ def pytest_configure(config: Any) -> None:
         started.refuse(f"this run uses no server (--idem-engine {' '.join(chosen)})")
 
 
-# Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module):
-# the tests that share the session's wheel and site build, and each HA or pooling stack's tests (the stack starts
-# once); the other conformance checks spread over the workers one by one.
-TOGETHER = {"tests/test_wheel.py": "build", "tests/test_docs.py": "build"}
+# Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module): each HA
+# or pooling stack's tests (the stack starts once); the other conformance checks spread over the workers one by one.
+# (The wheel and the site are built once per run whichever workers need them: tests/wheel_common.py.)
 STACKS = sorted((name for name, entry in engines.ENGINES.items() if entry.stacked_on), key=len, reverse=True)
 
 
@@ -45,7 +45,7 @@ def scope_of(nodeid: str) -> str:
         return stack
     if path == "tests/test_conformance.py":
         return nodeid
-    return TOGETHER.get(path, path)
+    return path
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra)
@@ -110,12 +110,12 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The wheel and sdist, built once for the session (tests/wheel_common.py)."""
-    return build(tmp_path_factory.mktemp("wheel"))
+    """The wheel and sdist, built once for the run (tests/wheel_common.py)."""
+    return wheel_common.built(wheel_common.run_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
 def site(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The documentation site, built once for the session the way it is published (.readthedocs.yaml): every test
-    that reads a built page shares it."""
-    return build_site(built, tmp_path_factory.mktemp("site"))
+    """The documentation site, built once for the run the way it is published (.readthedocs.yaml): every test that
+    reads a built page shares it."""
+    return wheel_common.site(built, wheel_common.run_dir(tmp_path_factory))

@@ -1,15 +1,16 @@
 """The documentation site builds with warnings as errors (broken internal links and references included, and every
 parameter of the API reference described: docs/_ext/parameters.py), the API reference holds every public name, the
 command reference every option of every subcommand, and the built pages render in headless Chromium; the
-screenshots are kept in docs/screenshots/. The site is built once, as it is published: the `site` fixture
-(tests/conftest.py) builds it in a fresh venv with the wheel and exactly the extras .readthedocs.yaml names. The
-examples inside the pages run as tests of their own (docs/conftest.py)."""
+screenshots are kept in docs/screenshots/. The site is built once per run, as it is published: the `site` fixture
+(tests/conftest.py) builds it with README's docs command, from the repository root, in a fresh venv with the wheel
+and exactly the extras .readthedocs.yaml names. The examples inside the pages run as tests of their own
+(docs/conftest.py, tests/test_examples.py)."""
 
 from __future__ import annotations
 
-import argparse
 import html
 import importlib
+import json
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from wheel_common import Built, publishing_venv, venv_env
 
 # The site is the session's publishing build (tests/conftest.py): a wheel and a venv installed from the index.
 pytestmark = pytest.mark.slow
@@ -64,18 +66,29 @@ def test_api_reference_documents_every_public_name(site: Path) -> None:
     assert missing == [], f"not in the API reference (docs/reference/api.md): {missing}"
 
 
-def test_command_reference_lists_every_option_of_every_subcommand(site: Path) -> None:
-    from idem_dialects.cli import COMMANDS, reference_parser
+# Every subcommand's options as the installed package's parser has them: {command: [option, ...]}.
+OPTIONS_PROBE = """
+import argparse, json
+from idem_dialects.cli import COMMANDS, reference_parser
+subparsers = next(a for a in reference_parser()._actions if isinstance(a, argparse._SubParsersAction))
+assert set(subparsers.choices) == set(COMMANDS), (sorted(subparsers.choices), sorted(COMMANDS))
+print(json.dumps({name: [o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")]
+                  for name, parser in subparsers.choices.items()}))
+"""
 
+
+def test_command_reference_lists_every_option_of_every_subcommand(site: Path, built: Built) -> None:
+    """Every subcommand of the install the site was built with (the wheel and the publishing extras: a command of
+    another distribution, such as tools/bench's, is not in it), with every option."""
+    home = publishing_venv(built)
+    done = subprocess.run([str(home / "bin" / "python"), "-c", OPTIONS_PROBE], cwd=built.workdir, env=venv_env(home),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
     page = html.unescape(re.sub(r"<[^>]+>", "", (site / "reference" / "cli.html").read_text(encoding="utf-8")))
-    subparsers = next(a for a in reference_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == set(COMMANDS)
     missing = []
-    for name, parser in subparsers.choices.items():
+    for name, options in json.loads(done.stdout).items():
         assert f"idem-dialects {name}" in page, name
-        for action in parser._actions:
-            missing += [f"{name} {option}" for option in action.option_strings
-                        if option not in ("-h", "--help") and option not in page]
+        missing += [f"{name} {option}" for option in options if option not in page]
     assert missing == [], f"options missing from the command reference: {missing}"
 
 

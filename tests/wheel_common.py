@@ -1,17 +1,21 @@
-"""The built distribution and the documentation site, each made once per test session and shared by every test that
-needs it (tests/conftest.py's `built` and `site` fixtures): the wheel and sdist as `python -m build` makes them, a
-wheelhouse of every extra's dependencies so venvs install offline, fresh venvs from them, and the site built as
-.readthedocs.yaml publishes it."""
+"""The built distribution and the documentation site, each made once per run and shared by every test that needs
+it (tests/conftest.py's `built` and `site` fixtures; pytest-xdist's workers share them too): the wheel and sdist as
+`python -m build` makes them, a wheelhouse of every extra's dependencies so venvs install offline, fresh venvs from
+them (one per name), and the site built as README and .readthedocs.yaml build it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -61,7 +65,35 @@ def run(args: list[str | Path], cwd: Path, env: dict[str, str] | None = None,
     return done
 
 
-def build(base: Path) -> Built:
+def shared(base: Path, name: str, make: Callable[[Path], object]) -> Path:
+    """`base/name`, made by `make` once: the first process that needs it makes it while the others (pytest-xdist's
+    workers share `base`) wait for it, then use it."""
+    path, done = base / name, base / f"{name}.done"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            make(path)
+            done.touch()
+    return path
+
+
+def run_dir(factory: pytest.TempPathFactory) -> Path:
+    """The directory of this run that every pytest-xdist worker sees (each has a basetemp of its own inside it)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built(base: Path) -> Built:
+    """The run's build (`build`), made once in `base`."""
+    path = shared(base, "wheel", build)
+    (wheel,) = (path / "dist").glob("*.whl")
+    (sdist,) = (path / "dist").glob("*.tar.gz")
+    return Built(wheel, sdist, path / "wheelhouse", path / "work")
+
+
+def build(base: Path) -> None:
     """sdist and wheel built from a copy of the source tree (setuptools writes build/ and egg-info beside the
     sources), checked by twine and check-wheel-contents, and a wheelhouse with every extra's dependencies."""
     src = base / "src"
@@ -76,19 +108,20 @@ def build(base: Path) -> Built:
     wheelhouse = base / "wheelhouse"
     run([sys.executable, "-m", "pip", "download", "-q", "--dest", wheelhouse, f"{wheel}[{','.join(MODULES)}]"],
         cwd=base)
-    workdir = base / "work"
-    workdir.mkdir()
-    return Built(wheel, sdist, wheelhouse, workdir)
+    (base / "work").mkdir()
 
 
-def venv(built: Built, name: str, requirement: str) -> Path:
-    """A fresh venv (no pip of its own: this interpreter's pip installs into it) with `requirement`, offline (no
+def venv(built: Built, name: str, requirement: str, *packages: str) -> Path:
+    """A fresh venv named `name` with `requirement`, made once per run, from the wheelhouse (offline, unless other
+    `packages` come beside it from the index; no pip of its own: this interpreter's pip installs into it; no
     bytecode compiled ahead: nothing here runs long enough to need it)."""
-    path = built.workdir.parent / f"venv-{name or 'base'}"
-    run([sys.executable, "-m", "venv", "--without-pip", path], cwd=built.workdir)
-    run([sys.executable, "-m", "pip", "--python", path / "bin" / "python", "install", "-q", "--no-compile",
-         "--no-index", "--find-links", built.wheelhouse, requirement], cwd=built.workdir)
-    return path
+    def make(path: Path) -> None:
+        offline = [] if packages else ["--no-index"]
+        run([sys.executable, "-m", "venv", "--clear", "--without-pip", path], cwd=built.workdir)
+        run([sys.executable, "-m", "pip", "--python", path / "bin" / "python", "install", "-q", "--no-compile",
+             *offline, "--find-links", built.wheelhouse, requirement, *packages], cwd=built.workdir)
+
+    return shared(built.workdir.parent, f"venv-{name or 'base'}", make)
 
 
 def venv_env(path: Path) -> dict[str, str]:
@@ -105,10 +138,17 @@ def publishing_extras() -> str:
     return ",".join(e.strip() for e in found.group(1).split(","))
 
 
-def build_site(built: Built, out: Path) -> Path:
-    """The site as Read the Docs builds it (.readthedocs.yaml): a fresh venv with the wheel and exactly the extras
-    that file names, Sphinx with warnings as errors, every reference checked (--keep-going: every warning shown)."""
-    path = venv(built, "readthedocs", f"{built.wheel}[{publishing_extras()}]")
-    run([path / "bin" / "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", DOCS, out],
-        cwd=built.workdir, env=venv_env(path))
-    return out
+def publishing_venv(built: Built) -> Path:
+    """The venv Read the Docs builds in: the wheel with exactly the extras .readthedocs.yaml names."""
+    return venv(built, "readthedocs", f"{built.wheel}[{publishing_extras()}]")
+
+
+def site(built: Built, base: Path) -> Path:
+    """The site, built once in `base` as README's docs command builds it (from the repository root, whose
+    idem_dialects/ lacks engines/ and conformance/ and must not shadow the installed package; from docs/ nothing
+    can) with the package as Read the Docs installs it (.readthedocs.yaml: the wheel, not editable, with exactly the
+    extras that file names), Sphinx with warnings as errors (--keep-going: every warning shown)."""
+    path = publishing_venv(built)
+    return shared(base, "site", lambda out: run(
+        [path / "bin" / "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", out], cwd=ROOT,
+        env=venv_env(path), timeout=900))
