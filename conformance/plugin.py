@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -282,6 +283,10 @@ def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[st
     """Record a measured fact for the matrix's behaviour table: idem_observe("duplicate resolved by", "waiting")."""
 
     def record(name: str, value: object) -> None:
+        try:  # plain types, as the JSON report holds it (pytest-xdist's workers send the properties on)
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError):
+            value = repr(value)
         record_property(observation_property(name), value)
 
     return record
