@@ -86,6 +86,7 @@ def test_async_cancelled_leased_run_frees_its_key(idem_engine: EngineUnderTest, 
     asyncio.run(main())
 
 
+@pytest.mark.idem_stack
 @async_only
 def test_async_cancelled_runs_leave_no_error_in_the_pools_log(idem_engine: EngineUnderTest,
                                                              caplog: pytest.LogCaptureFixture) -> None:

@@ -146,9 +146,10 @@ PAGES = [p for p in PAGES if p.steps]
 
 
 def environment(extras: frozenset[str], built: Built, packages: frozenset[str] = frozenset()) -> Path:
-    """A fresh venv with the wheel and `extras` (and `packages` beside them), one per set for the run."""
+    """A fresh venv with pip, the wheel and `extras` (and `packages` beside them), one per set for the run (a page's
+    console block runs its own `pip install` line in it)."""
     name = "-".join(["examples", *sorted(extras), *sorted(packages)])
-    return venv(built, name, f"{built.wheel}[{','.join(sorted(extras))}]", *sorted(packages))
+    return venv(built, name, f"{built.wheel}[{','.join(sorted(extras))}]", *sorted(packages), pip=True)
 
 
 @dataclass(frozen=True)

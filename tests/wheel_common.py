@@ -111,13 +111,13 @@ def build(base: Path) -> None:
     (base / "work").mkdir()
 
 
-def venv(built: Built, name: str, requirement: str, *packages: str) -> Path:
+def venv(built: Built, name: str, requirement: str, *packages: str, pip: bool = False) -> Path:
     """A fresh venv named `name` with `requirement`, made once per run, from the wheelhouse (offline, unless other
-    `packages` come beside it from the index; no pip of its own: this interpreter's pip installs into it; no
-    bytecode compiled ahead: nothing here runs long enough to need it)."""
+    `packages` come beside it from the index; this interpreter's pip installs into it, and the venv has no pip of
+    its own unless `pip`; no bytecode compiled ahead: nothing here runs long enough to need it)."""
     def make(path: Path) -> None:
         offline = [] if packages else ["--no-index"]
-        run([sys.executable, "-m", "venv", "--clear", "--without-pip", path], cwd=built.workdir)
+        run([sys.executable, "-m", "venv", "--clear", *([] if pip else ["--without-pip"]), path], cwd=built.workdir)
         run([sys.executable, "-m", "pip", "--python", path / "bin" / "python", "install", "-q", "--no-compile",
              *offline, "--find-links", built.wheelhouse, requirement, *packages], cwd=built.workdir)
 
