@@ -10,6 +10,9 @@ e.g. a third-party backend), ``--idem-require NAME`` (repeatable, or ``all``): a
 provisioned fails its checks instead of skipping. A required engine is run even if ``--idem-engine`` omits it.
 ``--idem-api sync|async|both`` (default sync) picks the store: ``async`` runs every check on AsyncIdempotencyStore
 once per installed async driver of the engine (columns ``<engine>-<driver>``, e.g. ``postgresql-18-asyncpg``).
+An HA or pooling stack run beside the engine whose server it runs (`CatalogueEntry.stacked_on`: Patroni and PgBouncer
+beside ``postgresql``, Galera beside ``mariadb``) runs only the checks marked ``idem_stack``: what it adds (nodes, a
+pooler, faults on the wire, races through it) and the protocol's smoke; alone, it runs every check.
 
 Each check is a ``test_<id>`` function; `check_id` and `check_statement` give its stable id and the one-line
 guarantee it proves (the docstring's first sentence). Checks record measured facts with the `idem_observe`
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -121,6 +125,9 @@ class Sessions:
                 drivers = dialects.usable_drivers(dialects.load(backend), asynchronous=True)
                 self.columns.update({f"{name}-{driver}": (name, driver) for driver in drivers})
         self.required = set(self.names) if "all" in required_names else set(required)
+        # Stacks run beside their base engine (Patroni or PgBouncer beside PostgreSQL, Galera beside MariaDB): there
+        # they run only the `idem_stack` checks; the others would prove the same server software twice.
+        self.beside_base = {n for n in self.names if n in ENGINES and ENGINES[n].stacked_on in self.names}
         self._servers: dict[str, Server | Unavailable] = {}
         self._owned: set[str] = set()  # servers this session started, and so stops
         for plugin in config.pluginmanager.get_plugins():
@@ -170,6 +177,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "idem_api(name): a check of one API only (its columns only: 'sync'/'async')")
     config.addinivalue_line("markers", "idem_disruptive: a check that breaks its server for good (kills a node or"
                                        " the primary); runs after every other check")
+    config.addinivalue_line("markers", "idem_stack: a check of what an HA or pooling stack adds to the engine it runs"
+                                       " (nodes, a pooler, the wire, races through them) or of the protocol's smoke;"
+                                       " beside its base engine a stack runs only these")
     config.stash[_SESSIONS] = Sessions(config)
 
 
@@ -186,7 +196,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     sessions = metafunc.config.stash[_SESSIONS]
     marker = metafunc.definition.get_closest_marker("idem_api")
     only = marker.args[0] if marker is not None else None
-    names = [c for c, (_, driver) in sessions.columns.items() if only is None or (driver is None) == (only == "sync")]
+    stack_check = metafunc.definition.get_closest_marker("idem_stack") is not None
+    names = [c for c, (engine, driver) in sessions.columns.items()
+             if (only is None or (driver is None) == (only == "sync"))
+             and (stack_check or engine not in sessions.beside_base)]
     if "idem_isolation_level" in metafunc.fixturenames:  # one variant per level each engine's backend declares
         engine_of = {column: engine for column, (engine, _) in sessions.columns.items()}
         pairs = [(name, level) for name in names
@@ -270,6 +283,10 @@ def idem_observe(record_property: Callable[[str, object], None]) -> Callable[[st
     """Record a measured fact for the matrix's behaviour table: idem_observe("duplicate resolved by", "waiting")."""
 
     def record(name: str, value: object) -> None:
+        try:  # plain types, as the JSON report holds it (pytest-xdist's workers send the properties on)
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError):
+            value = repr(value)
         record_property(observation_property(name), value)
 
     return record

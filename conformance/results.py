@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects import __version__
 from idem_dialects.engines import EngineStatus, Unavailable
+from idem_dialects.engines.started import temp_dir
 from idem_dialects.errors import InsufficientPrivilege
 
 from .naming import PROVISIONED, check_id, check_statement, observation_name
@@ -158,7 +158,7 @@ def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collecto
             module.obj = suite
             return module
 
-    with tempfile.TemporaryDirectory(prefix="idem-matrix-") as tmp:
+    with temp_dir("idem-matrix-") as tmp:
         # An empty ini and rootdir of our own, so the caller's project configuration cannot change the run.
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n", encoding="utf-8")

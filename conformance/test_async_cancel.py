@@ -24,15 +24,15 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
 CANCELLATIONS = 80
-LEASE = timedelta(seconds=60)  # far beyond the 1 s a retry may wait: a claim left behind fails the check
-RETRY_WITHIN = 1.0
+LEASE = timedelta(seconds=60)  # how long a claim the cancelled run left behind would hold its key
 
 
+@pytest.mark.idem_stack
 @async_only
 def test_async_cancelled_leased_run_frees_its_key(idem_engine: EngineUnderTest, idem_observe: Observe) -> None:
     """80 leased runs, each cancelled after a random delay within a run's duration (around the claim, its COMMIT,
-    the effect or the complete): every key is claimed by a retry within 1 s of the cancellation, and each key's
-    effect is in the database once."""
+    the effect or the complete): every key is claimed again by a retry while most of its lease is left (the cancelled
+    run freed it, not the lease running out), and each key's effect is in the database once."""
 
     async def main() -> None:
         async with async_store(idem_engine) as (store, effects):
@@ -65,10 +65,13 @@ def test_async_cancelled_leased_run_frees_its_key(idem_engine: EngineUnderTest, 
                     try:
                         await run(key)
                         break
-                    except RequestInFlight:
+                    except RequestInFlight as busy:
                         waited += 1
-                        assert loop.time() - cancelled_at < RETRY_WITHIN, \
-                            f"key {key} still held {loop.time() - cancelled_at:.2f}s after its run was cancelled"
+                        # The database's clock says how much of the lease is left: half of it is far longer than a
+                        # cancelled run's cleanup takes on a machine however loaded.
+                        assert busy.retry_after > LEASE.total_seconds() / 2, \
+                            f"key {key} still held {loop.time() - cancelled_at:.2f}s after its run was cancelled:" \
+                            " only its lease would free it"
                         await asyncio.sleep(0.02)
                 slowest = max(slowest, loop.time() - cancelled_at)
             assert cancelled, "no run was cancelled: the check did not test cancellation"
@@ -83,6 +86,7 @@ def test_async_cancelled_leased_run_frees_its_key(idem_engine: EngineUnderTest, 
     asyncio.run(main())
 
 
+@pytest.mark.idem_stack
 @async_only
 def test_async_cancelled_runs_leave_no_error_in_the_pools_log(idem_engine: EngineUnderTest,
                                                              caplog: pytest.LogCaptureFixture) -> None:

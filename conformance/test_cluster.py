@@ -62,6 +62,7 @@ def _race_round(threads: int, call: Callable[[int], Any]) -> list[Any]:
     return out
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_api("sync")
 @pytest.mark.idem_requires("multi_primary")
 def test_cluster_race_spread_over_nodes(idem_make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
@@ -104,6 +105,7 @@ def test_cluster_race_spread_over_nodes(idem_make_store: Callable[..., Idempoten
         idem_observe("spread race: cluster", idem_engine.server.controls.facts())
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_api("sync")
 @pytest.mark.idem_requires("multi_primary")
 def test_cluster_replay_on_another_node(idem_make_store: Callable[..., IdempotencyStore],
@@ -139,6 +141,7 @@ def test_cluster_replay_on_another_node(idem_make_store: Callable[..., Idempoten
     idem_observe("replay on another node: retries absorbed", dict(retried) or "none")
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_api("sync")  # one kill per cluster: the async store's columns share the same servers
 @pytest.mark.idem_disruptive
 def test_cluster_node_killed_mid_load(idem_make_store: Callable[..., IdempotencyStore],

@@ -69,6 +69,7 @@ def _same_key_race(store: IdempotencyStore, effects: Effects, observe: Callable[
     observe(f"{label}: duplicates resolved by", how)
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections")
 def test_same_key_thread_race(idem_store: IdempotencyStore, idem_effects: Effects,
                               idem_observe: Callable[[str, object], None]) -> None:
@@ -76,6 +77,7 @@ def test_same_key_thread_race(idem_store: IdempotencyStore, idem_effects: Effect
     _same_key_race(idem_store, idem_effects, idem_observe, threads=16, rounds=5, label="16-thread race")
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections")
 def test_same_key_race_under_isolation(idem_make_store: Callable[..., IdempotencyStore], idem_isolation_level: str,
                                        idem_engine: EngineUnderTest,
@@ -90,6 +92,7 @@ def test_same_key_race_under_isolation(idem_make_store: Callable[..., Idempotenc
         _same_key_race(store, effects, idem_observe, threads=16, rounds=3, label=level)
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")  # losers queue only behind an exclusive claim
 def test_failing_winner_with_queued_losers(idem_store: IdempotencyStore, idem_effects: Effects,
                                            idem_observe: Callable[[str, object], None]) -> None:
@@ -114,6 +117,7 @@ def test_failing_winner_with_queued_losers(idem_store: IdempotencyStore, idem_ef
     idem_observe("failing winner: callers that saw its error", len(failures))
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections")
 def test_leased_same_key_race(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """8 leased runs on one key: one runs the effect; the others replay it or get RequestInFlight, never a 2nd
@@ -129,6 +133,7 @@ def test_leased_same_key_race(idem_store: IdempotencyStore, idem_effects: Effect
     assert idem_effects.count("k") == 1
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("processes")
 def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effects,
                               idem_observe: Callable[[str, object], None]) -> None:
@@ -152,6 +157,7 @@ def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effect
     idem_observe("4 processes x 200 keys: retries absorbed", retries or "none")
 
 
+@pytest.mark.idem_stack
 def test_duplicate_claim_keeps_transaction_usable(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A claim that hits an existing record inside the caller's transaction leaves it usable: statements before
     and after the claim commit together."""
@@ -165,6 +171,7 @@ def test_duplicate_claim_keeps_transaction_usable(idem_store: IdempotencyStore, 
     assert idem_effects.per_key() == {"before": 1, "after": 2}
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections")
 def test_claim_after_earlier_read_sees_winner(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A transaction that read before the winner committed still sees the winner when it claims (no stale

@@ -34,6 +34,7 @@ def _one_of_each(results: list[Any]) -> tuple[Result, RequestInFlight]:
     return done[0], busy[0]
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_api("sync")
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")
 def test_conflict_option_answers_a_concurrent_duplicate_in_flight(
@@ -69,6 +70,7 @@ def test_conflict_option_answers_a_concurrent_duplicate_in_flight(
                  round(max(busy_seconds) * 1000, 1))
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_api("async")
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")
 def test_async_conflict_option_answers_a_concurrent_duplicate_in_flight(

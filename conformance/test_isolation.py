@@ -18,6 +18,7 @@ REQ = {"amount": 100}
 KNOWN_LEVELS = ("AUTOCOMMIT", "READ UNCOMMITTED", "READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "SNAPSHOT")
 
 
+@pytest.mark.idem_stack
 def test_declared_isolation_levels_work(idem_make_store: Callable[..., IdempotencyStore], idem_engine: EngineUnderTest,
                                         idem_observe: Callable[[str, object], None]) -> None:
     """Each isolation level the backend declares is accepted, really in effect on its connections, and runs the

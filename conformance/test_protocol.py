@@ -28,6 +28,7 @@ from .support import Effects, StatementLog, returning
 REQ = {"amount": 100, "currency": "EUR"}
 
 
+@pytest.mark.idem_stack
 def test_first_request_claims_and_runs_once(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A first request runs its effect once and returns its response, not marked replayed."""
     result = idem_store.run(scope="acct:1", operation="debit:v1", key="k1", request=REQ,
@@ -36,6 +37,7 @@ def test_first_request_claims_and_runs_once(idem_store: IdempotencyStore, idem_e
     assert idem_effects.count("k1") == 1
 
 
+@pytest.mark.idem_stack
 def test_retry_replays_stored_response(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """A retry with the same request replays the stored response and status without running the effect."""
     first = idem_store.run(scope="acct:1", operation="debit:v1", key="k1", request=REQ,
@@ -56,6 +58,7 @@ def test_reordered_request_is_same_request(idem_store: IdempotencyStore, idem_ef
     assert again.replayed and idem_effects.count("k") == 1
 
 
+@pytest.mark.idem_stack
 def test_mismatch_rejects_without_effect(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """Reusing a key with a different request raises RequestMismatch (422) and never runs the effect."""
     idem_store.run(scope="acct:1", operation="debit:v1", key="k1", request={"amount": 100},
@@ -67,6 +70,7 @@ def test_mismatch_rejects_without_effect(idem_store: IdempotencyStore, idem_effe
     assert idem_effects.count("k1") == 1
 
 
+@pytest.mark.idem_stack
 def test_step_by_step_outcomes(idem_store: IdempotencyStore) -> None:
     """claim returns Claimed, then Replayed (same request) or Mismatch (different request) once completed."""
     with idem_store.transaction() as conn:
@@ -178,6 +182,7 @@ def test_invalid_response_writes_nothing(idem_store: IdempotencyStore, idem_effe
         assert conn.execute(select(idem_store.tables.records)).first() is None
 
 
+@pytest.mark.idem_stack
 def test_lease_in_flight_takeover_and_fencing(idem_store: IdempotencyStore) -> None:
     """A leased claim commits alone: others get InFlight (retry_after > 0); once expired one takes it over;
     the old holder's complete then raises LeaseLost and writes nothing."""
@@ -205,6 +210,7 @@ def test_lease_in_flight_takeover_and_fencing(idem_store: IdempotencyStore) -> N
     assert (result.response, result.replayed) == ("fresh", True)
 
 
+@pytest.mark.idem_stack
 def test_leased_run_completes_and_replays(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """run(lease=...) claims in its own transaction, then commits effect and result together; retries replay."""
     first = idem_store.run(scope="s", operation="op", key="k", request=REQ, effect=idem_effects.effect("k"),
@@ -228,6 +234,7 @@ def test_leased_run_failure_releases_claim(idem_store: IdempotencyStore, idem_ef
     assert not result.replayed and idem_effects.count("k") == 1
 
 
+@pytest.mark.idem_stack
 def test_processed_message_accepted_once(idem_store: IdempotencyStore, idem_effects: Effects) -> None:
     """accept_message is True once per (subscriber, message_id); redelivery is False; other subscribers get it."""
     seen = []
@@ -263,6 +270,7 @@ def test_message_rolled_back_with_effect(idem_store: IdempotencyStore, idem_effe
     assert idem_effects.count("sub") == 1
 
 
+@pytest.mark.idem_stack
 def test_purge_removes_old_keeps_live(idem_store: IdempotencyStore) -> None:
     """purge deletes completed records and messages older than the window, in batches; live claims survive."""
     for i in range(7):

@@ -92,6 +92,7 @@ def test_non_retryable_error_is_not_retried(idem_store: IdempotencyStore) -> Non
     assert calls == [1] and sum(idem_store.retries.values()) == 0
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("concurrent_connections", "exclusive_claim")  # a waiter waits only on an exclusive claim
 def test_held_key_is_waited_out_or_reported(idem_store: IdempotencyStore, idem_effects: Effects,
                                             idem_observe: Observe) -> None:

@@ -19,6 +19,7 @@ PROCESSES = 8
 ROUNDS = 3
 
 
+@pytest.mark.idem_stack
 @pytest.mark.idem_requires("processes")
 def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
                                                    idem_observe: Callable[[str, object], None]) -> None:

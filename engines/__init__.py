@@ -8,6 +8,7 @@ container when a Docker engine answers (``IDEM_IMAGE_<NAME>`` overrides its imag
 unavailable when it is, and what would enable it.
 
 Floors, each importing only those below it: `entry` (CatalogueEntry, Server, Unavailable, Provision) and `controls`;
+`started` (the registry of every server this process started, stopped when it ends, by a signal too);
 the providers (`servers`, `containers`, `local`, the stacks `patroni`, `pgbouncer` and `haproxy` with `pgserver` and
 `galera` below them, and each backend's provisioning module, ``provisions/<engine>.py``); then `catalogue` and
 `provision` (probing an entry).

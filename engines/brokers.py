@@ -20,7 +20,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .entry import Unavailable
-from .local import free_ports, log_tail, wait_until
+from .local import free_ports, log_tail, ports_free, wait_until
+from .started import refused, track
 
 _START_TIMEOUT = 60.0
 
@@ -48,6 +49,10 @@ class BrokerSpec:
         """Why the adapter cannot be proved here (its client missing, nothing listening), or None."""
         if find_spec(self.client) is None:
             return f"{self.client} is not installed (pip install 'idem-dialects[{self.extra}]')"
+        try:
+            refused()
+        except Unavailable as exc:
+            return str(exc)
         parts = urlsplit(self.url())
         host, port = parts.hostname or "127.0.0.1", parts.port
         try:
@@ -91,15 +96,17 @@ class PrivateBroker:
     def __init__(self, spec: BrokerSpec, port: int, args: list[str], ready: Callable[[], bool],
                  env: dict[str, str] | None = None, url: str | None = None) -> None:
         self.spec, self.port, self._args, self._ready, self._env = spec, port, args, ready, env
-        self.directory = Path(tempfile.mkdtemp(prefix=f"idem-{spec.name}-"))
         self.url = url or urlsplit(spec.default_url)._replace(netloc=_netloc(spec.default_url, port)).geturl()
         self._proc: subprocess.Popen[bytes] | None = None
+        self.directory = Path(tempfile.mkdtemp(prefix=f"idem-{spec.name}-"))
+        self._stopped = track(f"private {spec.title} in {self.directory}", self._remove)
 
     @property
     def log(self) -> Path:
         return self.directory / "broker.log"
 
     def start(self) -> None:
+        ports_free([self.port])
         args = [a.replace("{dir}", str(self.directory)) for a in self._args]
         env = {**os.environ, **{k: v.replace("{dir}", str(self.directory)) for k, v in (self._env or {}).items()}}
         with open(self.log, "ab") as out:
@@ -136,6 +143,9 @@ class PrivateBroker:
         self.start()
 
     def stop(self) -> None:
+        self._stopped()
+
+    def _remove(self) -> None:
         self.halt()
         shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -71,22 +71,22 @@ ENGINES: dict[str, CatalogueEntry] = {
                        [postgresql_patroni], "or apt-get install patroni etcd-server postgresql-15 (3 etcd members"
                        " and 2 Patroni nodes then run on loopback ports)",
                        "postgresql+psycopg://USER@/DB?host=A:5432&host=B:5432&target_session_attrs=read-write"
-                       "&failover_window=15", failover_window=15.0),
+                       "&failover_window=15", failover_window=15.0, stacked_on="postgresql"),
         CatalogueEntry("pgbouncer-transaction", "postgresql", "PostgreSQL 15 behind PgBouncer (pool_mode=transaction)",
                        [pgbouncer_transaction], "or apt-get install pgbouncer postgresql-15 (PgBouncer and a"
                        " PostgreSQL server then run on loopback ports)",
                        "postgresql+psycopg://USER@PGBOUNCER:6432/DB?pooler=transaction&failover_window=20",
-                       failover_window=20.0),
+                       failover_window=20.0, stacked_on="postgresql"),
         CatalogueEntry("galera-haproxy-all-writers", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, all writers",
                        [galera_haproxy("all")], "or apt-get install haproxy galera-4 rsync mariadb-server (3 Galera"
                        " nodes and HAProxy then run on loopback ports)",
                        "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&failover_window=10",
-                       failover_window=10.0),
+                       failover_window=10.0, stacked_on="mariadb"),
         CatalogueEntry("galera-haproxy-single-writer", "mariadb", "MariaDB Galera (3 nodes) behind HAProxy, one"
                        " writer", [galera_haproxy("single")], "or apt-get install haproxy galera-4 rsync"
                        " mariadb-server (3 Galera nodes and HAProxy then run on loopback ports)",
                        "mariadb+pymysql://USER:PASSWORD@HAPROXY:3306/DB?charset=utf8mb4&writers=single"
-                       "&failover_window=10", failover_window=10.0),
+                       "&failover_window=10", failover_window=10.0, stacked_on="mariadb"),
         CatalogueEntry("mysql-8.4", "mysql", "MySQL 8.4", [container("mysql:8.4")],
                        url_example="mysql+pymysql://USER:PASSWORD@HOST:3306/DB?charset=utf8mb4"),
         CatalogueEntry("mssql-2022", "mssql", "SQL Server 2022",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .entry import CatalogueEntry, Provider, Server, Unavailable, described, provisioning
+from .started import track
 
 PASSWORD = "Idem-dialects-1"  # meets SQL Server's complexity rule; containers are throwaway and local
 _docker_checked: dict[str | None, str | None] = {}
@@ -108,7 +109,8 @@ def container(image: str) -> Provider:
         chosen = os.environ.get(image_var(entry.name)) or image
         docker_reachable()
         running, url = provisioning(entry.backend).container(chosen, entry.backend)
-        return Server(entry.name, url, f"testcontainers container {chosen}", running.stop)
+        stop = track(f"container {chosen}", running.stop)
+        return Server(entry.name, url, f"testcontainers container {chosen}", stop)
 
     provide.image = image  # type: ignore[attr-defined]  # read by `how_to_enable` to say what Docker would run
     return described(f"a testcontainers container of {image} (needs Docker)", on_request=True)(provide)

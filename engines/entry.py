@@ -102,6 +102,9 @@ class CatalogueEntry:
     url_example: str = ""
     # HA stacks: the longest failover measured here, in seconds (RetryPolicy.total must exceed it).
     failover_window: float | None = None
+    # HA and pooling stacks: the engine whose server software they run (the same PostgreSQL, the same MariaDB). Run
+    # beside it, a stack runs only the checks of what it adds (conformance's `idem_stack` checks).
+    stacked_on: str | None = None
 
     def how_to_enable(self) -> str:
         """One line: the env var and URL shape, then whatever else would provide this engine."""

@@ -138,10 +138,10 @@ class GaleraCluster:
                 "--skip-test-db", *([f"--user={self.user}"] if self.user else [])], None,
                "mariadb-install-db for Galera node 1")
         chown_tree(self.root, self.user)
-        first.proc = spawn(self.args(first, bootstrap=True), first.log)
+        first.proc = spawn(self.args(first, bootstrap=True), first.log, ports=(first.port, first.gcomm))
         self.wait_synced(first, 60)
         for node in self.nodes[1:]:  # one state transfer at a time: two at once from one donor can abort on a busy host
-            node.proc = spawn(self.args(node, bootstrap=False), node.log)
+            node.proc = spawn(self.args(node, bootstrap=False), node.log, ports=(node.port, node.gcomm))
             self.wait_synced(node, 120)
         self.started_in = time.monotonic() - started
         conn = _client(first.port)  # the database the URLs name
@@ -184,7 +184,7 @@ class GaleraCluster:
 
     def restart(self, node: Node) -> None:
         """Start a killed node again on its data dir: it rejoins the primary component (IST from a donor)."""
-        node.proc = spawn(self.args(node, bootstrap=False), node.log)
+        node.proc = spawn(self.args(node, bootstrap=False), node.log, ports=(node.port, node.gcomm))
         node.killed = False
         self.wait_synced(node, 120)
 

@@ -87,7 +87,8 @@ class HAProxyGalera:
         check.write_text(CHECK_SCRIPT)
         check.chmod(0o755)
         (self.root / "haproxy.cfg").write_text(self._config(check))
-        self.proc = spawn([str(HAPROXY), "-db", "-f", str(self.root / "haproxy.cfg")], self.root / "haproxy.log")
+        self.proc = spawn([str(HAPROXY), "-db", "-f", str(self.root / "haproxy.cfg")], self.root / "haproxy.log",
+                          ports=(self.port,))
         wait_until(lambda: [s["status"] for s in self.servers().values()] == ["UP"] * len(self.galera.nodes), 60,
                    "HAProxy did not mark the Galera nodes up", self._alive)
         self.started_in = time.monotonic() - started

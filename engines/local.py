@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, Self, TypeVar
 
 from .entry import Unavailable
+from .started import track
 
 
 def free_ports(count: int) -> list[int]:
@@ -59,9 +60,24 @@ def chown_tree(path: Path, user: str | None) -> None:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
 
 
-def spawn(args: Sequence[str], log: Path, user: str | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def ports_free(ports: Sequence[int], host: str = "127.0.0.1") -> None:
+    """Unavailable, naming the port, if another process listens on one of `ports`: a server started there would fail
+    to bind while a readiness probe reached the other process and took it for ours."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: a TIME_WAIT is no owner
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise Unavailable(f"port {port} on {host} is already in use by another process"
+                                  f" ({exc.strerror or exc}); nothing was started on it") from None
+
+
+def spawn(args: Sequence[str], log: Path, user: str | None = None, cwd: Path | None = None,
+          ports: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start a server process as the leader of a new process group (its helpers - backends, SST scripts, rsync
-    daemons - join that group), output to `log`."""
+    daemons - join that group), output to `log`; first make sure nobody else listens on its `ports`."""
+    ports_free(ports)
     with open(log, "ab") as out:
         return subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, user=user, cwd=cwd)
@@ -137,7 +153,9 @@ def start_cluster(make: Callable[[Path, str | None], C], *, prefix: str, user: s
     if find_spec(module) is None:
         raise Unavailable(f"{package} is not installed (pip install 'idem-dialects[{extra}]')")
     as_user = unprivileged_user(user)
-    cluster = make(Path(tempfile.mkdtemp(prefix=prefix)), as_user)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = make(root, as_user)
+    cluster.stop = track(f"{prefix.strip('-')} in {root}", cluster.stop)  # type: ignore[method-assign]
     try:
         cluster.start()
     except BaseException:

@@ -31,7 +31,7 @@ from sqlalchemy import URL
 
 from .entry import CatalogueEntry, Server, Unavailable
 from .local import LocalNode, chown_tree, free_ports, kill_group, spawn, start_cluster, stop_group, wait_until
-from .pgserver import bindir, query
+from .pgserver import bindir, postmaster_pid, query
 
 ETCD, PATRONI = Path("/usr/bin/etcd"), Path("/usr/bin/patroni")
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 10, 1, 3  # Patroni wants ttl >= loop_wait + 2 x retry_timeout
@@ -52,17 +52,6 @@ def _require() -> Path:
 def _get(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
         return json.loads(response.read() or b"null")
-
-
-def _postmaster_pid(datadir: Path) -> int | None:
-    """The pid in the data dir's postmaster.pid if that process is still this data dir's postmaster (a killed
-    postmaster leaves its file behind, and the kernel may give its pid to any other process since)."""
-    try:
-        pid = int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if str(datadir).encode() in args else None
 
 
 def _children(pid: int) -> list[int]:
@@ -118,7 +107,7 @@ class PatroniNode(LocalNode):
 
     def kill_postgres(self) -> int | None:
         """SIGKILL the postmaster (its own session, started by Patroni) and every backend it forked."""
-        pid = _postmaster_pid(self.datadir)
+        pid = postmaster_pid(self.datadir)
         if pid is None:
             return None
         children = _children(pid)
@@ -166,14 +155,16 @@ class PatroniCluster:
                 "--listen-peer-urls", f"http://127.0.0.1:{member.peer}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{member.peer}",
                 "--initial-cluster", peers, "--initial-cluster-token", self.scope, "--initial-cluster-state", "new",
-                "--heartbeat-interval", "100", "--election-timeout", "1000"], member.log, self.user, cwd=self.root)
+                "--heartbeat-interval", "100", "--election-timeout", "1000"], member.log, self.user, cwd=self.root,
+                ports=(member.client, member.peer))
         for member in self.etcd:
             wait_until(member.healthy, 60, f"{member.title} did not become healthy", member.alive)
         for node in self.nodes:
             node.config.write_text(self._config(node))
         chown_tree(self.root, self.user)
         for node in self.nodes:  # node1 first: it takes the initialize key and runs initdb, node2 clones it
-            node.proc = spawn([str(PATRONI), str(node.config)], node.log, self.user, cwd=self.root)
+            node.proc = spawn([str(PATRONI), str(node.config)], node.log, self.user, cwd=self.root,
+                              ports=(node.port, node.rest))
             wait_until(node.running, 120, f"{node.title} did not start PostgreSQL", node.alive)
         self.wait_healthy(120)
         self.started_in = time.monotonic() - started
@@ -305,7 +296,8 @@ class PatroniCluster:
         timeline diverged), and in synchronous mode becomes the synchronous standby again."""
         node = next(n for n in self.nodes if n.killed)
         started = time.monotonic()
-        node.proc = spawn([str(PATRONI), str(node.config)], node.log, self.user, cwd=self.root)
+        node.proc = spawn([str(PATRONI), str(node.config)], node.log, self.user, cwd=self.root,
+                          ports=(node.port, node.rest))
         node.killed = False
         self.wait_healthy(120)
         self.rejoined_in = time.monotonic() - started

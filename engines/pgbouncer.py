@@ -79,7 +79,7 @@ logfile = {self.log}
 pidfile = {self.root / "pgbouncer.pid"}
 """)
         chown_tree(self.root, self.user)
-        proc = spawn([str(self.pgbouncer), str(ini)], self.root / "pgbouncer.out", self.user)
+        proc = spawn([str(self.pgbouncer), str(ini)], self.root / "pgbouncer.out", self.user, ports=(self.port,))
         self.proc = proc
 
         def gone() -> str | None:

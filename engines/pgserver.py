@@ -6,8 +6,10 @@ owns; `IDEM_PG_BINDIR` names another bin directory. The machine's own PostgreSQL
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,32 @@ def bindir() -> Path:
             return Path(candidate)
     raise Unavailable("no PostgreSQL server binaries (initdb, postgres, pg_rewind) in "
                       + ", ".join(d for d in BIN_DIRS if d))
+
+
+def postmaster_pid(datadir: Path) -> int | None:
+    """The pid in the data dir's postmaster.pid if that process is still this data dir's postmaster (a killed
+    postmaster leaves its file behind, and the kernel may give its pid to any other process since)."""
+    try:
+        pid = int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if str(datadir).encode() in args else None
+
+
+def stop_postmaster(datadir: Path, grace: float = 20.0) -> None:
+    """Stop the postmaster running on `datadir`, if one does (fast shutdown; SIGKILL if it outlives `grace`): for a
+    server whose start was interrupted before its handle was known."""
+    pid = postmaster_pid(datadir)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + grace
+        while postmaster_pid(datadir) == pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if postmaster_pid(datadir) == pid:
+            os.kill(pid, signal.SIGKILL)
 
 
 def query(port: int, sql: str, timeout: int = 2) -> list[tuple[object, ...]]:
@@ -64,7 +92,7 @@ class PgServer(LocalNode):
 
     def run(self) -> None:
         """Start the server on its data dir (again, after a `kill`: crash recovery) and wait until it answers."""
-        self.proc = spawn(self.args, self.log, self.user)
+        self.proc = spawn(self.args, self.log, self.user, ports=(self.port,))
         self.killed = False
         wait_until(lambda: bool(query(self.port, "SELECT 1")), 60, "PostgreSQL did not start", self.alive)
 

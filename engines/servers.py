@@ -9,6 +9,7 @@ import socket
 from sqlalchemy import make_url
 
 from .entry import CatalogueEntry, Provider, Server, Unavailable, described
+from .started import refused
 
 
 def local_service(url: str) -> Provider:
@@ -16,6 +17,7 @@ def local_service(url: str) -> Provider:
     parsed = make_url(url)
 
     def provide(entry: CatalogueEntry) -> Server:
+        refused()
         host, port = parsed.host or "127.0.0.1", parsed.port
         assert port is not None
         try:

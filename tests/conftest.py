@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wheel_common
 from consumer_common import Inbox
+from wheel_common import Built
 
 from idem_dialects import engines
+from idem_dialects.engines import provisioning, started
 from idem_dialects.engines.brokers import BROKERS
 
 pytest_plugins = ["idem_dialects.conformance.plugin"]
@@ -17,9 +20,45 @@ pytest_plugins = ["idem_dialects.conformance.plugin"]
 @pytest.hookimpl(tryfirst=True)  # before the plugin's own pytest_configure reads the option
 def pytest_configure(config: Any) -> None:
     """The project proves both stores: the conformance suite runs on the sync and the async store unless the command
-    line picks one (``--idem-api sync``); a third party's suite keeps the plugin's default (sync)."""
+    line picks one (``--idem-api sync``); a third party's suite keeps the plugin's default (sync). A run whose engines
+    (``--idem-engine``, ``--idem-require``) all live in the client (``--idem-engine sqlite``) uses no database or
+    broker server, running or not: a test that would start or reach one through the catalogue skips, saying so."""
     if getattr(config.option, "idem_api", "unset") is None:
         config.option.idem_api = "both"
+    chosen = (config.getoption("idem_engine", None) or []) + (config.getoption("idem_require", None) or [])
+    if chosen and "all" not in chosen and all(provisioning(engines.get(name).backend).embedded
+                                              for name in engines.expand(chosen)):
+        started.refuse(f"this run uses no server (--idem-engine {' '.join(chosen)})")
+
+
+# Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module): each HA
+# or pooling stack's tests (the stack starts once); the other conformance checks spread over the workers one by one.
+# (The wheel and the site are built once per run whichever workers need them: tests/wheel_common.py.)
+STACKS = sorted((name for name, entry in engines.ENGINES.items() if entry.stacked_on), key=len, reverse=True)
+
+
+def scope_of(nodeid: str) -> str:
+    path, _, name = nodeid.partition("::")
+    params = name.partition("[")[2]
+    stack = next((s for s in STACKS if params.startswith(s) and params[len(s):][:1] in ("", "-", "]")), None)
+    if stack is not None:
+        return stack
+    if path == "tests/test_conformance.py":
+        return nodeid
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return Scopes(config, log)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql-18", "postgresql", "mariadb"])
@@ -67,3 +106,16 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
     made = Inbox(tmp_path)
     yield made
     made.close()
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The wheel and sdist, built once for the run (tests/wheel_common.py)."""
+    return wheel_common.built(wheel_common.run_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def site(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once for the run the way it is published (.readthedocs.yaml): every test that
+    reads a built page shares it."""
+    return wheel_common.site(built, wheel_common.run_dir(tmp_path_factory))

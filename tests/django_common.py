@@ -17,6 +17,9 @@ import pytest
 from http_common import free_port, stop
 from sqlalchemy import func, select
 
+from idem_dialects.engines.local import ports_free
+from idem_dialects.engines.started import track
+
 httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
 
 
@@ -66,8 +69,10 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
     port = free_port()
     command = [str(Path(sys.executable).parent / "gunicorn"), app, "-w", str(workers), "-b", f"127.0.0.1:{port}",
                "--graceful-timeout", "5", "--timeout", "120"]
+    ports_free([port])
     with open(log, "ab") as out:
         server = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=out)
+    stopped = track(f"gunicorn on port {port}", lambda: stop(server), refusable=False)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -84,4 +89,4 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
             exc.add_note(f"gunicorn's log ({log}):\n{log.read_text(errors='replace')[-3000:]}")
             raise
     finally:
-        stop(server)
+        stopped()

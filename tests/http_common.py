@@ -13,6 +13,9 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from idem_dialects.engines.local import ports_free
+from idem_dialects.engines.started import track
+
 BIN = Path(sys.executable).parent
 
 
@@ -28,8 +31,10 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
     """Run `command` (which listens on the port in env["PORT"]) until `ready(log text)` holds and the port answers;
     yield its base URL; stop it by its pid when the block ends. Its output goes to `log`."""
     port = env["PORT"]
+    ports_free([int(port)])
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
+    stopped = track(f"{Path(command[0]).name} on port {port}", lambda: stop(proc), refusable=False)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -47,7 +52,7 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited while serving:\n{log.read_text(errors='replace')[-3000:]}")
     finally:
-        stop(proc)
+        stopped()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -106,6 +106,7 @@ def test_galera_errors_are_their_own_causes() -> None:
     assert backend.errors.retry_cause(_mysql_error(1062)) is None
 
 
+@pytest.mark.idem_stack  # what a stack is detected as: run on the stacks too
 def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
     """A Galera node is detected from wsrep_on (wsrep_sync_wait covering INSERT on claim connections; claims not
     exclusive, unless the URL says one node takes every session: writers=single); a single MariaDB server keeps
@@ -129,6 +130,7 @@ def test_live_mariadb_features(idem_engine: EngineUnderTest) -> None:
         store.close()
 
 
+@pytest.mark.idem_stack  # what a stack is detected as: run on the stacks too
 def test_live_postgresql_features(idem_engine: EngineUnderTest) -> None:
     """A Patroni leader in synchronous mode has the synchronous_standby feature (read from the settings Patroni
     sets on it); a lone server, or one behind PgBouncer, has none. None is multi-primary."""

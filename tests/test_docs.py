@@ -1,39 +1,34 @@
 """The documentation site builds with warnings as errors (broken internal links and references included, and every
 parameter of the API reference described: docs/_ext/parameters.py), the API reference holds every public name, the
 command reference every option of every subcommand, and the built pages render in headless Chromium; the
-screenshots are kept in docs/screenshots/. The examples inside the pages run as tests of their own
-(docs/conftest.py); tests/test_wheel.py builds the site the way the publishing configuration (.readthedocs.yaml)
-does, in a fresh venv with only its extras."""
+screenshots are kept in docs/screenshots/. The site is built once per run, as it is published: the `site` fixture
+(tests/conftest.py) builds it with README's docs command, from the repository root, in a fresh venv with the wheel
+and exactly the extras .readthedocs.yaml names. The examples inside the pages run as tests of their own
+(docs/conftest.py, tests/test_examples.py)."""
 
 from __future__ import annotations
 
-import argparse
 import html
 import importlib
+import json
 import re
 import shutil
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
+from wheel_common import Built, publishing_venv, venv_env
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+# The site is the session's publishing build (tests/conftest.py): a wheel and a venv installed from the index.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 SHOTS = {"index.html": "site-index.png", "engines/postgresql.html": "site-engine-postgresql.png"}
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--host-resolver-rules=MAP * ~NOTFOUND", "--hide-scrollbars", "--window-size=1280,1400"]
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("sphinx", reason="the docs extra is not installed (pip install 'idem-dialects[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
-                           str(out)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
 
 
 # The modules whose `__all__` is the public API: the package, the HTTP layer and Django, and the integrations.
@@ -58,6 +53,8 @@ def public_names(modules: tuple[str, ...]) -> list[str]:
 
 
 def test_docs_build_without_warnings(site: Path) -> None:
+    config = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
+    assert re.search(r"^\s*fail_on_warning:\s*true\s*$", config, re.M), "the published build must fail on warnings"
     for page in ("index.html", "reference/api.html", "reference/cli.html", *SHOTS):
         assert (site / page).is_file(), page
 
@@ -69,18 +66,29 @@ def test_api_reference_documents_every_public_name(site: Path) -> None:
     assert missing == [], f"not in the API reference (docs/reference/api.md): {missing}"
 
 
-def test_command_reference_lists_every_option_of_every_subcommand(site: Path) -> None:
-    from idem_dialects.cli import COMMANDS, reference_parser
+# Every subcommand's options as the installed package's parser has them: {command: [option, ...]}.
+OPTIONS_PROBE = """
+import argparse, json
+from idem_dialects.cli import COMMANDS, reference_parser
+subparsers = next(a for a in reference_parser()._actions if isinstance(a, argparse._SubParsersAction))
+assert set(subparsers.choices) == set(COMMANDS), (sorted(subparsers.choices), sorted(COMMANDS))
+print(json.dumps({name: [o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")]
+                  for name, parser in subparsers.choices.items()}))
+"""
 
+
+def test_command_reference_lists_every_option_of_every_subcommand(site: Path, built: Built) -> None:
+    """Every subcommand of the install the site was built with (the wheel and the publishing extras: a command of
+    another distribution, such as tools/bench's, is not in it), with every option."""
+    home = publishing_venv(built)
+    done = subprocess.run([str(home / "bin" / "python"), "-c", OPTIONS_PROBE], cwd=built.workdir, env=venv_env(home),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
     page = html.unescape(re.sub(r"<[^>]+>", "", (site / "reference" / "cli.html").read_text(encoding="utf-8")))
-    subparsers = next(a for a in reference_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == set(COMMANDS)
     missing = []
-    for name, parser in subparsers.choices.items():
+    for name, options in json.loads(done.stdout).items():
         assert f"idem-dialects {name}" in page, name
-        for action in parser._actions:
-            missing += [f"{name} {option}" for option in action.option_strings
-                        if option not in ("-h", "--help") and option not in page]
+        missing += [f"{name} {option}" for option in options if option not in page]
     assert missing == [], f"options missing from the command reference: {missing}"
 
 

@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a venv installed from the package index
 def test_the_example_backend_passes_check(tmp_path: Path) -> None:
     # Installed from a copy of the sources: setuptools writes build/ and egg-info beside the ones it builds.
     src = tmp_path / "src"

@@ -5,7 +5,8 @@ one namespace (a console block's commands with bash), the whole page run twice i
 second run meets the files, tables and records of the first), on SQLite, PostgreSQL and MariaDB where the page takes
 a database URL (a relative sqlite:/// file, or a server's URL where the page needs what only a server has:
 ON_SERVER), with only the URL changed. Each server run gets a database of its own per file name (or server URL) the
-page uses (dropped after); virtual environments are shared per set of extras within one run.
+page uses (dropped after); virtual environments are shared per set of extras within one run, installed from
+the run's wheel and wheelhouse (tests/wheel_common.py).
 
 Sybil runs the same blocks in the development environment on SQLite (docs/conftest.py), once; this adds the fresh
 environments, the server engines, the second run and README, which Sybil does not read.
@@ -20,17 +21,18 @@ import re
 import secrets
 import shlex
 import subprocess
-import sys
-import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from wheel_common import Built, venv
 
 from idem_dialects.engines import Unavailable, get
 
+# Venvs from the run's wheel and wheelhouse (downloaded from the package index): not in the quick command.
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 # Pages whose blocks this cannot run outside Sybil, and why (Sybil still runs them: docs/conftest.py).
@@ -88,6 +90,9 @@ for step in json.load(open(sys.argv[1])):
 """
 
 
+pytest.importorskip("sybil", reason="sybil (the [dev] extra) is not installed: the skip lines need docs/conftest.py")
+
+
 def live(engine: str) -> bool:
     spec = importlib.util.spec_from_file_location("docs_conftest", DOCS / "conftest.py")
     assert spec is not None and spec.loader is not None
@@ -143,30 +148,11 @@ PAGES = [read_page(p.stem if p.name == "README.md" else str(p.relative_to(DOCS))
 PAGES = [p for p in PAGES if p.steps]
 
 
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package as pip installs it: a wheel built once from this checkout."""
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return next(out.glob("*.whl"))
-
-
-# One fresh environment per set of extras (and packages beside them), shared within the run.
-_venvs: dict[tuple[frozenset[str], frozenset[str]], Path] = {}
-
-
-def environment(extras: frozenset[str], wheel: Path, base: Path, packages: frozenset[str] = frozenset()) -> Path:
-    if (extras, packages) not in _venvs:
-        home = base / "-".join(["venv", *sorted(extras), *sorted(packages)])
-        venv.create(home, with_pip=True)
-        done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q",
-                               f"{wheel}[{','.join(sorted(extras))}]", *sorted(packages)],
-                              capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
-        _venvs[extras, packages] = home
-    return _venvs[extras, packages]
+def environment(extras: frozenset[str], built: Built, packages: frozenset[str] = frozenset()) -> Path:
+    """A fresh venv with pip, the wheel and `extras` (and `packages` beside them), one per set for the run (a page's
+    console block runs its own `pip install` line in it)."""
+    name = "-".join(["examples", *sorted(extras), *sorted(packages)])
+    return venv(built, name, f"{built.wheel}[{','.join(sorted(extras))}]", *sorted(packages), pip=True)
 
 
 @dataclass(frozen=True)
@@ -245,10 +231,8 @@ def page(request: pytest.FixtureRequest) -> Page:
 
 
 def test_every_block_runs_twice_in_a_fresh_environment_with_the_pages_extras(page: Page, target: Target,
-                                                                             wheel: Path, tmp_path: Path,
-                                                                             tmp_path_factory: pytest.TempPathFactory
-                                                                             ) -> None:
-    home = environment(page.extras, wheel, tmp_path_factory.getbasetemp(), page.packages)
+                                                                             built: Built, tmp_path: Path) -> None:
+    home = environment(page.extras, built, page.packages)
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(with_urls(page.steps, target)), encoding="utf-8")
     runner = tmp_path / "runner.py"
@@ -262,19 +246,3 @@ def test_every_block_runs_twice_in_a_fresh_environment_with_the_pages_extras(pag
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, (f"{page.name}, run {attempt} on {target.name}, extras"
                                       f" [{','.join(sorted(page.extras))}]:\n{done.stderr[-4000:]}")
-
-
-@pytest.mark.parametrize("where", ["root", "docs"])
-def test_the_docs_build_from_the_root_and_from_docs_with_the_package_installed(
-        where: str, wheel: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """README's docs command, with the package installed from its wheel as Read the Docs installs it (not editable),
-    from the repository root (whose idem_dialects/ lacks engines/ and conformance/ and must not shadow the installed
-    package) and from docs/. The dummy builder reads every page (autodoc imports, the command reference, warnings
-    as errors) without writing HTML."""
-    home = environment(frozenset({"docs", "fastapi", "flask", "django"}), wheel, tmp_path_factory.getbasetemp())
-    cwd, source = (ROOT, "docs") if where == "root" else (DOCS, ".")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
-    done = subprocess.run([str(home / "bin" / "python"), "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "dummy",
-                           source, str(tmp_path / "out")], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]

@@ -159,6 +159,7 @@ def test_an_option_typo_after_a_subcommand_prints_that_subcommands_usage(command
 # --- the build -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # an isolated build environment from the package index
 def test_python_m_build_warns_of_nothing(tmp_path: Path) -> None:
     """`python -m build` on a copy of the checkout (what git tracks): no "Package would be ignored", no warning of
     any kind. PYTHONDONTWRITEBYTECODE, if set where the test runs, is left out: a user's shell has none, and with it

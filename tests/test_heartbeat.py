@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer_common import await_for, wait_for
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -24,7 +25,10 @@ from idem_dialects.engines import Unavailable, get
 from idem_dialects.outcomes import Claimed
 from idem_dialects.steps import Flow
 
-LEASE = timedelta(seconds=0.5)
+# Renewed every third of it (0.5 s): a renewal would have to be more than a second late for the claim to lapse.
+LEASE = timedelta(seconds=1.5)
+# Renewals that outlast the lease they started with (each lands a third of a lease after the one before).
+PAST_THE_LEASE = 4
 REQ = {"amount": 1}
 
 
@@ -104,32 +108,43 @@ def check_retry(store: Any, answer: Any) -> None:
         assert answer.replayed and answer.response == {"charged": 1}
 
 
-# --- the Must-show: lease 0.5 s, effect 1.5 s, retry at 1.0 s --------------------------------------------------------
+# --- an effect outliving its lease: the retry comes once the lease would be over, while the effect still runs ------
 
 
 def test_sync_outliving_effect_runs_once_and_the_retry_is_in_flight(urls: Urls) -> None:
     with sync_store(urls) as store:
         runs: list[int] = []
-        started = threading.Event()
+        started, answered, retrying = threading.Event(), threading.Event(), threading.Event()
         results: list[Any] = []
+        renewals = Renewals(store.claims)
+        one_writer = waits_on_write_lock(store)
 
         def effect(conn: Any) -> dict[str, int]:
             runs.append(1)
             started.set()
-            time.sleep(1.5)
+            if one_writer:  # the retry waits on this transaction's write lock: it cannot be answered meanwhile
+                retrying.wait(60)
+            else:
+                answered.wait(60)  # runs until the retry has its answer
             return {"charged": len(runs)}
 
         first = threading.Thread(target=lambda: results.append(store.run(
             scope="s", operation="pay", key="k1", request=REQ, effect=effect, lease=LEASE)))
         first.start()
         assert started.wait(30)
-        time.sleep(1.0)  # the lease (0.5 s) would be over twice without renewal
+        if one_writer:  # nothing renews it here: the lease is over once its time has passed
+            time.sleep(LEASE.total_seconds() + 0.1)
+            retrying.set()
+        else:  # the lease it started with is over: only its renewals hold the claim now
+            wait_for(lambda: renewals.held.count(True) >= PAST_THE_LEASE, 60, "the heartbeat")
         try:
             check_retry(store, store.run(scope="s", operation="pay", key="k1", request=REQ, effect=effect,
                                          lease=LEASE))
         except RequestInFlight as exc:
             check_retry(store, exc)
-        first.join(30)
+        finally:
+            answered.set()
+        first.join(60)
         assert results[0].response == {"charged": 1} and not results[0].replayed
         assert len(runs) == 1
         again = store.run(scope="s", operation="pay", key="k1", request=REQ, effect=effect, lease=LEASE)
@@ -141,23 +156,34 @@ def test_async_outliving_effect_runs_once_and_the_retry_is_in_flight(urls: Urls)
 
     async def scenario() -> None:
         runs: list[int] = []
-        started = asyncio.Event()
+        started, answered, retrying = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        renewals = Renewals(store.claims)
+        one_writer = waits_on_write_lock(store)
 
         async def effect(conn: Any) -> dict[str, int]:
             runs.append(1)
             started.set()
-            await asyncio.sleep(1.5)
+            if one_writer:  # the retry waits on this transaction's write lock: it cannot be answered meanwhile
+                await asyncio.wait_for(retrying.wait(), 60)
+            else:
+                await asyncio.wait_for(answered.wait(), 60)  # runs until the retry has its answer
             return {"charged": len(runs)}
 
         first = asyncio.create_task(store.run(scope="s", operation="pay", key="k1", request=REQ, effect=effect,
                                               lease=LEASE))
         await asyncio.wait_for(started.wait(), 30)
-        await asyncio.sleep(1.0)
+        if one_writer:  # nothing renews it here: the lease is over once its time has passed
+            await asyncio.sleep(LEASE.total_seconds() + 0.1)
+            retrying.set()
+        else:  # the lease it started with is over: only its renewals hold the claim now
+            await await_for(lambda: renewals.held.count(True) >= PAST_THE_LEASE, 60, "the heartbeat")
         try:
             check_retry(store, await store.run(scope="s", operation="pay", key="k1", request=REQ, effect=effect,
                                                lease=LEASE))
         except RequestInFlight as exc:
             check_retry(store, exc)
+        finally:
+            answered.set()
         result = await first
         assert result.response == {"charged": 1} and not result.replayed
         assert len(runs) == 1
@@ -175,10 +201,10 @@ def test_sync_heartbeat_renews_while_the_effect_runs_and_stops_when_it_returns(u
             pytest.skip("one write lock, held by the effect's transaction: store.run renews nothing there")
         renewals = Renewals(store.claims)
         result = store.run(scope="s", operation="pay", key="k2", request=REQ, lease=LEASE,
-                           effect=lambda conn: time.sleep(1.0) or "done")
+                           effect=lambda conn: wait_for(lambda: len(renewals.held) >= 2, 60, "the heartbeat") or "done")
         returned = time.monotonic()
         assert result.response == "done"
-        time.sleep(1.0)  # six heartbeat intervals: none may start now
+        time.sleep(1.0)  # two heartbeat intervals: none may start now
         assert len(renewals.started) >= 2 and all(renewals.held)
         assert all(t <= returned for t in renewals.started)
 
@@ -192,7 +218,7 @@ def test_async_heartbeat_renews_while_the_effect_runs_and_stops_when_it_returns(
         renewals = Renewals(store.claims)
 
         async def effect(conn: Any) -> str:
-            await asyncio.sleep(1.0)
+            await await_for(lambda: len(renewals.held) >= 2, 60, "the heartbeat")
             return "done"
 
         result = await store.run(scope="s", operation="pay", key="k2", request=REQ, lease=LEASE, effect=effect)
@@ -212,14 +238,15 @@ def test_heartbeat_stops_when_the_effect_raises_and_its_error_is_unchanged(urls:
         error = ValueError("the effect's own")
 
         def effect(conn: Any) -> None:
-            time.sleep(0.6)
+            if not waits_on_write_lock(store):  # (where it renews at all)
+                wait_for(lambda: len(renewals.started) >= 2, 60, "the heartbeat")
             raise error
 
         with pytest.raises(ValueError) as raised:
             store.run(scope="s", operation="pay", key="k3", request=REQ, lease=LEASE, effect=effect)
         assert raised.value is error
         returned = time.monotonic()
-        time.sleep(0.6)
+        time.sleep(1.0)
         assert all(t <= returned for t in renewals.started)
         if not waits_on_write_lock(store):
             assert len(renewals.started) >= 2
@@ -235,12 +262,16 @@ def test_async_heartbeat_failing_leaves_the_effects_error_and_result_alone(urls:
         renewals = Renewals(store.claims, fail=True)
         error = KeyError("the effect's own")
 
+        async def beats(count: int) -> None:
+            if not waits_on_write_lock(store):  # (where it renews at all)
+                await await_for(lambda: len(renewals.started) >= count, 60, "the heartbeat")
+
         async def failing(conn: Any) -> None:
-            await asyncio.sleep(0.6)
+            await beats(2)
             raise error
 
         async def fine(conn: Any) -> str:
-            await asyncio.sleep(0.6)
+            await beats(4)
             return "stored"
 
         with pytest.raises(KeyError) as raised:
@@ -269,12 +300,13 @@ def test_async_heartbeat_stops_when_the_task_is_cancelled(urls: Urls) -> None:
         task = asyncio.create_task(store.run(scope="s", operation="pay", key="k6", request=REQ, lease=LEASE,
                                              effect=effect))
         await asyncio.wait_for(started.wait(), 30)
-        await asyncio.sleep(0.5)
+        if not waits_on_write_lock(store):  # (where it renews at all) cancelled while the heartbeat beats
+            await await_for(lambda: len(renewals.held) >= 1, 60, "the heartbeat")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         ended = time.monotonic()
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(1.0)
         assert all(t <= ended for t in renewals.started)
         await store.close()
 
@@ -291,11 +323,11 @@ def test_a_lost_claim_stops_the_heartbeat_and_is_logged_without_the_token(
         records = store.tables.records.name
 
         def effect(conn: Any) -> str:
-            time.sleep(0.4)
+            wait_for(lambda: len(renewals.held) >= 1, 60, "the heartbeat")
             with store.engine.begin() as other:  # someone else holds the claim now (a takeover's new token)
                 tokens.append(other.execute(text(f"SELECT claim_token FROM {records}")).scalar_one())
                 other.execute(text(f"UPDATE {records} SET claim_token = 'someone-else'"))
-            time.sleep(0.6)
+            wait_for(lambda: False in renewals.held, 60, "the heartbeat")  # the next renewal finds the claim gone
             return "late"
 
         with caplog.at_level(logging.WARNING, logger="idem_dialects"), pytest.raises(LeaseLost):
@@ -349,7 +381,7 @@ def test_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Urls) ->
 
         def handler(conn: Any) -> HttpResponse:
             assert conn is None  # outside any transaction: nothing holds a lock the renewal needs
-            time.sleep(1.0)
+            wait_for(lambda: len(renewals.held) >= 2, 60, "the heartbeat")
             return HttpResponse(201, [("content-type", "text/plain")], b"charged")
 
         resp = runner.handle(_http_call("e1"), handler)
@@ -371,7 +403,7 @@ def test_async_external_call_heartbeat_renews_and_stops_on_every_engine(urls: Ur
         runner = AsyncIdempotency(store, IdempotencyPolicy(global_scope=True, lease=LEASE))
 
         async def handler(conn: Any) -> HttpResponse:
-            await asyncio.sleep(1.0)
+            await await_for(lambda: len(renewals.held) >= 2, 60, "the heartbeat")
             return HttpResponse(201, [("content-type", "text/plain")], b"charged")
 
         resp = await runner.handle(_http_call("e2"), handler)

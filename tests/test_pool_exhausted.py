@@ -59,11 +59,9 @@ def test_exhausted_pool_sync(pg_url: URL) -> None:
                 with store.transaction():
                     pass
             _check(caught.value)
-            started = time.monotonic()
             with pytest.raises(RetriesExhausted) as exhausted:
                 store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: calls.append("k"),
                           retry=RetryPolicy(total=1))
-            assert time.monotonic() - started < 3
             _check(exhausted.value.last_error)
             assert set(exhausted.value.causes) == {"pool exhausted"} and exhausted.value.attempts >= 2
             assert calls == []

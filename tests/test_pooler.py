@@ -20,6 +20,7 @@ from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.conformance.support import Effects
 
 WORKERS = 8
+pytestmark = pytest.mark.idem_stack  # the pooler is what the pgbouncer-transaction stack adds
 
 
 @pytest.mark.parametrize(("url", "calls"), [("declared", 3200), ("plain", 1600), ("misdeclared", 1600)])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer_common import wait_for
 from sqlalchemy import Column, MetaData, String, Table, func, insert, select, text
 from sqlalchemy.engine import Connection
 
@@ -168,10 +169,11 @@ def two_servers() -> Iterator[dict[str, Any]]:
 
 
 def test_a_shards_server_killed_under_load_stops_only_its_keys(two_servers: dict[str, Any]) -> None:
-    """8 threads (4 per shard) run first-time keys; shard b's postmaster is SIGKILLed after 2 s and started again
-    3 s later (crash recovery). Shard a's keys: 0 errors, and they keep completing during b's outage. Then every
-    key ever sent is re-sent: one record and one effect per key on each shard, and every acknowledged response
-    replays unchanged (nothing lost, nothing doubled)."""
+    """8 threads (4 per shard) run first-time keys; shard b's postmaster is SIGKILLed once both shards complete keys
+    and started again (crash recovery) once its callers saw the outage and shard a completed keys meanwhile. Shard
+    a's keys: 0 errors, and they keep completing during b's outage. Then every key ever sent is re-sent: one record
+    and one effect per key on each shard, and every acknowledged response replays unchanged (nothing lost, nothing
+    doubled)."""
     urls = {s: f"postgresql+psycopg://postgres@127.0.0.1:{two_servers[s].port}/postgres" for s in SHARDS}
     effects = Table("fx", MetaData(), Column("id", String(64), primary_key=True), Column("k", String(64)))
     with ShardedStore.from_urls(urls, shard_chooser=chooser, retry=RetryPolicy(total=2.0),
@@ -213,13 +215,16 @@ def test_a_shards_server_killed_under_load_stops_only_its_keys(two_servers: dict
         threads = [threading.Thread(target=worker, args=(s, scope_on(s, i))) for s in SHARDS for i in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(2.0)
+        # The order the check needs, made rather than timed: both shards under load, then b killed until its callers
+        # have seen the outage and a's have completed keys meanwhile, then b back until its callers complete again.
+        wait_for(lambda: all(len(progress[s]) >= 5 for s in SHARDS), 60, "both shards completing keys")
         killed_at = time.monotonic()
         two_servers["b"].kill()
-        time.sleep(3.0)
+        wait_for(lambda: sum(errors["b"].values()) > 0 and sum(t > killed_at for t in progress["a"]) > 10, 60,
+                 "shard b's callers to see the outage while shard a's complete keys")
         two_servers["b"].run()
         restarted_at = time.monotonic()
-        time.sleep(2.0)
+        wait_for(lambda: sum(t > restarted_at for t in progress["b"]) >= 5, 60, "shard b completing keys again")
         stop.set()
         for thread in threads:
             thread.join()

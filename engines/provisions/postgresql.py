@@ -17,6 +17,8 @@ from sqlalchemy.engine import URL
 
 from idem_dialects.engines.containers import PASSWORD, host_port, started, testcontainers_module
 from idem_dialects.engines.entry import CatalogueEntry, Provision, Server, Unavailable, described, require_driver
+from idem_dialects.engines.pgserver import stop_postmaster
+from idem_dialects.engines.started import track
 
 _LIBPQ_DRIVERS = ("psycopg", "psycopg2", "psycopg2cffi")
 
@@ -37,15 +39,24 @@ def embedded_server(name: str) -> Server:
     require_driver("postgresql", "psycopg")
     directory = tempfile.mkdtemp(prefix="idem-pg18-")
     os.chmod(directory, 0o755)  # as root the server runs as its own system user, which must reach the data dir
-    try:
-        server = get_server(Path(directory) / "data", cleanup_mode="delete")
-    except Exception as exc:  # initdb/pg_ctl failures carry their log in the exception text
-        shutil.rmtree(directory, ignore_errors=True)
-        raise Unavailable(f"embedded PostgreSQL 18 failed to start: {exc}") from exc
+    running: list[Any] = []
 
-    def stop() -> None:
-        server.cleanup()  # stops the server and deletes data/; the directory around it is ours
+    def remove() -> None:
+        if running:
+            running[0].cleanup()  # stops the server and deletes data/; the directory around it is ours
+        else:  # stopped while starting: its postmaster.pid says whether a server runs on the data dir yet
+            stop_postmaster(Path(directory) / "data")
         shutil.rmtree(directory, ignore_errors=True)
+
+    stop = track(f"embedded PostgreSQL 18 in {directory}", remove)
+    try:
+        running.append(get_server(Path(directory) / "data", cleanup_mode="delete"))
+    except BaseException as exc:
+        stop()
+        if not isinstance(exc, Exception):
+            raise
+        raise Unavailable(f"embedded PostgreSQL 18 failed to start: {exc}") from exc
+    server = running[0]
 
     parsed = make_url(server.get_uri())
     socket_dir = parsed.query.get("host")

@@ -27,13 +27,14 @@ httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not inst
 PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#"
 Database = Any  # tests/http/conftest.py's, given by its `database` fixture
 STACKS = ["flask-decorator", "wsgi-middleware", "asgi-middleware", "fastapi-route"]
-HANDLER_SECONDS = 1.5
-# The client, the handlers' calls, a handler's start, the gate holding /hold open.
+# Renewed every third of it: a renewal would have to be a second late for the claim to lapse on a loaded machine.
+LEASE = timedelta(seconds=1.5)
+# The client, the handlers' calls, a handler's start, the gate holding /charge and /hold open.
 Served = tuple[Any, Counter[str], threading.Event, threading.Event]
 
 
 def policy() -> IdempotencyPolicy:
-    return IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths={"/charge"}, lease=timedelta(seconds=0.5))
+    return IdempotencyPolicy(scope=lambda r: r.header("x-account"), paths={"/charge"}, lease=LEASE)
 
 
 def conflict_policy() -> IdempotencyPolicy:
@@ -55,7 +56,7 @@ def flask_app(db: Database, form: str, calls: Counter[str], started: threading.E
     def charge() -> Any:
         calls["charge"] += 1
         started.set()
-        time.sleep(HANDLER_SECONDS)  # the external call, three leases long
+        assert gate.wait(60)  # the external call, until the test has the retry's answer
         return {"charged": calls["charge"]}, 201
 
     @app.post("/hold")
@@ -96,7 +97,8 @@ def asgi_app(db: Database, form: str, calls: Counter[str], started: threading.Ev
     async def charge() -> Any:
         calls["charge"] += 1
         started.set()
-        await asyncio.sleep(HANDLER_SECONDS)
+        while not gate.is_set():  # the external call, until the test has the retry's answer
+            await asyncio.sleep(0.01)
         return {"charged": calls["charge"]}
 
     app.include_router(router)
@@ -125,14 +127,17 @@ def served(request: pytest.FixtureRequest, database: Database,
 
 def test_handler_outliving_its_lease_runs_once_and_the_retry_gets_409(
         served: Served, database: Database) -> None:
-    client, calls, started, _ = served
+    client, calls, started, gate = served
     headers = {"content-type": "application/json", "x-account": "acct-1", "idempotency-key": '"lease-1"'}
     results: list[Any] = []
     first = threading.Thread(target=lambda: results.append(client.post("/charge", json={"a": 1}, headers=headers)))
     first.start()
-    assert started.wait(30)
-    time.sleep(1.0)  # twice the lease: without renewal the claim would be taken over now
-    retry = client.post("/charge", json={"a": 1}, headers=headers)
+    try:
+        assert started.wait(30)
+        time.sleep(LEASE.total_seconds() + 0.3)  # the lease is over: without renewal the claim would be taken over
+        retry = client.post("/charge", json={"a": 1}, headers=headers)  # the handler still runs: the gate is shut
+    finally:
+        gate.set()
     assert retry.status_code == 409, retry.text
     assert retry.json()["type"] == PROBLEM + "request-in-flight"
     assert int(retry.headers["retry-after"]) >= 1
