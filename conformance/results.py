@@ -171,13 +171,18 @@ def run_suite(names: Sequence[str], urls: Mapping[str, URL], collector: Collecto
         args += ["--idem-api", api]
         if select:
             args += ["-k", select]
-        # PYTEST_ADDOPTS belongs to whatever pytest run launched us (e.g. CI's --idem-require), not to this one.
-        saved = os.environ.pop("PYTEST_ADDOPTS", None)
+        # PYTEST_ADDOPTS belongs to whatever pytest run launched us (e.g. CI's --idem-require), not to this one; nor
+        # do the plugins installed beside it (pytest-django would set up Django's test environment a second time
+        # in a process that has one): the suite needs its own plugin alone.
+        saved = {name: os.environ.pop(name, None) for name in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         try:
             return int(pytest.main(args, plugins=[collector, Suite()]))
         finally:
-            if saved is not None:
-                os.environ["PYTEST_ADDOPTS"] = saved
+            for name, value in saved.items():
+                os.environ.pop(name, None)
+                if value is not None:
+                    os.environ[name] = value
 
 
 def aggregate(variants: Mapping[str, Outcome]) -> dict[str, Any]:

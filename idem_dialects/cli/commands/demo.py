@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from ...errors import RequestMismatch
 from ...store import IdempotencyStore
+from ..database import reached
 from . import EXIT_OK
 
 
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     prefix = f"demo_{secrets.token_hex(4)}_"
     with tempfile.TemporaryDirectory(prefix="idem-demo-") as tmp:
         url = args.url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        with IdempotencyStore.from_url(url, table_prefix=prefix) as store:
+        with reached(url, table_prefix=prefix) as store:  # a server that does not answer, told at once
             metadata = MetaData()
             accounts = Table(f"{prefix}account", metadata,
                              Column("id", Integer, primary_key=True, autoincrement=False),
