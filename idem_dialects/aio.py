@@ -24,7 +24,7 @@ from . import dialects
 from .api import AsyncExecutor, AsyncStoreAPI
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
-from .execution.aio import INTERRUPTED, commit_async, execute_async
+from .execution.aio import INTERRUPTED, commit_async, execute_async, to_completion
 from .fingerprint import Encoder
 from .heartbeat import beating_async
 from .ids import Identity, Origin
@@ -207,7 +207,7 @@ class AsyncStore(StoreBase, Generic[C]):
         if isinstance(step, Transaction):
             body = self._in_transaction(step, effect)
             # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).
-            return await (asyncio.shield(body) if step.shielded else body)
+            return await (to_completion(body) if step.shielded else body)
         if isinstance(step, Catalog):
             assert conn is not None, "a schema step needs a transaction"
             return await self.executor.catalog(conn, step.action)
@@ -360,7 +360,11 @@ def _own(conn: object) -> AsyncConnection:
 async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc: BaseException | None) -> None:
     """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
     back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
-    in an unknown state."""
+    in an unknown state.
+
+    It runs to completion even if the task is cancelled meanwhile, as SQLAlchemy's own `AsyncConnection.close()`
+    does from 2.1 on: a ROLLBACK, or the pool's reset on check-in, cut off partway leaves a connection in an unknown
+    state (and an ERROR in the pool's log). The cancellation reaches the caller once the connection is back."""
     def finish(sync: Connection) -> None:
         interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
         try:
@@ -372,15 +376,18 @@ async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc:
                 sync.invalidate()
             sync.close()
 
-    try:
-        await conn.run_sync(finish)
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            await conn.invalidate()
-        with contextlib.suppress(BaseException):
-            await conn.close()
-        if exc is None:
-            raise
+    async def run() -> None:
+        try:
+            await conn.run_sync(finish)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await conn.invalidate()
+            with contextlib.suppress(BaseException):
+                await conn.close()
+            if exc is None:
+                raise
+
+    await to_completion(run())
 
 
 if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)

@@ -8,8 +8,9 @@ errors are (invalidating the connection on a disconnect may need to await).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+import asyncio
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -20,6 +21,8 @@ from .sync import execute_sqlalchemy, raise_handled
 
 # In a connection's `info`: a native statement on it was cut off midway (`_interrupted`).
 INTERRUPTED = "idem_dialects.interrupted"
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..dialects.base import Backend
@@ -77,3 +80,22 @@ def _interrupted(conn: Connection) -> None:
 def _raise(conn: Connection, backend: Backend, tables: tuple[str, ...], sql: str, error: Exception,
            adapted: Any) -> NoReturn:
     raise_handled(conn, backend, error, sql, tables, None, adapted)
+
+
+async def to_completion(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` in a task of its own that a cancellation of this one does not interrupt; such a cancellation is
+    raised here once `work` is done."""
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as cancel:
+            if task.done():  # `work` itself was cancelled (its loop is closing)
+                raise
+            cancelled = cancel
+        else:
+            break
+    if cancelled is not None:
+        raise cancelled
+    return task.result()

@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from ..aio import AsyncIdempotencyStore, AsyncStore
 from ..api import AsyncStoreAPI
 from ..core import NO_PAYLOAD
+from ..execution.aio import to_completion
 from ..heartbeat import beating_async
 from ..ids import Identity, Origin
 from ..limits import OnInFlight
@@ -174,7 +175,7 @@ class AsyncShardedStore(Sharded[AsyncStore[Any]]):
             return await store.drive(step.body, conn, effect)
         if isinstance(step, Transaction):
             body = self._in_transaction(step, effect)
-            return await (asyncio.shield(body) if step.shielded else body)
+            return await (to_completion(body) if step.shielded else body)
         if isinstance(step, Effect):
             assert effect is not None, "a flow with an Effect step needs an effect"
             async with beating_async(step.heartbeat, self.drive):
