@@ -57,8 +57,8 @@ class Maintenance:
         """Drop the previous generation whole: its rows matching `keep` (within retention; found on the completion
         index, never by reading the whole generation) carried into the current table first, the current table then
         made the previous one and a new current one created, claims not completed moved into it. Runs in the
-        transaction of `conn` (a schema step); returns how many rows were dropped (the engine's estimate for a
-        generation of 100,000 rows or more: counting it would cost what dropping it saves)."""
+        transaction of `conn` (a schema step); returns how many rows were dropped, counted (`dropping`) before the
+        lock is taken: only a rotation changes the previous table, so the count holds until the drop."""
         raise NotImplementedError(f"{self.backend.name}: no generations on this backend")
 
     def drop_retired(self, conn: Connection, previous: Table) -> None:
@@ -96,10 +96,6 @@ class Maintenance:
         return None
 
 
-# A generation this large is reported by the engine's estimate: counting it would cost what dropping it saves.
-COUNTED_BELOW = 100_000
-
-
 def retired_name(previous: Table) -> str:
     """The name a rotation gives the generation it retires, until `drop_retired` drops it."""
     return f"{previous.name}_old"
@@ -109,12 +105,14 @@ def exact_count(conn: Connection, table: Table) -> int:
     return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
 
-def dropping(maintenance: Maintenance, conn: Connection, table: Table) -> int:
-    """How many rows dropping `table` removes: counted when few, else the engine's estimate."""
-    estimate = maintenance.rows(conn, table)
-    if estimate is None or estimate < COUNTED_BELOW:
-        return exact_count(conn, table)
-    return estimate
+def dropping(conn: Connection, table: Table) -> int:
+    """How many rows dropping the previous generation `table` removes: counted, whatever its size, so that `purge`
+    reports rows removed and never the engine's estimate (which after a bulk of writes with no ANALYZE can be far
+    off). Run before the rotation takes its lock: no claim, completion, release, renewal or takeover writes the
+    previous table (claims insert into the current one and only read this one), only a rotation changes it, so the
+    count is still right when the lock is held (two purges rotating at once aside), and the lock is held no longer
+    for it."""
+    return exact_count(conn, table)
 
 
 def carried_columns(table: Table) -> list[str]:

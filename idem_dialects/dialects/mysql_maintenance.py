@@ -42,7 +42,7 @@ class MySQLMaintenance(Maintenance):
                keep: ColumnElement[bool]) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
-        dropped = dropping(self, conn, previous)  # before the lock: only a rotation changes the previous table
+        dropped = dropping(conn, previous)  # before the lock: only a rotation changes the previous table
         conn.execute(DropTable(staging, if_exists=True))
         staging.create(conn)
         retired = retired_name(previous)

@@ -41,7 +41,10 @@ class PostgreSQLMaintenance(Maintenance):
                keep: ColumnElement[bool]) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
-        dropped = dropping(self, conn, previous)  # before the lock: only a rotation changes the previous table
+        # Counted before the lock (only a rotation changes the previous table); the count's ACCESS SHARE lock, held to
+        # this transaction's end, keeps another purge's rotation from swapping the table meanwhile, and claims (which
+        # only read it) never wait on it.
+        dropped = dropping(conn, previous)
         conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{ROTATION_LOCK_TIMEOUT}'")
         # What is carried forward is found on the completion index (a range and its NULLs); a generation never
         # analysed (a bulk load, a young table) would be planned as a sequential scan, under the lock claims wait on.
