@@ -90,6 +90,10 @@ class Stats:
     # estimate of a range): "records", "completed", "purgeable", "messages", "purgeable_messages". Claims not
     # completed (in_flight, expired, oldest_open) are always counted, on the completion index's NULLs.
     estimated: tuple[str, ...] = ()
+    # The estimated figures whose engine statistics are stale (many rows written since they were gathered): possibly
+    # far off, and not counted because only a whole-table scan could. The records' backlog is never among them: where
+    # its estimate is stale or the engine has none to trust, it is counted on the completion index.
+    stale: tuple[str, ...] = ()
     shards: dict[str, Stats] = field(default_factory=dict)  # a sharded store's: each shard's own, by shard id
 
     @classmethod
@@ -108,6 +112,7 @@ class Stats:
             sizes_unavailable="; ".join(f"{shard}: {p.sizes_unavailable}" for shard, p in by_shard.items()
                                         if p.sizes_unavailable) or None,
             estimated=tuple(sorted({name for p in parts for name in p.estimated})),
+            stale=tuple(sorted({name for p in parts for name in p.stale})),
             shards=dict(by_shard))
 
     @property
@@ -134,6 +139,7 @@ class Stats:
                       for name, size in self.sizes.items()},
             "sizes_unavailable": self.sizes_unavailable,
             "estimated": list(self.estimated),
+            "stale": list(self.stale),
             **({"shards": {shard: part.as_dict() for shard, part in self.shards.items()}} if self.shards else {}),
         }
 
@@ -263,7 +269,9 @@ class Retention:
 
     def _estimates(self) -> Flow[dict[str, Any]]:
         """What the engine keeps, in constant time whatever the tables' size: the claims not completed counted on the
-        completion index's NULLs (few: in flight or stuck), everything else the engine's estimates."""
+        completion index's NULLs (few: in flight or stuck), everything else the engine's estimates, but for the
+        records past retention where the engine has no estimate to trust (none, or from stale statistics): those are
+        counted on the completion index, a range that costs what it holds, and the figure `--fail-on-backlog` needs."""
         tables, backend, core = self.core.tables, self.core.backend, self.core
         maintenance, seconds = backend.maintenance, core.retention.total_seconds()
         r, now = tables.records.c, backend.now()
@@ -277,23 +285,37 @@ class Retention:
         ).where(r.completed_at.is_(None)), Shape.ROW, (tables.records.name,)))
         generations = [tables.records, *self._previous()]
 
-        def estimate(conn: Connection) -> dict[str, int]:
-            def known(n: int | None) -> int:
-                return max(0, n or 0)
+        def known(n: int | None) -> int:
+            return max(0, n or 0)
 
+        def estimate(conn: Connection) -> dict[str, Any]:
+            past, guessed = 0, False
+            for table in generations:
+                guess = None if maintenance.stale(conn, table) else \
+                    maintenance.older_than(conn, table, "completed_at", seconds)
+                if guess is None:  # completed before the cutoff: a range on the completion index
+                    past += maintenance.count_older_than(conn, table, "completed_at", seconds)
+                else:
+                    past, guessed = past + known(guess), True
             return {"records": sum(known(maintenance.rows(conn, t)) for t in generations),
-                    "past": sum(known(maintenance.older_than(conn, t, "completed_at", seconds)) for t in generations),
+                    "past": past, "guessed": guessed,
                     "messages": known(maintenance.rows(conn, tables.messages)),
-                    "past_messages": known(maintenance.older_than(conn, tables.messages, "processed_at", seconds))}
+                    "past_messages": maintenance.older_than(conn, tables.messages, "processed_at", seconds),
+                    "messages_stale": maintenance.stale(conn, tables.messages)}
 
         found = yield from catalog(estimate)
-        in_flight, expired = int(open_rows.in_flight), int(open_rows.expired)
+        purgeable, guessed = int(open_rows.abandoned) + found["past"], found["guessed"]
+        in_flight, expired, messages = int(open_rows.in_flight), int(open_rows.expired), found["messages"]
+        # No estimate of the messages past retention (no index on processed_at to count on): all of them, a bound.
+        past_messages = messages if found["past_messages"] is None else min(known(found["past_messages"]), messages)
+        stale = ("purgeable_messages",) if found["messages_stale"] and found["past_messages"] is not None else ()
         return {"db_now": _utc(open_rows.db_now), "completed": max(0, found["records"] - in_flight - expired),
-                "in_flight": in_flight, "expired": expired,
-                "purgeable": found["past"] + int(open_rows.abandoned),
+                "in_flight": in_flight, "expired": expired, "purgeable": purgeable,
                 "oldest_open": None if open_rows.oldest_open is None else _utc(open_rows.oldest_open),
-                "messages": found["messages"], "purgeable_messages": min(found["past_messages"], found["messages"]),
-                "estimated": ("records", "completed", "purgeable", "messages", "purgeable_messages")}
+                "messages": messages, "purgeable_messages": past_messages,
+                "estimated": ("records", "completed", *(("purgeable",) if guessed else ()), "messages",
+                              "purgeable_messages"),
+                "stale": stale}
 
     def _previous(self) -> list[Table]:
         return [] if self.core.previous is None else [self.core.previous]

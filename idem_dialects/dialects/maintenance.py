@@ -8,7 +8,9 @@ watching them cheaply, beside the protocol's statements, as Django splits a back
   reads the previous table before it inserts into the current one: that table changes only in a rotation, which
   takes each engine's exclusive table lock and so waits for every claim that touched them.
 - **Estimates**: what the engine keeps about a table (catalog row counts, the planner's estimate of a range, its size
-  on disk), so `stats` answers in constant time on a table of any size.
+  on disk), so `stats` answers in constant time on a table of any size; and whether those statistics are **stale**
+  (many rows written since the engine last gathered them), so `stats` counts what it can count on an index, or says
+  which figure it could not, rather than report a guess as a figure.
 
 The portable default offers none: exact counts, no sizes, and purge deletes row by row (small installations, and
 engines where that is the only way). Engine-specific SQL lives in each engine's `<engine>_maintenance.py`.
@@ -16,6 +18,7 @@ engines where that is the only way). Engine-specific SQL lives in each engine's 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from sqlalchemy import Table, func, select
@@ -35,6 +38,8 @@ class Maintained(Protocol):
     engine: Engine
     features: Features
 
+    def now_plus(self, seconds: float) -> ColumnElement[datetime]: ...
+
 
 class Maintenance:
     """The portable default: no generations, no estimates, no sizes."""
@@ -52,8 +57,8 @@ class Maintenance:
         """Drop the previous generation whole: its rows matching `keep` (within retention; found on the completion
         index, never by reading the whole generation) carried into the current table first, the current table then
         made the previous one and a new current one created, claims not completed moved into it. Runs in the
-        transaction of `conn` (a schema step); returns how many rows were dropped (the engine's estimate for a
-        generation of 100,000 rows or more: counting it would cost what dropping it saves)."""
+        transaction of `conn` (a schema step); returns how many rows were dropped, counted (`dropping`) before the
+        lock is taken: only a rotation changes the previous table, so the count holds until the drop."""
         raise NotImplementedError(f"{self.backend.name}: no generations on this backend")
 
     def drop_retired(self, conn: Connection, previous: Table) -> None:
@@ -67,17 +72,28 @@ class Maintenance:
 
     def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
         """The planner's estimate of the rows of `table` whose `column` is more than `seconds` before the database's
-        clock, or None if the engine gives none."""
+        clock, or None if the engine gives none it can stand behind: `stats` then counts the range on its index, or,
+        where the column has none, takes the whole table as the bound."""
         return None
+
+    def count_older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int:
+        """The rows of `table` whose `column` is more than `seconds` before the database's clock, counted on the
+        column's index (a range: it costs what it holds, not the table's size), where `older_than` has no estimate to
+        trust."""
+        cutoff = self.backend.now_plus(-seconds)
+        return int(conn.execute(select(func.count()).select_from(table).where(table.c[column] < cutoff)).scalar_one())
+
+    def stale(self, conn: Connection, table: Table) -> bool:
+        """Whether the statistics behind `older_than` for `table` are stale: so many rows written since the engine
+        last gathered them (a bulk load, autovacuum not keeping up, statistics of the table while it was empty) that
+        its estimate may be anything. `stats` then counts the range on the index, or marks the figure stale. The
+        portable default keeps no statistics, so nothing of it is stale."""
+        return False
 
     def size_statement(self, table: Table) -> Executable | None:
         """A statement giving one row (table bytes, index bytes) for `table` from the engine's catalog, or None if the
         engine reports no sizes. Table bytes include the table's LOB/TOAST storage; index bytes every index's."""
         return None
-
-
-# A generation this large is reported by the engine's estimate: counting it would cost what dropping it saves.
-COUNTED_BELOW = 100_000
 
 
 def retired_name(previous: Table) -> str:
@@ -89,12 +105,14 @@ def exact_count(conn: Connection, table: Table) -> int:
     return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
 
-def dropping(maintenance: Maintenance, conn: Connection, table: Table) -> int:
-    """How many rows dropping `table` removes: counted when few, else the engine's estimate."""
-    estimate = maintenance.rows(conn, table)
-    if estimate is None or estimate < COUNTED_BELOW:
-        return exact_count(conn, table)
-    return estimate
+def dropping(conn: Connection, table: Table) -> int:
+    """How many rows dropping the previous generation `table` removes: counted, whatever its size, so that `purge`
+    reports rows removed and never the engine's estimate (which after a bulk of writes with no ANALYZE can be far
+    off). Run before the rotation takes its lock: no claim, completion, release, renewal or takeover writes the
+    previous table (claims insert into the current one and only read this one), only a rotation changes it, so the
+    count is still right when the lock is held (two purges rotating at once aside), and the lock is held no longer
+    for it."""
+    return exact_count(conn, table)
 
 
 def carried_columns(table: Table) -> list[str]:

@@ -1,5 +1,5 @@
 """MySQL's and MariaDB's maintenance part: generations rotated under LOCK TABLES (DDL is not transactional), estimates
-from InnoDB's statistics (`information_schema.TABLES.TABLE_ROWS`, EXPLAIN's index dive on a range).
+from InnoDB's statistics (`information_schema.TABLES.TABLE_ROWS`); the backlog past retention is counted.
 
 LOCK TABLES ... WRITE takes the tables' exclusive metadata locks, so it waits for every transaction that touched
 them (a claim holds its metadata lock to its end) and new claims wait behind it; under it the carried rows are
@@ -42,7 +42,7 @@ class MySQLMaintenance(Maintenance):
                keep: ColumnElement[bool]) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
-        dropped = dropping(self, conn, previous)  # before the lock: only a rotation changes the previous table
+        dropped = dropping(conn, previous)  # before the lock: only a rotation changes the previous table
         conn.execute(DropTable(staging, if_exists=True))
         staging.create(conn)
         retired = retired_name(previous)
@@ -67,27 +67,19 @@ class MySQLMaintenance(Maintenance):
         return max(0, dropped - max(0, kept))
 
     def rows(self, conn: Connection, table: Table) -> int | None:
-        # InnoDB's persistent statistics: refreshed in the background once a tenth of the table has changed.
+        # InnoDB's running count (INNODB_SYS_TABLESTATS.NUM_ROWS on MariaDB), kept by every insert and delete, not by
+        # ANALYZE TABLE, and reset to the sampled estimate at each recalculation (MySQL 8 caches it in the data
+        # dictionary for information_schema_stats_expiry).
         found = conn.execute(text("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
                                   " AND TABLE_NAME = :name"), {"name": table.name}).scalar()
         return None if found is None else int(found)
 
-    def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
-        # EXPLAIN's row count for a range on an indexed column is InnoDB's index dive (records_in_range): a few
-        # pages read, whatever the range's size. Without an index it is the table's estimate, an upper bound.
-        prep = conn.dialect.identifier_preparer
-        micros = round(seconds * 1_000_000)
-        # FORCE INDEX: where the range is most of the table the optimizer would plan a full scan, whose estimate is
-        # the whole table's; the index's plan carries the dive's estimate of the range itself.
-        index = next((i.name for i in table.indexes if [c.name for c in i.columns] == [column]), None)
-        hint = f" FORCE INDEX ({prep.quote(str(index))})" if index else ""
-        row = conn.exec_driver_sql(
-            f"EXPLAIN SELECT 1 FROM {prep.format_table(table)}{hint} WHERE {prep.quote(column)}"
-            f" < TIMESTAMPADD(MICROSECOND, {-micros}, UTC_TIMESTAMP(6))").mappings().first()
-        if row is None:
-            return None
-        rows = {str(k).lower(): v for k, v in row.items()}.get("rows")
-        return None if rows is None else int(rows)
+    # No `older_than`, and so no `stale`: EXPLAIN's estimate of a range is InnoDB's index dive, exact over the few
+    # pages it reads and beyond them extrapolated and capped at half the table (records_in_range: 100,000 for a range
+    # of 200,000 rows in a table of 200,000, before and after the background recalculation), whatever the freshness
+    # of the persistent statistics (mysql.innodb_table_stats; INNODB_SYS_TABLESTATS.MODIFIED_COUNTER restarts when a
+    # recalculation is queued, not when it is done). `stats` counts the backlog on the completion index instead: a
+    # range costs what it holds, a few rows while purge keeps up.
 
 
 def _quote(conn: Connection, name: str) -> str:

@@ -21,6 +21,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from .maintenance import Maintenance, carried_columns, dropping, retired_name
 
 ROTATION_LOCK_TIMEOUT = "10s"  # then 55P03: the purge's retry tries again, claims never wait longer than this
+# A table's statistics are stale once the rows written since its last ANALYZE pass this share of the rows that ANALYZE
+# saw, plus STALE_FLOOR: twice autovacuum's own trigger (autovacuum_analyze_scale_factor 0.1), so a table autovacuum
+# keeps up with never reads as stale between two of its rounds, while one analysed empty and then bulk loaded does.
+STALE_SHARE = 0.2
+STALE_FLOOR = 1000
 
 
 class PostgreSQLMaintenance(Maintenance):
@@ -36,7 +41,10 @@ class PostgreSQLMaintenance(Maintenance):
                keep: ColumnElement[bool]) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
-        dropped = dropping(self, conn, previous)  # before the lock: only a rotation changes the previous table
+        # Counted before the lock (only a rotation changes the previous table); the count's ACCESS SHARE lock, held to
+        # this transaction's end, keeps another purge's rotation from swapping the table meanwhile, and claims (which
+        # only read it) never wait on it.
+        dropped = dropping(conn, previous)
         conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{ROTATION_LOCK_TIMEOUT}'")
         # What is carried forward is found on the completion index (a range and its NULLs); a generation never
         # analysed (a bulk load, a young table) would be planned as a sequential scan, under the lock claims wait on.
@@ -71,6 +79,25 @@ class PostgreSQLMaintenance(Maintenance):
         found = conn.execute(text("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(:name)"),
                              {"name": conn.dialect.identifier_preparer.format_table(table)}).scalar()
         return None if found is None else int(found)
+
+    def stale(self, conn: Connection, table: Table) -> bool:
+        # n_mod_since_analyze: rows inserted, updated or deleted since the last ANALYZE (autovacuum's or anyone's), kept
+        # by the cumulative statistics from every write; reltuples: the rows that ANALYZE (or VACUUM) saw, -1 before
+        # either ever ran (and every write since the table's creation is then a modification since ANALYZE).
+        name = conn.dialect.identifier_preparer.format_table(table)
+        found = conn.execute(text(
+            "SELECT s.n_mod_since_analyze, c.reltuples FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+            " WHERE s.relid = to_regclass(:name)"), {"name": name}).first()
+        if found is None:
+            return False
+        return int(found[0]) > STALE_FLOOR + STALE_SHARE * max(0.0, float(found[1]))
+
+    def count_older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int:
+        # Asked when the statistics are stale, which is when the planner would misjudge the range: a table analysed
+        # empty then bulk loaded is planned as a sequential scan of all of it. On the index, the count costs what the
+        # range holds (to the end of this read-only transaction, which ends with the count).
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        return super().count_older_than(conn, table, column, seconds)
 
     def older_than(self, conn: Connection, table: Table, column: str, seconds: float) -> int | None:
         # The planner folds statement_timestamp() for its estimate and reads the column's histogram: no row is read.

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"exit {EXIT_THRESHOLD} if more than N claims are stuck (never completed, lease over)")
     parser.add_argument("--fail-on-backlog", type=count, metavar="N",
                         help=f"exit {EXIT_THRESHOLD} if more than N records and messages are past retention, waiting"
-                             " for purge")
+                             " for purge, or if an estimate of them comes from stale statistics and the backlog it"
+                             " may hide could exceed N")
     parser.add_argument("--fail-on-age", type=duration, metavar="DURATION",
                         help=f"exit {EXIT_THRESHOLD} if the oldest claim not completed (in flight or stuck) is older")
 
@@ -65,10 +66,23 @@ def exceeded(stats: Stats, args: argparse.Namespace) -> list[str]:
     if args.fail_on_backlog is not None and backlog > args.fail_on_backlog:
         found.append(f"{backlog} rows past retention ({_duration(stats.retention)}) exceed --fail-on-backlog"
                      f" {args.fail_on_backlog}: run purge (see docs/operations/purge.md)")
+    elif args.fail_on_backlog is not None and backlog_bound(stats) > args.fail_on_backlog:
+        # Never silent over a backlog the figure cannot see: stale statistics fail the check, saying how to fix them.
+        found.append(f"{backlog} rows past retention is an estimate from stale statistics"
+                     f" ({', '.join(stats.stale)}: many rows written since the engine last gathered them); the backlog"
+                     f" may be up to {backlog_bound(stats)}, over --fail-on-backlog {args.fail_on_backlog}: refresh the"
+                     f" tables' statistics (ANALYZE; on MySQL/MariaDB ANALYZE TABLE) and check again")
     age = stats.oldest_open_age
     if args.fail_on_age is not None and age is not None and age > args.fail_on_age:
         found.append(f"the oldest open claim is {_duration(age)} old, over --fail-on-age {_duration(args.fail_on_age)}")
     return found
+
+
+def backlog_bound(stats: Stats) -> int:
+    """The largest backlog the figures allow: a stale estimate of the rows past retention may be as large as its
+    table (so a small table never fails the check for being stale)."""
+    return ((stats.records if "purgeable" in stats.stale else stats.purgeable)
+            + (stats.messages if "purgeable_messages" in stats.stale else stats.purgeable_messages))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +110,8 @@ def describe(stats: Stats, where: str) -> str:
     if stats.oldest_open is not None and stats.oldest_open_age is not None:
         oldest = f"created {stats.oldest_open:%Y-%m-%d %H:%M:%S} UTC, {_duration(stats.oldest_open_age)} ago"
     def n(name: str, value: int) -> str:  # "~": the engine's estimate, not a count
-        return f"~{value:,}" if name in stats.estimated else f"{value:,}"
+        figure = f"~{value:,}" if name in stats.estimated else f"{value:,}"
+        return f"{figure} (stale)" if name in stats.stale else figure
 
     rows = [
         ("records", n("records", stats.records)),
@@ -111,6 +126,8 @@ def describe(stats: Stats, where: str) -> str:
     ]
     if stats.estimated:
         rows.append(("", "~ the engine's estimate (catalog statistics), not a count"))
+    if stats.stale:
+        rows.append(("", "(stale) from statistics many writes old, maybe far off: ANALYZE the table for a right one"))
     for name, size in stats.sizes.items():
         rows.append((f"size {name}", "not reported" if size is None else
                      f"{_bytes(size.table_bytes)} table, {_bytes(size.index_bytes)} indexes"))
