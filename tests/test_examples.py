@@ -43,11 +43,6 @@ NOT_HERE = {
                       " into a fresh project and runs it), and its install lines name [all], for a copy of the CI"
                       " workflow",
 }
-# Pages whose blocks do not yet run twice, or on every engine, in a fresh environment: the first failure seen.
-# Marked xfail without running (strict once removed): each entry is work left, not a pass.
-NOT_YET = {
-    "operations/purge.md": "its first block fails on an empty database in a fresh environment",
-}
 # Pages whose blocks take a server's URL for what only a server has: skipped on SQLite with the reason, run on each
 # server with that URL changed to the server's.
 ON_SERVER = {"faults.md": ("postgresql+psycopg://postgres@127.0.0.1:5432/test",
@@ -225,8 +220,6 @@ def page(request: pytest.FixtureRequest) -> Page:
     reason = NOT_HERE.get(page.name)
     if reason:
         pytest.skip(f"{page.name}: {reason}")
-    if page.name in NOT_YET:
-        request.applymarker(pytest.mark.xfail(reason=f"{page.name}: {NOT_YET[page.name]}", run=False, strict=True))
     return page
 
 
