@@ -68,6 +68,11 @@ def refused() -> None:
         raise Unavailable(_refusal)
 
 
+def refusal() -> str | None:
+    """Why servers are refused (None: they are not): for a caller that reaches a server outside the catalogue."""
+    return _refusal
+
+
 _lock = threading.RLock()  # reentrant: a signal handler may run in the main thread while it holds the lock
 _running: list[Started] = []
 _owner = os.getpid()

@@ -100,6 +100,7 @@ def assert_complete(page: str) -> None:
         assert banned not in page.lower()
 
 
+@pytest.mark.slow  # runs every benchmark once, briefly
 def test_page_from_every_run(measured: Path, tools: dict[str, ModuleType]) -> None:
     render, targets = tools["render"], tools["targets"]
     page = render.render(measured)

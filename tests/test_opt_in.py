@@ -10,6 +10,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from idem_dialects.conformance import suite
 from idem_dialects.features import Features
 
@@ -98,6 +100,7 @@ def _async_only(name: str) -> bool:
     return any(mark.name == "idem_api" and mark.args == ("async",) for mark in marks)
 
 
+@pytest.mark.slow  # the whole suite on SQLite, in a fresh project
 def test_a_fresh_project_runs_every_check_with_the_recipe(tmp_path: Path) -> None:
     """The docs' recipe, written into an empty project and run by pytest on SQLite: every check of the suite's list
     runs (the sync store's; the async-only ones are collected for the async store), none fails, each skip says why."""

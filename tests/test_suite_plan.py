@@ -54,6 +54,7 @@ def _column(nodeid: str) -> tuple[str, str]:
     return name, params.rstrip("]")
 
 
+@pytest.mark.slow  # collects the whole suite
 def test_each_check_runs_once_per_engine_api_and_driver(collected: list[str]) -> None:
     runs = Counter(_column(n) for n in collected if n.startswith("tests/test_conformance.py::"))
     assert runs and [run for run, count in runs.items() if count > 1] == []
@@ -63,6 +64,7 @@ def test_each_check_runs_once_per_engine_api_and_driver(collected: list[str]) ->
     assert importers == ["tests/test_conformance.py"]
 
 
+@pytest.mark.slow  # the same collection
 def test_stacks_beside_their_base_run_only_the_checks_of_what_they_add(collected: list[str]) -> None:
     stacks = [name for name in ENGINES if ENGINES[name].stacked_on is not None]
     on_stacks = {_column(n)[0] for n in collected if _column(n)[0] in CHECKS
@@ -84,7 +86,7 @@ def test_development_page_lists_every_check_the_stacks_leave_to_their_base_engin
 def test_the_quick_command_runs_the_suite_on_sqlite_and_builds_nothing() -> None:
     """README's quick command, collected: the conformance checks on SQLite's columns only, no wheel or site build."""
     args = readme_command("quick-command")
-    assert args[:2] == ["-n", "2"] and "--idem-engine" in args
+    assert args[:2] == ["-n", "3"] and "--idem-engine" in args
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            *args[4:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -45,6 +45,7 @@ def booted(log: Path) -> str:
     return text
 
 
+@pytest.mark.slow  # ten gunicorn boots
 def test_flask_example_boots_10_times_under_gunicorn_4_workers_on_a_fresh_sqlite(tmp_path: Path) -> None:
     pytest.importorskip("gunicorn", reason="gunicorn (the [dev] extra) is not installed")
     pytest.importorskip("flask", reason="the [flask] extra is not installed")
