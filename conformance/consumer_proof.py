@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 import random
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 
+from idem_dialects.engines import started
 from idem_dialects.store import IdempotencyStore
 
 from .brokers import BATCH, OPERATIONS, Kill, Worker, applied_table
@@ -125,21 +124,22 @@ class Proof:
         token = secrets.token_hex(4)
         self.name, self.prefix = f"proof_{token}", f"proof_{token}_"
         self.ops = OPERATIONS[broker]
-        self.directory = Path(tempfile.mkdtemp(prefix="idem-proof-"))
+        self.directory = Path()  # the run's own temp dir (journals, logs), for as long as `run` lasts
 
     def run(self) -> ProofResult:
-        store = IdempotencyStore.from_url(self.db_url, table_prefix=self.prefix)
-        table = applied_table(self.prefix, store.tables.metadata)
-        store.create_tables()
-        self.ops["setup"](self.broker_url, self.name)
-        try:
-            return self._run(store)
-        finally:
-            self.ops["teardown"](self.broker_url, self.name)
-            store.drop_tables()
-            store.close()
-            del table
-            shutil.rmtree(self.directory, ignore_errors=True)
+        with started.temp_dir("idem-proof-") as directory:
+            self.directory = Path(directory)
+            store = IdempotencyStore.from_url(self.db_url, table_prefix=self.prefix)
+            table = applied_table(self.prefix, store.tables.metadata)
+            store.create_tables()
+            self.ops["setup"](self.broker_url, self.name)
+            try:
+                return self._run(store)
+            finally:
+                self.ops["teardown"](self.broker_url, self.name)
+                store.drop_tables()
+                store.close()
+                del table
 
     def _run(self, store: IdempotencyStore) -> ProofResult:
         batch, distinct = messages(self.total, self.duplicate_share, self.rng)

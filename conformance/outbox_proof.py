@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -30,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 from idem_dialects import IdempotencyStore, RetryPolicy
-from idem_dialects.engines import Server
+from idem_dialects.engines import Server, started
 from idem_dialects.http import IdempotencyPolicy
 from idem_dialects.http.wsgi import CONNECTION_KEY, IdempotencyMiddleware
 from idem_dialects.schema import DEAD, PENDING, PUBLISHED
@@ -100,25 +101,27 @@ class OutboxProof(Proof):
             raise ValueError(f"{engine}: the proof cannot restart this server (not one it started)")
 
     def run(self) -> OutboxProofResult:  # type: ignore[override]
-        store = IdempotencyStore.from_url(self.db_url, table_prefix=self.prefix, retry=RetryPolicy(total=60))
-        metadata = MetaData()
-        orders = Table(f"{self.prefix}orders", metadata, Column("idem_key", String(64), nullable=False),
-                       Column("account", Integer, nullable=False))
-        from .brokers import applied_table
+        with started.temp_dir("idem-proof-") as directory:
+            self.directory = Path(directory)
+            store = IdempotencyStore.from_url(self.db_url, table_prefix=self.prefix, retry=RetryPolicy(total=60))
+            metadata = MetaData()
+            orders = Table(f"{self.prefix}orders", metadata, Column("idem_key", String(64), nullable=False),
+                           Column("account", Integer, nullable=False))
+            from .brokers import applied_table
 
-        applied_table(self.prefix, store.tables.metadata)
-        store.create_tables()
-        with store.engine.begin() as conn:
-            metadata.create_all(conn)
-        self.ops["setup"](self.broker_url, self.name)
-        try:
-            return self._run_all(store, orders)
-        finally:
-            self.ops["teardown"](self.broker_url, self.name)
+            applied_table(self.prefix, store.tables.metadata)
+            store.create_tables()
             with store.engine.begin() as conn:
-                metadata.drop_all(conn)
-            store.drop_tables()
-            store.close()
+                metadata.create_all(conn)
+            self.ops["setup"](self.broker_url, self.name)
+            try:
+                return self._run_all(store, orders)
+            finally:
+                self.ops["teardown"](self.broker_url, self.name)
+                with store.engine.begin() as conn:
+                    metadata.drop_all(conn)
+                store.drop_tables()
+                store.close()
 
     # --- the HTTP front --------------------------------------------------------------------------------------------
 

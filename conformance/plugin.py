@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
-from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, provisioning, resolve
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, provisioning, resolve, started
 from idem_dialects.errors import InvalidURL
 from idem_dialects.features import Features
 
@@ -151,7 +151,8 @@ class Sessions:
         return found
 
     def close(self) -> None:
-        for name in self._owned:
+        owned, self._owned = self._owned, set()
+        for name in owned:
             server = self._servers[name]
             if isinstance(server, Server):
                 server.stop()
@@ -183,8 +184,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SESSIONS] = Sessions(config)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the servers the run started (and what else it registered) before the session reports its end: a
+    pytest-xdist worker is ended soon after it reports, and a stop cut off there left processes behind (a Patroni
+    cluster's etcd members, stopped after its nodes)."""
+    if _SESSIONS in session.config.stash:
+        session.config.stash[_SESSIONS].close()
+    started.stop_all()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _SESSIONS in config.stash:
+    if _SESSIONS in config.stash:  # a run that ended before its session finished
         config.stash[_SESSIONS].close()
 
 
