@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 from idem_dialects import IdempotencyStore, UnsupportedEngine, dialects
-from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, provisioning, resolve, started
+from idem_dialects.engines import ENGINES, Server, Unavailable, expand, parse_named_urls, provisioning, resolve
 from idem_dialects.errors import InvalidURL
 from idem_dialects.features import Features
 
@@ -185,12 +185,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the servers the run started (and what else it registered) before the session reports its end: a
-    pytest-xdist worker is ended soon after it reports, and a stop cut off there left processes behind (a Patroni
-    cluster's etcd members, stopped after its nodes)."""
+    """Stop the servers this session started before it reports its end: a pytest-xdist worker is ended 10 s after it
+    reports, and a stop cut off there left processes behind (a Patroni cluster's etcd members, stopped after its
+    nodes). Only this session's: a session run inside another (`check` in-process) leaves the outer one's alone."""
     if _SESSIONS in session.config.stash:
         session.config.stash[_SESSIONS].close()
-    started.stop_all()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -91,48 +91,6 @@ def test_servers_stop_and_their_dirs_go_when_the_process_ends(ending: str) -> No
     assert left == ([], [])
 
 
-# A test module run on a pytest-xdist worker: it registers a server whose stop takes longer than pytest-xdist waits
-# for a worker once the run is over (10 s), as a Patroni cluster's does (its nodes, then its etcd members).
-SLOW_STOP = r"""
-import os, subprocess, time
-from pathlib import Path
-from idem_dialects.engines import started
-
-def test_starts_a_server_with_a_slow_stop():
-    proc = subprocess.Popen(["sleep", "600"])
-    here = Path(os.environ["SLOW_STOP_DIR"])
-
-    def stop():
-        time.sleep(12)
-        proc.kill()
-        proc.wait()
-        (here / "stopped").write_text("stopped")
-
-    started.track("a server with a slow stop", stop)
-    (here / "pid").write_text(str(proc.pid))
-"""
-
-
-@pytest.mark.slow  # a stop of 12 s
-def test_a_workers_servers_stop_before_the_worker_is_ended(tmp_path: Path) -> None:
-    """Under pytest-xdist the conformance plugin stops what a worker started when its session finishes, before the
-    worker reports its end: stopped later (at exit), a stop longer than the 10 s pytest-xdist then waits was cut off,
-    and a Patroni cluster's etcd members outlived the run."""
-    pytest.importorskip("xdist", reason="pytest-xdist (the dev extra) is not installed")
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["idem_dialects.conformance.plugin"]\n')
-    (tmp_path / "test_slow_stop.py").write_text(SLOW_STOP)
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | {"SLOW_STOP_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1",
-                           f"--basetemp={tmp_path / 'base'}", "test_slow_stop.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    pid = int((tmp_path / "pid").read_text())
-    alive = _alive(pid)
-    if alive:  # what a failure here would leave: ended, so the check leaves nothing either
-        os.kill(pid, signal.SIGKILL)
-    assert not alive and (tmp_path / "stopped").read_text() == "stopped"
-
-
 @pytest.fixture
 def held_port() -> Iterator[int]:
     """A loopback port another listener holds."""
