@@ -1,5 +1,6 @@
 """The project's own tests opt in to the shipped conformance plugin, exactly as a third-party project would."""
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -32,9 +33,14 @@ def pytest_configure(config: Any) -> None:
 
 
 # Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module): each HA
-# or pooling stack's tests (the stack starts once); the other conformance checks spread over the workers one by one.
+# or pooling stack's tests (the stack starts once); the conformance checks and the documentation's examples (which
+# start nothing per module) spread over the workers one by one.
 # (The wheel and the site are built once per run whichever workers need them: tests/wheel_common.py.)
 STACKS = sorted((name for name, entry in engines.ENGINES.items() if entry.stacked_on), key=len, reverse=True)
+ONE_BY_ONE = ("tests/test_conformance.py", "tests/test_examples.py")
+# What a scope weighs when the workers are handed scopes, heaviest first: a test marked slow is about a minute, most
+# others under a second. Handed out in that order, the run ends on short scopes, not on one long test started last.
+SLOW_WEIGHT = 60
 
 
 def scope_of(nodeid: str) -> str:
@@ -43,7 +49,7 @@ def scope_of(nodeid: str) -> str:
     stack = next((s for s in STACKS if params.startswith(s) and params[len(s):][:1] in ("", "-", "]")), None)
     if stack is not None:
         return stack
-    if path == "tests/test_conformance.py":
+    if path in ONE_BY_ONE:
         return nodeid
     return path
 
@@ -58,7 +64,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
+    config.option.loadscopereorder = False  # the workers' collection order is the order (below), not test counts
     return Scopes(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each pytest-xdist worker collects the scopes heaviest first (a stable sort: a scope's tests keep their order),
+    and the scheduler hands them out in that order."""
+    if not hasattr(config, "workerinput"):  # not a worker: the order written in the files
+        return
+    weight: Counter[str] = Counter()
+    for item in items:
+        weight[scope_of(item.nodeid)] += SLOW_WEIGHT if item.get_closest_marker("slow") else 1
+    items.sort(key=lambda item: -weight[scope_of(item.nodeid)])
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql-18", "postgresql", "mariadb"])

@@ -46,6 +46,7 @@ def ordinary_role() -> Iterator[URL]:
         server.stop()
 
 
+@pytest.mark.slow  # the whole check on PostgreSQL, about a minute and a half
 def test_check_as_a_role_without_createdb_exits_0_with_the_shard_checks_skipped(ordinary_role: URL) -> None:
     done = subprocess.run([sys.executable, "-m", "idem_dialects.cli", "check",
                            ordinary_role.render_as_string(hide_password=False), "--format", "json", "--quiet"],
