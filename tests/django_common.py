@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,29 @@ class Site:
         t = store.tables.records
         with store.transaction() as conn:
             return int(conn.execute(select(func.count()).select_from(t).where(t.c.idem_key == key)).scalar_one())
+
+    def runs(self, view: str, key: str) -> int:
+        """How many times `view` ran for `key`, counted where it records its runs (django_site.views.record_run)."""
+        from django_site.models import Payment
+        from django_site.views import RUNS, run_account
+
+        return Payment.objects.using(RUNS).filter(account=run_account(view, key)).count()
+
+    def past_the_lease(self, key: str, lease: timedelta) -> None:
+        """Returns once the database's clock is `lease` past the key's record's locked_until: a claim of it still in
+        flight has expired by then (a retry takes it over), and a completed record's locked_until is when it
+        completed, after any renewal of its lease. The database's clock decides, never the test's."""
+        from idem_dialects.django import get_store
+
+        store = get_store(self.alias)
+        t = store.tables.records
+        held = select(t.c.locked_until, store.backend.now()).where(t.c.idem_key == key)
+        while True:
+            with store.transaction() as conn:
+                locked_until, now = conn.execute(held).one()
+            if now - locked_until > lease:
+                return
+            time.sleep(0.1)
 
 
 def new_key() -> str:
