@@ -1,4 +1,5 @@
-"""What the Django tests share (tests/djangotests): the live site on one database alias, and what they count there."""
+"""What the Django tests share (tests/djangotests): the live site on one database alias, and what they count there;
+a database alias added for a server of a test module's own (`database_alias`)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,43 @@ class Site:
 
 def new_key() -> str:
     return f"key-{secrets.token_hex(6)}"
+
+
+@contextmanager
+def database_alias(alias: str, entry: dict[str, Any], blocker: Any) -> Iterator[None]:
+    """`alias` in DATABASES for the block, as if in the settings: Django's connections know it, its database (`entry`:
+    used as it is, no test database made for it) is migrated as pytest-django migrates the others', and the test
+    project's views for it are routed under /<alias>/ (django_site.urls); all undone after but its tables. Entered
+    after pytest-django's database setup (`django_db_setup`, which would otherwise make a test database for it);
+    `blocker` (pytest-django's `django_db_blocker`) lets the migration reach the database. Tests name it in their
+    django_db mark's `databases`."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.core.signals import setting_changed
+    from django.db import connections
+    from django.urls import clear_url_caches
+    from django_site import urls
+
+    databases = settings.DATABASES  # the dict Django's connections read
+    assert alias not in databases and connections.settings is databases
+    routes = urls.alias_patterns(alias)  # urls imported first: its own loop over DATABASES never sees the alias
+    databases[alias] = entry
+    connections.configure_settings(databases)  # Django's defaults for the new entry, as at start-up
+    urls.urlpatterns += routes
+    clear_url_caches()
+    try:
+        with blocker.unblock():
+            call_command("migrate", database=alias, interactive=False, verbosity=0)
+        yield
+    finally:
+        connections[alias].close()
+        del connections[alias]  # this thread's; the live server's request threads close theirs after each request
+        del databases[alias]
+        for route in routes:
+            urls.urlpatterns.remove(route)
+        clear_url_caches()
+        # As override_settings says it on leaving: the library makes its stores anew, this alias's too.
+        setting_changed.send(sender=type(settings), setting="DATABASES", value=databases, enter=False)
 
 
 @contextmanager

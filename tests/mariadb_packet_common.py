@@ -1,6 +1,6 @@
 """A private MariaDB server whose max_allowed_packet a test sets, for the tests of a response between the server's
-limit and the policy's (issue 47, tests/http/test_http_mariadb_limits.py). A test module takes the fixtures with
-``from mariadb_packet_common import *`` (`__all__`: the fixtures only)."""
+limit and the policy's (issue 47): tests/http/test_http_mariadb_limits.py and tests/djangotests/test_django_limits.py.
+A test module takes the fixtures with ``from mariadb_packet_common import *`` (`__all__`: the fixtures only)."""
 
 from __future__ import annotations
 

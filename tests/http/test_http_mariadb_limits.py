@@ -3,8 +3,9 @@
 completes with the `response-too-large` problem and no retry runs the handler again, in atomic mode (its writes
 rolled back) and in lease mode past the lease; and the same when the server's limit is lowered after the store
 started (each new session's limit is read). FastAPI on asyncmy and Flask on PyMySQL against a private MariaDB server
-(its global limit is changed freely: `private_mariadb` and `packet`, tests/mariadb_packet_common.py); Django on the
-machine's MariaDB in tests/djangotests/test_django_limits.py."""
+(its global limit is changed freely: `private_mariadb` and `packet`, tests/mariadb_packet_common.py). Django in
+tests/djangotests/test_django_limits.py: the limit from the start on the machine's MariaDB, and the limit lowered
+after the store started on a private server of its own, through the same fixtures."""
 
 from __future__ import annotations
 
