@@ -1,4 +1,5 @@
-"""What the Django tests share (tests/djangotests): the live site on one database alias, and what they count there."""
+"""What the Django tests share (tests/djangotests): the live site on one database alias, and what they count there;
+a database alias added for a server of a test module's own (`database_alias`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +59,69 @@ class Site:
         with store.transaction() as conn:
             return int(conn.execute(select(func.count()).select_from(t).where(t.c.idem_key == key)).scalar_one())
 
+    def runs(self, view: str, key: str) -> int:
+        """How many times `view` ran for `key`, counted where it records its runs (django_site.views.record_run)."""
+        from django_site.models import Payment
+        from django_site.views import RUNS, run_account
+
+        return Payment.objects.using(RUNS).filter(account=run_account(view, key)).count()
+
+    def past_the_lease(self, key: str, lease: timedelta) -> None:
+        """Returns once the database's clock is `lease` past the key's record's locked_until: a claim of it still in
+        flight has expired by then (a retry takes it over), and a completed record's locked_until is when it
+        completed, after any renewal of its lease. The database's clock decides, never the test's."""
+        from idem_dialects.django import get_store
+
+        store = get_store(self.alias)
+        t = store.tables.records
+        held = select(t.c.locked_until, store.backend.now()).where(t.c.idem_key == key)
+        while True:
+            with store.transaction() as conn:
+                locked_until, now = conn.execute(held).one()
+            if now - locked_until > lease:
+                return
+            time.sleep(0.1)
+
 
 def new_key() -> str:
     return f"key-{secrets.token_hex(6)}"
+
+
+@contextmanager
+def database_alias(alias: str, entry: dict[str, Any], blocker: Any) -> Iterator[None]:
+    """`alias` in DATABASES for the block, as if in the settings: Django's connections know it, its database (`entry`:
+    used as it is, no test database made for it) is migrated as pytest-django migrates the others', and the test
+    project's views for it are routed under /<alias>/ (django_site.urls); all undone after but its tables. Entered
+    after pytest-django's database setup (`django_db_setup`, which would otherwise make a test database for it);
+    `blocker` (pytest-django's `django_db_blocker`) lets the migration reach the database. Tests name it in their
+    django_db mark's `databases`."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.core.signals import setting_changed
+    from django.db import connections
+    from django.urls import clear_url_caches
+    from django_site import urls
+
+    databases = settings.DATABASES  # the dict Django's connections read
+    assert alias not in databases and connections.settings is databases
+    routes = urls.alias_patterns(alias)  # urls imported first: its own loop over DATABASES never sees the alias
+    databases[alias] = entry
+    connections.configure_settings(databases)  # Django's defaults for the new entry, as at start-up
+    urls.urlpatterns += routes
+    clear_url_caches()
+    try:
+        with blocker.unblock():
+            call_command("migrate", database=alias, interactive=False, verbosity=0)
+        yield
+    finally:
+        connections[alias].close()
+        del connections[alias]  # this thread's; the live server's request threads close theirs after each request
+        del databases[alias]
+        for route in routes:
+            urls.urlpatterns.remove(route)
+        clear_url_caches()
+        # As override_settings says it on leaving: the library makes its stores anew, this alias's too.
+        setting_changed.send(sender=type(settings), setting="DATABASES", value=databases, enter=False)
 
 
 @contextmanager

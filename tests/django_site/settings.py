@@ -11,10 +11,14 @@ import secrets
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idem_dialects.engines import Unavailable, get
+
+if TYPE_CHECKING:  # not imported here: an upper-case name in this module is a Django setting
+    from sqlalchemy.engine import URL
 
 RUN = secrets.token_hex(4)
 SECRET_KEY = "test-only"
@@ -50,15 +54,33 @@ UNAVAILABLE: dict[str, str] = {}  # alias -> why this machine has no such databa
 DATABASES: dict[str, Any] = {}
 
 
-def _server(alias: str, engine: str, django_engine: str, options: dict[str, Any]) -> None:
+def _database(url: URL, django_engine: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The DATABASES entry of the database at `url` (pytest-django makes a test database of this run's own beside it
+    for an alias of these settings)."""
+    return {"ENGINE": django_engine, "NAME": url.database, "USER": url.username or "", "PASSWORD": url.password or "",
+            "HOST": url.host or "", "PORT": str(url.port or ""), "OPTIONS": options,
+            "TEST": {"NAME": f"idem_dj_{RUN}"}}
+
+
+def postgresql_database(url: URL) -> dict[str, Any]:
+    """The DATABASES entry of the PostgreSQL database at `url`."""
+    return _database(url, "django.db.backends.postgresql", {})
+
+
+def mariadb_database(url: URL) -> dict[str, Any]:
+    """The DATABASES entry of the MariaDB database at `url`: Django's MySQL backend on PyMySQL, lent to it as MySQLdb
+    for its import only (no global monkey-patching). Also a private server's, which a test adds as an alias of its
+    own (tests/djangotests/test_django_limits.py)."""
+    return _database(url, "django_site.pymysql_backend", {"charset": "utf8mb4"})
+
+
+def _server(alias: str, engine: str, entry: Callable[[URL], dict[str, Any]]) -> None:
     try:
         url = get(engine).provide().url
     except Unavailable as exc:
         UNAVAILABLE[alias] = f"{engine}: {exc}"
         return
-    DATABASES[alias] = {"ENGINE": django_engine, "NAME": url.database, "USER": url.username or "",
-                        "PASSWORD": url.password or "", "HOST": url.host or "", "PORT": str(url.port or ""),
-                        "OPTIONS": options, "TEST": {"NAME": f"idem_dj_{RUN}"}}
+    DATABASES[alias] = entry(url)
 
 
 if os.environ.get("IDEM_DJANGO_DATABASES"):  # a server process (gunicorn) on the test run's own databases
@@ -73,6 +95,5 @@ else:
     DATABASES["shard_b"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(STATE, "shard_b.sqlite3"),
                             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
                             "TEST": {"NAME": os.path.join(STATE, "test_shard_b.sqlite3")}}
-    _server("postgresql", "postgresql", "django.db.backends.postgresql", {})
-    # Django's MySQL backend on PyMySQL, lent to it as MySQLdb for its import only (no global monkey-patching).
-    _server("mariadb", "mariadb", "django_site.pymysql_backend", {"charset": "utf8mb4"})
+    _server("postgresql", "postgresql", postgresql_database)
+    _server("mariadb", "mariadb", mariadb_database)

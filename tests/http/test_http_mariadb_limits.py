@@ -3,7 +3,9 @@
 completes with the `response-too-large` problem and no retry runs the handler again, in atomic mode (its writes
 rolled back) and in lease mode past the lease; and the same when the server's limit is lowered after the store
 started (each new session's limit is read). FastAPI on asyncmy and Flask on PyMySQL against a private MariaDB server
-(its global limit is changed freely); Django on the machine's MariaDB in tests/djangotests/test_django_limits.py."""
+(its global limit is changed freely: `private_mariadb` and `packet`, tests/mariadb_packet_common.py). Django in
+tests/djangotests/test_django_limits.py: the limit from the start on the machine's MariaDB, and the limit lowered
+after the store started on a private server of its own, through the same fixtures."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from mariadb_packet_common import *  # noqa: F403  (fixtures: packet, private_mariadb)
+from mariadb_packet_common import BODY, HIGH, LOW
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 import idem_dialects
 from idem_dialects import IdempotencyStore, RetryPolicy
-from idem_dialects.engines import Unavailable, provisioning
 from idem_dialects.http import IdempotencyPolicy, current_connection
 
 httpx = pytest.importorskip("httpx", reason="the [http] extra (httpx) is not installed")
@@ -29,48 +32,23 @@ try:  # at module level: FastAPI resolves the endpoints' (string) annotations in
     from fastapi import Request
 except ImportError:  # the FastAPI stack skips with the reason
     Request = None
-pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
 Serve = Callable[[str, Any], AbstractContextManager[str]]
-KIB = 1024
-LOW, HIGH = 512 * KIB, 4096 * KIB  # the server's max_allowed_packet: what it is lowered to, what it starts at
-BODY = 768 * KIB  # over LOW as any driver sends it, under HIGH and under the policy's limit
 PROBLEM = "https://idem-dialects.readthedocs.io/en/latest/http.html#response-too-large"
 LEASE = timedelta(seconds=1)
 RETRY = RetryPolicy(total=5)  # a failure retried (main before issue 47) ends within seconds, not 30
 
 
-@pytest.fixture(scope="module")
-def mariadb() -> Iterator[URL]:
-    """A private MariaDB server: its global max_allowed_packet is this module's to change."""
-    try:
-        server = provisioning("mariadb").private_server("mariadb")
-    except Unavailable as exc:
-        pytest.skip(f"no private MariaDB server: {exc}")
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def packet(mariadb: URL) -> Iterator[Callable[[int], None]]:
-    """Set the server's global max_allowed_packet (new sessions take it); put back at the end."""
-    admin = create_engine(mariadb, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        before = int(conn.exec_driver_sql("SELECT @@GLOBAL.max_allowed_packet").scalar_one())
-        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS payments (id INTEGER AUTO_INCREMENT PRIMARY KEY,"
-                             " amount INTEGER)")
-        conn.exec_driver_sql("DELETE FROM payments")
-
-    def set_packet(size: int) -> None:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"SET GLOBAL max_allowed_packet = {int(size)}")
-
+def payments(private_mariadb: URL) -> None:
+    """The handlers' table on the private server, empty."""
+    engine = create_engine(private_mariadb, poolclass=NullPool)
     try:
-        yield set_packet
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS payments (id INTEGER AUTO_INCREMENT PRIMARY KEY,"
+                                 " amount INTEGER)")
+            conn.exec_driver_sql("DELETE FROM payments")
     finally:
-        set_packet(before)
-        admin.dispose()
+        engine.dispose()
 
 
 def rows(url: URL) -> int:
@@ -160,11 +138,12 @@ def too_large(resp: Any) -> None:
 @pytest.mark.parametrize("lowered", [False, True], ids=["limit-from-the-start", "limit-lowered-later"])
 @pytest.mark.parametrize("stack", list(STACKS))
 def test_a_response_over_the_servers_limit_runs_the_handler_once_and_every_retry_gets_the_problem(
-        mariadb: URL, packet: Callable[[int], None], serve_app: Serve, stack: str, mode: str, lowered: bool) -> None:
+        private_mariadb: URL, packet: Callable[[int], None], payments: None, serve_app: Serve, stack: str, mode: str,
+        lowered: bool) -> None:
     calls: Counter[str] = Counter()
     packet(HIGH if lowered else LOW)
     headers = {"x-account": "a1", "idempotency-key": f'"big-{stack}-{mode}-{lowered}"'}
-    with STACKS[stack](mariadb, serve_app, mode, calls, f"lim{mode[0]}{int(lowered)}_") as client:
+    with STACKS[stack](private_mariadb, serve_app, mode, calls, f"lim{mode[0]}{int(lowered)}_") as client:
         if lowered:  # the store has started and read the server's limit: a small response completes
             small = client.post("/big?size=1024", headers={**headers, "idempotency-key": '"small"'})
             assert small.status_code == 201 and calls["big"] == 1
@@ -179,4 +158,4 @@ def test_a_response_over_the_servers_limit_runs_the_handler_once_and_every_retry
     assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
     assert calls["big"] == 1
     if mode == "atomic":
-        assert rows(mariadb) == (1 if lowered else 0)  # the small response's write only
+        assert rows(private_mariadb) == (1 if lowered else 0)  # the small response's write only
