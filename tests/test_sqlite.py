@@ -247,3 +247,48 @@ def test_conflict_mode_is_in_flight_for_the_key_held_and_another_key_waits(db: P
     holder.engine.dispose()
     if api == "sync":
         store.engine.dispose()
+
+
+def test_conflict_mode_answers_a_duplicate_of_a_claim_still_waiting_for_the_lock_in_flight(db: Path) -> None:
+    """on_in_flight="conflict": a claim of k2 waits for the write lock, which a writer of k1 holds; a duplicate of k2
+    arriving meanwhile is answered in flight while the writer still holds the lock (it lets go once the duplicate
+    has its answer, or after 30 s, well within the 60 s busy timeout), and the waiting claim then runs, once. Before
+    k2 was noted ahead of the lock, the duplicate waited for the lock too, and replayed or ran k2 after the writer."""
+    from idem_dialects import RequestInFlight
+    from idem_dialects.dialects import sqlite as dialect
+
+    holder = IdempotencyStore.from_url(f"sqlite:///{db}")
+    holder.create_tables()
+    store = IdempotencyStore.from_url(f"sqlite:///{db}?timeout=60")
+    started, answered = threading.Event(), threading.Event()
+
+    def held(conn: Any) -> str:
+        started.set()
+        answered.wait(30)
+        return "k1"
+
+    def claim(key: str) -> Any:
+        return store.run(scope="s", operation="op", key=key, request={}, on_in_flight="conflict",
+                         effect=lambda conn: effects.append(key) or key)
+
+    effects: list[str] = []
+    outcomes: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: holder.run(scope="s", operation="op", key="k1", request={}, effect=held))
+    first.start()
+    assert started.wait(30)
+    waiting = threading.Thread(target=lambda: outcomes.update(k2=claim("k2")))
+    waiting.start()
+    k2 = store.backend._held_key(store.tables.records, {"scope": "s", "operation": "op", "idem_key": "k2"})
+    while dialect._HELD.noted(k2) == 0:  # the claim of k2 noted it, and asks for the lock
+        time.sleep(0.01)
+    try:
+        with pytest.raises(RequestInFlight):
+            claim("k2")
+        assert first.is_alive() and not answered.is_set()  # answered while the writer of k1 still held the lock
+    finally:
+        answered.set()
+        first.join(30)
+        waiting.join(30)
+    assert outcomes["k2"].response == "k2" and not outcomes["k2"].replayed and effects == ["k2"]
+    holder.engine.dispose()
+    store.engine.dispose()

@@ -103,12 +103,12 @@ def insert_values(backend: Backend, table: Table, values: Mapping[str, Any],
     return {**binds(table, values), **{name: backend.now_plus(s) for name, s in (clock or {}).items()}}
 
 
-def zeroed(setting: Callable[[int], Flow[None]], previous: int, claim: Flow[S]) -> Flow[S]:
-    """`claim` run with a session setting (a lock or busy timeout) at 0, the connection's own value `previous` set
-    back after it, whatever the claim raised (`not_waiting` on engines whose setting outlives the transaction)."""
-    yield from setting(0)
+def set_during(setting: Callable[[int], Flow[None]], value: int, previous: int, flow: Flow[S]) -> Flow[S]:
+    """`flow` run with a session setting (a lock or busy timeout) at `value`, the connection's own value `previous`
+    set back after it, whatever the flow raised (`not_waiting` on engines whose setting outlives the transaction)."""
+    yield from setting(value)
     try:
-        result = yield from claim
+        result = yield from flow
     except GeneratorExit:
         raise
     except BaseException:

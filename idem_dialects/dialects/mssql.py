@@ -39,7 +39,7 @@ from ..drivers import aioodbc, mssqlpython, pymssql, pyodbc
 from ..errors import InvalidKey, WinnerNotVisible
 from ..features import Features
 from ..steps import Flow, Shape, execute, rowcount
-from .base import Backend, Columns, insert_values, params, statement, zeroed
+from .base import Backend, Columns, insert_values, params, set_during, statement
 from .mssql_errors import ER_DUP_CONSTRAINT, ER_DUP_INDEX, MSSQLErrors
 from .mssql_maintenance import MSSQLMaintenance
 from .types import Utf8Bytes
@@ -208,7 +208,7 @@ class MSSQLBackend(Backend):
         def lock_timeout(ms: int) -> Flow[None]:  # SET LOCK_TIMEOUT takes a literal; an int read just now
             yield from execute(statement(text(f"SET LOCK_TIMEOUT {ms}"), Shape.NOTHING))
 
-        return (yield from zeroed(lock_timeout, previous, claim))  # session state
+        return (yield from set_during(lock_timeout, 0, previous, claim))  # session state
 
     def lock_batch(self, table: Table, columns: Sequence[ColumnElement[Any]], condition: ColumnElement[bool],
                    order_by: Sequence[ColumnElement[Any]], limit: int) -> Flow[list[Any]]:

@@ -6,10 +6,11 @@ instead (within the busy timeout), and `run` retries what still comes back busy.
 
 `run(..., on_in_flight="conflict")` answers in flight only for its own key: the lock is the database's, and a
 writer's uncommitted claim is invisible to every other connection, so the backend notes the keys its write
-transactions claim, per database file, in this process (`_Held`). A claim whose key such a transaction holds claims
-with a busy timeout of 0: it gets SQLITE_BUSY at once, answered in flight (the connection's busy timeout is put back
-after the claim). Any other claim waits for the write lock as in wait mode, then claims or replays: a writer with
-another key, or one in another process, which the backend cannot see.
+transactions claim, per database file, in this process (`_Held`): `run`'s claim notes its key before it asks for the
+write lock, so of two duplicates the second to ask knows of the first even if the first has not written yet. A claim
+whose key such a transaction holds claims with a busy timeout of 0: it gets SQLITE_BUSY at once, answered in flight
+(the connection's busy timeout is put back after the claim). Any other claim waits for the write lock as in wait
+mode, then claims or replays: a writer with another key, or one in another process, which the backend cannot see.
 
 `run`'s claim is the exception (`Begin.CLAIM`): its transaction begins deferred and the claim reads the record first,
 so a replay takes no write lock (it runs beside a writer in WAL mode, and a read-only database still replays). When
@@ -23,18 +24,20 @@ import os
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 from pathlib import PurePath
-from typing import Any
+from time import monotonic
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import DateTime, Engine, delete, func, literal_column, select, text, type_coerce
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.schema import Table
@@ -43,7 +46,7 @@ from ..drivers import aiosqlite, pysqlite
 from ..errors import IdemWarning
 from ..features import Features
 from ..steps import Begin, Flow, Shape, execute, rowcount
-from .base import Backend, Columns, insert_values, params, statement, zeroed
+from .base import Backend, Columns, insert_values, params, set_during, statement
 from .sqlite_errors import SQLiteErrors, is_read_only
 from .sqlite_maintenance import SQLiteMaintenance
 from .types import TextOrParsedDateTime
@@ -53,6 +56,7 @@ _USER_ISOLATION = "idem_dialects.sqlite_user_isolation"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
 _RESTART = ("ROLLBACK", "BEGIN IMMEDIATE")  # a read-only claim transaction becoming a writer's
 _BUSY_TIMEOUT = text("PRAGMA busy_timeout")
+_SLICE_MS = 20  # how long a claim under `not_waiting` waits for the write lock before it looks for a duplicate again
 
 
 class _Held:
@@ -63,10 +67,13 @@ class _Held:
         self._lock = threading.Lock()
         self._keys: Counter[tuple[Any, ...]] = Counter()
 
-    def note(self, noted: list[tuple[Any, ...]], key: tuple[Any, ...]) -> None:
+    def note(self, noted: list[tuple[Any, ...]], key: tuple[Any, ...]) -> bool:
+        """Note `key` for the transaction whose list is `noted`; True if another transaction had noted it."""
         with self._lock:
+            held = self._keys[key] > 0
             self._keys[key] += 1
         noted.append(key)
+        return held
 
     def let_go(self, noted: list[tuple[Any, ...]]) -> None:
         with self._lock:
@@ -78,10 +85,17 @@ class _Held:
     def __contains__(self, key: tuple[Any, ...]) -> bool:
         return key in self._keys
 
+    def noted(self, key: tuple[Any, ...]) -> int:
+        """How many transactions noted `key`."""
+        return self._keys[key]
+
 
 _HELD = _Held()
+S = TypeVar("S")
 # The keys the current transaction (of this thread, or task: the async store's greenlets share its context) noted.
 _NOTED: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("idem_dialects_sqlite_noted", default=None)
+# Set by `not_waiting` around a claim that must not wait for a duplicate noted while it read.
+_NOT_WAITING: ContextVar[bool] = ContextVar("idem_dialects_sqlite_not_waiting", default=False)
 
 
 def is_memory(url: URL) -> bool:
@@ -225,13 +239,38 @@ class SQLiteBackend(Backend):
             # Replayed, mismatched or in flight under a live lease: answered without writing.
             if row is not None and (row.completed_at is not None or row.locked_until > row.db_now):
                 return False, row
-            for verb in _RESTART:  # only the read ran: restart as a writer rather than upgrade
-                yield from execute(self.prepared(verb, partial(statement, text(verb), Shape.NOTHING)))
+            # Only the read ran: restart as a writer rather than upgrade. The key is noted first, so a duplicate
+            # asking for the lock meanwhile knows it is in flight; and if one had noted it, under `not_waiting` this
+            # one does not wait for the lock either.
+            noted = _NOTED.get()
+            held = self._held_key(table, key)
+            duplicate = noted is not None and _HELD.note(noted, held)
+            if not _NOT_WAITING.get():
+                yield from self._restart()
+            elif duplicate:  # the one that noted it first claims it, or holds it already: do not wait for it
+                yield from self._busy_timeout(0, lambda _: self._restart())
+            else:  # another key's writer may hold the lock: wait for it, unless a duplicate noted since takes it
+                yield from self._busy_timeout(_SLICE_MS, lambda ms: self._restart(held, monotonic() + ms / 1000))
         inserted, row = yield from super().claim(table, values, clock, key, fresh=False)
         noted = _NOTED.get()
-        if inserted and noted is not None:
+        if inserted and noted is not None and self._held_key(table, key) not in noted:
             _HELD.note(noted, self._held_key(table, key))
         return inserted, row
+
+    def _restart(self, held: tuple[Any, ...] | None = None, deadline: float = 0.0) -> Flow[None]:
+        """ROLLBACK, BEGIN IMMEDIATE. With `held` (the key, noted by this transaction), the lock is asked for in
+        slices of the busy timeout until `deadline`; busy after a slice in which another transaction noted the key
+        too, it stops waiting (busy: answered in flight)."""
+        rollback, begin = (self.prepared(verb, partial(statement, text(verb), Shape.NOTHING)) for verb in _RESTART)
+        yield from execute(rollback)
+        while True:
+            try:
+                yield from execute(begin)
+                return
+            except DBAPIError as exc:
+                if held is None or not self.errors.is_lock_busy(exc) or _HELD.noted(held) > 1 \
+                        or monotonic() >= deadline:
+                    raise
 
     def _held_key(self, table: Table, key: Mapping[str, str]) -> tuple[Any, ...]:
         return (self._database, table.name, *sorted(key.items()))
@@ -245,15 +284,25 @@ class SQLiteBackend(Backend):
         return (yield from rowcount(stmt, params(values))) == 1
 
     def not_waiting(self, table: Table, key: Mapping[str, str], claim: Flow[Any]) -> Flow[Any]:
-        if self._held_key(table, key) not in _HELD:  # the write lock, if taken, is another key's: wait for it
+        if self._held_key(table, key) in _HELD:
+            return (yield from self._busy_timeout(0, lambda _: claim))
+        # The write lock, if taken, is another key's: wait for it, unless a duplicate notes the key meanwhile.
+        token = _NOT_WAITING.set(True)
+        try:
             return (yield from claim)
+        finally:
+            with suppress(ValueError):  # the async store may end the flow in another greenlet of its task
+                _NOT_WAITING.reset(token)
+
+    def _busy_timeout(self, ms: int, flow: Callable[[int], Flow[S]]) -> Flow[S]:
+        """`flow(previous)` run with the connection's busy timeout at `ms` (`previous`: its own, put back after)."""
         previous = int((yield from execute(self.prepared("busy timeout", lambda: statement(
             _BUSY_TIMEOUT, Shape.ROW))))[0])
 
         def busy_timeout(ms: int) -> Flow[None]:  # an int: nothing to escape
             yield from execute(statement(text(f"PRAGMA busy_timeout = {ms}"), Shape.NOTHING))
 
-        return (yield from zeroed(busy_timeout, previous, claim))
+        return (yield from set_during(busy_timeout, ms, previous, flow(previous)))
 
     def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
         def build() -> Any:

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from idem_dialects.engines import started
+
 django = pytest.importorskip("django", reason="the [django] extra is not installed")
 pytest.importorskip("rest_framework", reason="djangorestframework (the [dev] extra) is not installed")
 pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
@@ -27,6 +29,9 @@ def alias(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name not in settings.DATABASES:
         pytest.skip(settings.UNAVAILABLE.get(name, f"no {name} database"))
+    # The settings may have been read before the run refused servers (this directory named on the command line).
+    if name != "default" and started.refusal() is not None:
+        pytest.skip(f"{name}: {started.refusal()}")
     return name
 
 
