@@ -33,11 +33,16 @@ def pytest_configure(config: Any) -> None:
 
 
 # Under pytest-xdist with --dist loadscope, what one worker runs together (the rest is one scope per module): each HA
-# or pooling stack's tests (the stack starts once); the conformance checks and the documentation's examples (which
-# start nothing per module) spread over the workers one by one.
+# or pooling stack's tests (the stack starts once); the other conformance checks one by one (their servers are the
+# session's); a documentation page's examples, on each engine in turn (a page may name a server's database of its
+# own); the mistakes' tests function by function (minutes in all; a module's server starts once per function).
 # (The wheel and the site are built once per run whichever workers need them: tests/wheel_common.py.)
 STACKS = sorted((name for name, entry in engines.ENGINES.items() if entry.stacked_on), key=len, reverse=True)
-ONE_BY_ONE = ("tests/test_conformance.py", "tests/test_examples.py")
+SPLIT: dict[str, Callable[[str], str]] = {
+    "tests/test_conformance.py": lambda nodeid: nodeid,
+    "tests/test_examples.py": lambda nodeid: nodeid.rpartition("-")[0],  # [page-engine]
+    "tests/test_mistakes.py": lambda nodeid: nodeid.partition("[")[0],
+}
 # What a scope weighs when the workers are handed scopes, heaviest first: a test marked slow is about a minute, most
 # others under a second. Handed out in that order, the run ends on short scopes, not on one long test started last.
 SLOW_WEIGHT = 60
@@ -49,9 +54,8 @@ def scope_of(nodeid: str) -> str:
     stack = next((s for s in STACKS if params.startswith(s) and params[len(s):][:1] in ("", "-", "]")), None)
     if stack is not None:
         return stack
-    if path in ONE_BY_ONE:
-        return nodeid
-    return path
+    split = SPLIT.get(path)
+    return path if split is None else split(nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra)
