@@ -103,3 +103,45 @@ def test_one_test_module_builds_the_documentation() -> None:
     builders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
                       if re.search(r'"-m",\s*"sphinx"', p.read_text(encoding="utf-8")))
     assert builders == ["tests/wheel_common.py"]
+
+
+def test_workers_get_the_scopes_heaviest_first_and_shared_servers_stay_together() -> None:
+    """What a pytest-xdist worker runs together (conftest.scope_of), and in which order the scopes go out: a stack's
+    checks together (it starts once), other conformance checks one by one, a page's examples on every engine
+    together, the mistakes' tests by function; a scope with a test marked slow before one of many quick tests."""
+    from conftest import SLOW_WEIGHT, pytest_collection_modifyitems, scope_of
+
+    examples = "tests/test_examples.py::test_every_block[operations/purge.md-{}]"
+    assert {scope_of(examples.format(e)) for e in ("sqlite", "postgresql", "mariadb")} == \
+        {"tests/test_examples.py::test_every_block[operations/purge.md"}
+    assert scope_of("tests/test_conformance.py::test_replay[galera-haproxy-all-writers-sync]") == \
+        "galera-haproxy-all-writers"
+    assert scope_of("tests/test_conformance.py::test_replay[galera-haproxy-single-writer-async-asyncmy]") == \
+        "galera-haproxy-single-writer"
+    assert scope_of("tests/test_conformance.py::test_replay[sqlite-sync]") == \
+        "tests/test_conformance.py::test_replay[sqlite-sync]"
+    assert scope_of("tests/test_mistakes.py::test_every_command[unknown host]") == \
+        "tests/test_mistakes.py::test_every_command"
+    assert scope_of("tests/test_cli.py::test_stats[sqlite]") == "tests/test_cli.py"
+    # Handed out heaviest first: the slow test's module, then the module of three quick tests, then the check; within
+    # a scope the tests keep their order.
+    items = [Item("tests/test_conformance.py::test_replay[sqlite-sync]"), Item("tests/test_cli.py::test_a"),
+             Item("tests/test_oldest.py::test_suite", slow=True), Item("tests/test_cli.py::test_b"),
+             Item("tests/test_cli.py::test_c")]
+    pytest_collection_modifyitems(Worker(), items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == ["tests/test_oldest.py::test_suite", "tests/test_cli.py::test_a",
+                                         "tests/test_cli.py::test_b", "tests/test_cli.py::test_c",
+                                         "tests/test_conformance.py::test_replay[sqlite-sync]"]
+    assert SLOW_WEIGHT > 3
+
+
+class Item:
+    def __init__(self, nodeid: str, slow: bool = False) -> None:
+        self.nodeid, self.slow = nodeid, slow
+
+    def get_closest_marker(self, name: str) -> object:
+        return object() if name == "slow" and self.slow else None
+
+
+class Worker:
+    workerinput: dict[str, str] = {}  # what tells a pytest-xdist worker's config
