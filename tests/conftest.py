@@ -96,6 +96,18 @@ def live_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     provided.stop()
 
 
+@pytest.fixture(scope="module", params=["postgresql", "mariadb"])
+def db_server(request: pytest.FixtureRequest) -> Iterator[engines.Server]:
+    """The machine's PostgreSQL and MariaDB servers: what keeps statistics and a catalog (a skip, with the reason,
+    where one cannot be had)."""
+    try:
+        found = engines.get(request.param).provide()
+    except engines.Unavailable as exc:
+        pytest.skip(f"{request.param} unavailable: {exc}")
+    yield found
+    found.stop()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--idem-require-broker", action="append", default=[], metavar="NAME",
                      help="a broker (rabbitmq, nats, redis, or all) whose adapter tests must run: unavailable, they"

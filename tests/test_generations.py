@@ -17,24 +17,14 @@ from sqlalchemy import text
 from idem_dialects import ConfigurationError, IdempotencyStore, RequestMismatch
 from idem_dialects import retention as retention_module
 from idem_dialects.dialects.maintenance import Maintenance
-from idem_dialects.engines import Server, Unavailable, get
+from idem_dialects.engines import Server
 from idem_dialects.outcomes import Claimed
 from idem_dialects.steps import Begin
 
 
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Server:
-    try:
-        found = get(request.param).provide()
-    except Unavailable as exc:
-        pytest.skip(f"{request.param} unavailable: {exc}")
-    request.addfinalizer(found.stop)
-    return found
-
-
 @pytest.fixture
-def store(server: Server) -> Iterator[IdempotencyStore]:
-    made = IdempotencyStore.from_url(server.url, table_prefix=f"g{secrets.token_hex(3)}_")
+def store(db_server: Server) -> Iterator[IdempotencyStore]:
+    made = IdempotencyStore.from_url(db_server.url, table_prefix=f"g{secrets.token_hex(3)}_")
     made.create_tables(generations=True)
     yield made
     made.drop_tables()
@@ -167,10 +157,10 @@ def test_sqlite_keeps_no_generations(tmp_path: object) -> None:
             store.create_tables(generations=True)
 
 
-def test_mariadb_purges_at_read_committed(server: Server) -> None:
-    if server.url.get_backend_name() != "mariadb":
+def test_mariadb_purges_at_read_committed(db_server: Server) -> None:
+    if db_server.url.get_backend_name() != "mariadb":
         pytest.skip("a MySQL/MariaDB fact")
-    with IdempotencyStore.from_url(server.url, pool_size=1) as store:
+    with IdempotencyStore.from_url(db_server.url, pool_size=1) as store:
         with store.engine.connect() as conn:
             with store.backend.transaction(conn, Begin.PURGE):
                 assert conn.exec_driver_sql("SELECT @@tx_isolation").scalar() == "READ-COMMITTED"
@@ -178,17 +168,17 @@ def test_mariadb_purges_at_read_committed(server: Server) -> None:
             assert conn.exec_driver_sql("SELECT @@tx_isolation").scalar() == "REPEATABLE-READ"
 
 
-def test_the_async_store_reads_the_previous_generation(server: Server) -> None:
+def test_the_async_store_reads_the_previous_generation(db_server: Server) -> None:
     import asyncio
 
     from idem_dialects import AsyncIdempotencyStore, dialects
 
-    drivers = dialects.usable_drivers(dialects.load(server.url.get_backend_name()), asynchronous=True)
+    drivers = dialects.usable_drivers(dialects.load(db_server.url.get_backend_name()), asynchronous=True)
     if not drivers:
         pytest.skip("no async driver installed")
 
     async def main() -> None:
-        url = server.url.set(drivername=f"{server.url.get_backend_name()}+{drivers[0]}")
+        url = db_server.url.set(drivername=f"{db_server.url.get_backend_name()}+{drivers[0]}")
         async with AsyncIdempotencyStore.from_url(url, table_prefix=f"g{secrets.token_hex(3)}_") as store:
             await store.create_tables(generations=True)
             try:
@@ -205,12 +195,12 @@ def test_the_async_store_reads_the_previous_generation(server: Server) -> None:
     asyncio.run(main())
 
 
-def test_init_generations_creates_the_previous_table(server: Server) -> None:
+def test_init_generations_creates_the_previous_table(db_server: Server) -> None:
     from idem_dialects.cli import main
 
     prefix = f"g{secrets.token_hex(3)}_"
-    assert main(["init", server.url.render_as_string(hide_password=False), "--table-prefix", prefix,
+    assert main(["init", db_server.url.render_as_string(hide_password=False), "--table-prefix", prefix,
                  "--generations", "--quiet"]) == 0
-    with IdempotencyStore.from_url(server.url, table_prefix=prefix) as store:
+    with IdempotencyStore.from_url(db_server.url, table_prefix=prefix) as store:
         assert count(store, store.tables.previous.name) == 0
         store.drop_tables()

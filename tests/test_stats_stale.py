@@ -23,25 +23,15 @@ from idem_dialects import retention as retention_module
 from idem_dialects.cli.commands import EXIT_FAILED
 from idem_dialects.cli.commands.stats import backlog_bound, describe, exceeded
 from idem_dialects.dialects.maintenance import Maintenance
-from idem_dialects.engines import Server, Unavailable, get
+from idem_dialects.engines import Server
 from idem_dialects.retention import Stats
 
 N = 200_000
 THRESHOLD = 100_000
 
 
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Server:
-    try:
-        found = get(request.param).provide()
-    except Unavailable as exc:
-        pytest.skip(f"{request.param} unavailable: {exc}")
-    request.addfinalizer(found.stop)
-    return found
-
-
-def make_store(server: Server, generations: bool = False) -> Iterator[IdempotencyStore]:
-    made = IdempotencyStore.from_url(server.url, table_prefix=f"z{secrets.token_hex(3)}_")
+def make_store(db_server: Server, generations: bool = False) -> Iterator[IdempotencyStore]:
+    made = IdempotencyStore.from_url(db_server.url, table_prefix=f"z{secrets.token_hex(3)}_")
     made.create_tables(generations=generations)
     try:
         yield made
@@ -51,13 +41,13 @@ def make_store(server: Server, generations: bool = False) -> Iterator[Idempotenc
 
 
 @pytest.fixture
-def store(server: Server) -> Iterator[IdempotencyStore]:
-    yield from make_store(server)
+def store(db_server: Server) -> Iterator[IdempotencyStore]:
+    yield from make_store(db_server)
 
 
 @pytest.fixture
-def generational(server: Server) -> Iterator[IdempotencyStore]:
-    yield from make_store(server, generations=True)
+def generational(db_server: Server) -> Iterator[IdempotencyStore]:
+    yield from make_store(db_server, generations=True)
 
 
 def analyze(store: IdempotencyStore, *tables: Table) -> None:
