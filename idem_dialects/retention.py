@@ -193,13 +193,20 @@ class Retention:
         nothing: one statement on its completion index decides."""
         tables, backend = self.core.tables, self.core.backend
         previous = tables.previous
-        newest = select(func.max(previous.c.completed_at) < backend.now_plus(-window.total_seconds()),
-                        func.count(previous.c.completed_at) > 0)
-        due = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
-        if due[1] and not due[0]:
+        # The newest completion on the index, one entry read (NULL: nothing completed there, nothing to keep).
+        newest = select(func.max(previous.c.completed_at) >= backend.now_plus(-window.total_seconds()))
+        recent = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
+        if recent[0]:
             return 0
-        dropped: int = yield from self.core.retrying(lambda: transaction(catalog(
-            lambda conn: backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep))))
+        attempts = [0]
+
+        def rotate(conn: Connection) -> int:
+            # Each attempt waits longer for the tables' lock than the one before (`rotation_wait`): claims queue
+            # behind a waiting rotation, so the first waits only for the claims in flight.
+            attempt, attempts[0] = attempts[0], attempts[0] + 1
+            return backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep, attempt)
+
+        dropped: int = yield from self.core.retrying(lambda: transaction(catalog(rotate)))
         yield from self.core.retrying(lambda: transaction(catalog(
             lambda conn: backend.maintenance.drop_retired(conn, previous))))
         self.core.telemetry.purged(tables.records.name, dropped)

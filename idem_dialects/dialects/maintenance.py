@@ -55,12 +55,18 @@ class Maintenance:
         return False
 
     def rotate(self, conn: Connection, current: Table, previous: Table, staging: Table,
-               keep: ColumnElement[bool]) -> int:
+               keep: ColumnElement[bool], attempt: int = 0) -> int:
         """Drop the previous generation whole: its rows matching `keep` (within retention; found on the completion
         index, never by reading the whole generation) carried into the current table first, the current table then
         made the previous one and a new current one created, claims not completed moved into it. Runs in the
         transaction of `conn` (a schema step); returns how many rows were dropped, counted (`dropping`) before the
-        lock is taken: only a rotation changes the previous table, so the count holds until the drop."""
+        lock is taken: only a rotation changes the previous table, so the count holds until the drop.
+
+        Everything that can be done before the tables' exclusive lock is (the count, the new table, the rows carried
+        forward): claims wait only for the lock and the renames. The lock's wait is bounded by `rotation_wait(attempt)`
+        (then the engine's lock timeout, which the purge retries with the next attempt): claims queue behind a waiting
+        rotation, so a first attempt waits little, and only a rotation that keeps meeting a long transaction waits
+        longer."""
         raise NotImplementedError(f"{self.backend.name}: no generations on this backend")
 
     def drop_retired(self, conn: Connection, previous: Table) -> None:
@@ -114,6 +120,18 @@ class Maintenance:
         return None
 
 
+# A rotation's wait for the tables' exclusive lock, attempt by attempt: every claim that arrives meanwhile queues behind
+# it, so the first attempts wait little (the claims in flight finish in milliseconds), and the wait doubles only while
+# a longer transaction holds the tables, up to ROTATION_LAST_WAIT (what it always was).
+ROTATION_FIRST_WAIT = 0.05
+ROTATION_LAST_WAIT = 10.0
+
+
+def rotation_wait(attempt: int, floor: float = ROTATION_FIRST_WAIT) -> float:
+    """Seconds attempt `attempt` (from 0) of a rotation waits for its lock, at least `floor` (the engine's unit)."""
+    return float(min(ROTATION_LAST_WAIT, max(floor, ROTATION_FIRST_WAIT * 2 ** min(attempt, 16))))
+
+
 def retired_name(previous: Table) -> str:
     """The name a rotation gives the generation it retires, until `drop_retired` drops it."""
     return f"{previous.name}_old"
@@ -124,13 +142,20 @@ def exact_count(conn: Connection, table: Table) -> int:
 
 
 def dropping(conn: Connection, table: Table) -> int:
-    """How many rows dropping the previous generation `table` removes: counted, whatever its size, so that `purge`
-    reports rows removed and never the engine's estimate (which after a bulk of writes with no ANALYZE can be far
-    off). Run before the rotation takes its lock: no claim, completion, release, renewal or takeover writes the
-    previous table (claims insert into the current one and only read this one), only a rotation changes it, so the
-    count is still right when the lock is held (two purges rotating at once aside), and the lock is held no longer
-    for it."""
+    """How many rows dropping the previous generation `table` removes (those `carried` forward aside): counted,
+    whatever its size, so that `purge` reports rows removed and never the engine's estimate (which after a bulk of
+    writes with no ANALYZE can be far off). Run before the rotation takes its lock: no claim, completion, release,
+    renewal or takeover writes the previous table (claims insert into the current one and only read this one), only a
+    rotation changes it, so the count is still right when the lock is held (two purges rotating at once aside), and
+    the lock is held no longer for it."""
     return exact_count(conn, table)
+
+
+def carried(conn: Connection, table: Table, keep: ColumnElement[bool]) -> int:
+    """How many rows of the previous generation `table` a rotation carries forward (`keep`, a range of the completion
+    index and its NULLs): counted in the table, as `dropping` is, not as the copy's row count, which misses the rows
+    an attempt before copied (the copy ignores a key already there)."""
+    return int(conn.execute(select(func.count()).select_from(table).where(keep)).scalar_one())
 
 
 def carried_columns(table: Table) -> list[str]:

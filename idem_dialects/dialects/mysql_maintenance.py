@@ -2,8 +2,9 @@
 from InnoDB's statistics (`information_schema.TABLES.TABLE_ROWS`); the backlog past retention is counted.
 
 LOCK TABLES ... WRITE takes the tables' exclusive metadata locks, so it waits for every transaction that touched
-them (a claim holds its metadata lock to its end) and new claims wait behind it; under it the carried rows are
-copied and the three tables renamed one by one (`ALTER TABLE ... RENAME`: RENAME TABLE is refused under LOCK
+them (a claim holds its metadata lock to its end) and new claims wait behind it; under it the claims not completed
+are moved into the next generation's table (made before, as the rows carried forward are copied before) and the
+three tables renamed one by one (`ALTER TABLE ... RENAME`: RENAME TABLE is refused under LOCK
 TABLES), so no claim ever sees the tables half rotated. The old generation is dropped after UNLOCK TABLES
 (`drop_retired`): DROP TABLE frees its tablespace file whole, without InnoDB's purge lag or a lock on the ranges
 claims insert into. Not on a Galera node: LOCK TABLES is not replicated there (its purge runs in batches at READ
@@ -23,9 +24,7 @@ from sqlalchemy.schema import DropTable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Select
 
-from .maintenance import Maintenance, carried_columns, dropping, retired_name
-
-ROTATION_LOCK_WAIT = 10  # seconds (lock_wait_timeout, metadata locks): then 1205, which the purge's retry tries again
+from .maintenance import Maintenance, carried, carried_columns, dropping, retired_name, rotation_wait
 
 
 class MySQLMaintenance(Maintenance):
@@ -41,21 +40,28 @@ class MySQLMaintenance(Maintenance):
         return not getattr(self.backend.features, "wsrep", False)
 
     def rotate(self, conn: Connection, current: Table, previous: Table, staging: Table,
-               keep: ColumnElement[bool]) -> int:
+               keep: ColumnElement[bool], attempt: int = 0) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
-        dropped = dropping(conn, previous)  # before the lock: only a rotation changes the previous table
+        # Before the lock: only a rotation changes the previous table.
+        dropped = dropping(conn, previous) - carried(conn, previous, keep)
+        # Before the lock, what no claim needs to wait for. The next generation's table as a copy of the current
+        # one's definition, indexes included: one DDL statement (CREATE TABLE then CREATE INDEX was two, each a
+        # tablespace or dictionary write and its flush). The rows still within retention carried into the current
+        # table (a claim of one of their keys replays it from either table: the same record).
         conn.execute(DropTable(staging, if_exists=True))
-        staging.create(conn)
+        conn.exec_driver_sql(f"CREATE TABLE {quote(staging)} LIKE {quote(current)}")
         retired = retired_name(previous)
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(conn, retired)}")  # a rotation interrupted before
+        conn.execute(current.insert().prefix_with("IGNORE").from_select(
+            cols, select(*(previous.c[c] for c in cols)).where(keep)))
         saved = conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar_one()
-        conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {ROTATION_LOCK_WAIT}")
+        # Whole seconds (MariaDB truncates a fraction to 0, which would be NOWAIT): at least 1 s.
+        conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {max(1, round(rotation_wait(attempt, 1.0)))}")
         try:
+            # LOCK TABLES commits the rows carried forward first (as DDL does, it ends the transaction).
             conn.exec_driver_sql(f"LOCK TABLES {quote(current)} WRITE, {quote(previous)} WRITE, {quote(staging)} WRITE")
             try:
-                kept = conn.execute(current.insert().prefix_with("IGNORE").from_select(
-                    cols, select(*(previous.c[c] for c in cols)).where(keep))).rowcount
                 is_open = current.c.completed_at.is_(None)
                 conn.execute(staging.insert().from_select(cols, select(*(current.c[c] for c in cols)).where(is_open)))
                 conn.execute(delete(current).where(is_open))
@@ -66,7 +72,7 @@ class MySQLMaintenance(Maintenance):
                 conn.exec_driver_sql("UNLOCK TABLES")
         finally:
             conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {int(saved)}")
-        return max(0, dropped - max(0, kept))
+        return max(0, dropped)
 
     def key_range(self, columns: Sequence[ColumnElement[Any]], values: Sequence[ColumnElement[Any]],
                   op: str) -> ColumnElement[bool] | None:
