@@ -31,7 +31,7 @@ from idem_dialects.errors import RetryCause
 from idem_dialects.features import Features
 from idem_dialects.fingerprint import Encoder
 from idem_dialects.ids import Identity, Origin
-from idem_dialects.limits import OnInFlight
+from idem_dialects.limits import DEFAULT_PACE, OnInFlight
 from idem_dialects.outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome
 from idem_dialects.relay import AsyncRelay
 from idem_dialects.retention import Stats
@@ -246,8 +246,8 @@ class BridgedStore:
                                             lease=lease, retry=retry, on_in_flight=on_in_flight))
 
     def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-              progress: Callable[[str, int], None] | None = None) -> int:
-        return self._loop.call(self.aio.purge(older_than, batch_size, progress))
+              progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int:
+        return self._loop.call(self.aio.purge(older_than, batch_size, progress, pace))
 
     def stats(self) -> Stats:
         return self._loop.call(self.aio.stats())

@@ -28,7 +28,7 @@ from .execution.aio import INTERRUPTED, commit_async, execute_async, to_completi
 from .fingerprint import Encoder
 from .heartbeat import beating_async
 from .ids import Identity, Origin
-from .limits import DEFAULT_RETENTION, OnInFlight
+from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
@@ -150,11 +150,12 @@ class AsyncStore(StoreBase, Generic[C]):
     # --- retention -----------------------------------------------------------------------------------------------
 
     async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-                    progress: Callable[[str, int], None] | None = None) -> int:
+                    progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the store's
         `retention`) ago, processed messages and published outbox commands as old, in batches of one transaction
-        each. A live in-flight claim is never touched. `progress(table, deleted)` is called after each batch."""
-        return await self.drive(self._retention.purge(older_than, batch_size, progress))
+        each, paced as the sync store's (`pace`: the share of its time spent in batches). A live in-flight claim is
+        never touched. `progress(table, deleted)` is called after each batch."""
+        return await self.drive(self._retention.purge(older_than, batch_size, progress, pace))
 
     async def stats(self) -> Stats:
         """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,

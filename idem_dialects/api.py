@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 from .errors import RetryCause
 from .features import Features
 from .fingerprint import Encoder
-from .limits import OnInFlight
+from .limits import DEFAULT_PACE, OnInFlight
 from .outcomes import Claimed, Delivery, OnMismatch, Outcome, Result
 from .retry import RetryPolicy
 from .steps import Begin, Flow, Heartbeat, Statement
@@ -216,7 +216,7 @@ class StoreAPI(Protocol[C]):
             on_in_flight: OnInFlight = "wait") -> Result: ...
 
     def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-              progress: Callable[[str, int], None] | None = None) -> int: ...
+              progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int: ...
 
     def stats(self) -> Stats: ...
 
@@ -297,7 +297,7 @@ class AsyncStoreAPI(Protocol[C]):
                   retry: RetryPolicy | None = None, on_in_flight: OnInFlight = "wait") -> Result: ...
 
     async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-                    progress: Callable[[str, int], None] | None = None) -> int: ...
+                    progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int: ...
 
     async def stats(self) -> Stats: ...
 

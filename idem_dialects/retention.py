@@ -7,6 +7,7 @@ exactly what the next `purge` would delete.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,11 +23,12 @@ from .core import Core
 from .dialects.base import Backend
 from .dialects.maintenance import Maintenance
 from .errors import _first_line
-from .limits import DEFAULT_RETENTION, check_batch_size, check_retention
+from .limits import DEFAULT_PACE, DEFAULT_RETENTION, check_batch_size, check_pace, check_retention
+from .purging import START, Pacer, Position, Walk
 from .schema import PUBLISHED, Tables
 from .steps import Begin, Flow, Shape, Statement, catalog, execute, transaction
 
-__all__ = ["DEFAULT_RETENTION", "Retention", "Stats", "TableSize", "purge_targets"]
+__all__ = ["DEFAULT_PACE", "DEFAULT_RETENTION", "Retention", "Stats", "TableSize", "purge_targets"]
 # Below this many rows (the engine's estimate) `stats` counts exactly: a scan that small costs less than a
 # millisecond or so, and the planner's guesses on small or fresh tables are rough.
 EXACT_BELOW = 100_000
@@ -44,10 +46,21 @@ def purge_targets(tables: Tables, backend: Backend, window: timedelta) -> dict[T
 
 def past_retention(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
     """The rows of a records table (the current generation or the previous one) past `window`."""
-    cutoff = backend.now_plus(-window.total_seconds())
+    return or_(completed_past(records, backend, window), abandoned_past(records, backend, window))
+
+
+def completed_past(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
+    """The completed records past `window`: a range of the completion index, which purge walks in order."""
     r = records.c
-    return or_(and_(r.completed_at.is_not(None), r.completed_at < cutoff),
-               and_(r.completed_at.is_(None), r.locked_until < backend.now(), r.created_at < cutoff))
+    return and_(r.completed_at.is_not(None), r.completed_at < backend.now_plus(-window.total_seconds()))
+
+
+def abandoned_past(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
+    """The claims never completed whose lease is over and which were created longer than `window` ago: among the
+    completion index's NULLs (few: in flight or stuck), never a live in-flight claim."""
+    r = records.c
+    return and_(r.completed_at.is_(None), r.locked_until < backend.now(),
+                r.created_at < backend.now_plus(-window.total_seconds()))
 
 
 def within_retention(records: Table, backend: Backend, window: timedelta) -> ColumnElement[bool]:
@@ -158,14 +171,17 @@ class Retention:
         self.core = core
 
     def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-              progress: Callable[[str, int], None] | None = None) -> Flow[int]:
+              progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> Flow[int]:
         """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the retention)
-        ago, processed messages and published outbox commands as old, in batches of one transaction each, each
-        retried like `run`. A live in-flight claim is never touched. `progress(table, deleted)` is called after
-        each batch. Validates eagerly."""
+        ago, processed messages and published outbox commands as old, in batches of one transaction each (at most
+        `batch_size` rows, fewer while batches take longer than BATCH_SECONDS), each retried like `run`, with a pause
+        after each batch that keeps the time spent in batches to `pace` of the whole (1: no pauses). A live in-flight
+        claim is never touched. `progress(table, deleted)` is called after each batch. Validates eagerly."""
         window = self.core.retention if older_than is None else check_retention(older_than, "older_than")
         check_batch_size(batch_size)
-        return self._purge(purge_targets(self.core.tables, self.core.backend, window), batch_size, progress, window)
+        return self._purge(purge_targets(self.core.tables, self.core.backend, window), Pacer(batch_size,
+                                                                                              check_pace(pace)),
+                           progress, window)
 
     def _generations(self) -> Flow[bool]:
         return self.core.previous is not None  # found when the transaction began (`Core.refine`)
@@ -177,13 +193,20 @@ class Retention:
         nothing: one statement on its completion index decides."""
         tables, backend = self.core.tables, self.core.backend
         previous = tables.previous
-        newest = select(func.max(previous.c.completed_at) < backend.now_plus(-window.total_seconds()),
-                        func.count(previous.c.completed_at) > 0)
-        due = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
-        if due[1] and not due[0]:
+        # The newest completion on the index, one entry read (NULL: nothing completed there, nothing to keep).
+        newest = select(func.max(previous.c.completed_at) >= backend.now_plus(-window.total_seconds()))
+        recent = yield from transaction(execute(Statement(newest, Shape.ROW, (previous.name,))), Begin.CLAIM)
+        if recent[0]:
             return 0
-        dropped: int = yield from self.core.retrying(lambda: transaction(catalog(
-            lambda conn: backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep))))
+        attempts = [0]
+
+        def rotate(conn: Connection) -> int:
+            # Each attempt waits longer for the tables' lock than the one before (`rotation_wait`): claims queue
+            # behind a waiting rotation, so the first waits only for the claims in flight.
+            attempt, attempts[0] = attempts[0], attempts[0] + 1
+            return backend.maintenance.rotate(conn, tables.records, previous, tables.staging, keep, attempt)
+
+        dropped: int = yield from self.core.retrying(lambda: transaction(catalog(rotate)))
         yield from self.core.retrying(lambda: transaction(catalog(
             lambda conn: backend.maintenance.drop_retired(conn, previous))))
         self.core.telemetry.purged(tables.records.name, dropped)
@@ -191,29 +214,67 @@ class Retention:
             progress(previous.name, dropped)
         return dropped
 
-    def _purge(self, targets: dict[Table, ColumnElement[bool]], batch_size: int,
+    def _purge(self, targets: dict[Table, ColumnElement[bool]], pacer: Pacer,
                progress: Callable[[str, int], None] | None, window: timedelta) -> Flow[int]:
         total = 0
-        records = self.core.tables.records
+        tables, backend = self.core.tables, self.core.backend
+        records = tables.records
         if (yield from transaction(self._generations(), Begin.CLAIM)):
             # Generations: the previous one is dropped whole once every record in it is past retention; until then
             # there is nothing to drop (records are kept between one and two retention windows).
             targets = {t: c for t, c in targets.items() if t is not records}
-            total += yield from self._rotate(within_retention(self.core.tables.previous, self.core.backend, window),
-                                             window, progress)
+            total += yield from self._rotate(within_retention(tables.previous, backend, window), window, progress)
         for table, condition in targets.items():
-            while True:
-                def batch(table: Table = table, condition: ColumnElement[bool] = condition) -> Flow[int]:
-                    return transaction(self.core.backend.purge_batch(table, condition, batch_size), Begin.PURGE)
-
-                deleted = yield from self.core.retrying(batch)
-                self.core.telemetry.purged(table.name, deleted)
-                total += deleted
-                if progress is not None:
-                    progress(table.name, deleted)
-                if deleted < batch_size:
-                    break
+            if table is records:
+                # The completed records in the completion index's order, range by range; then the abandoned claims
+                # (its NULLs, few). Together they are `condition`: what `stats` counts as past retention.
+                total += yield from self._in_order(records, "completed_at", completed_past(records, backend, window),
+                                                   pacer, progress)
+                condition = abandoned_past(records, backend, window)
+            total += yield from self._batches(table, condition, pacer, progress)
         return total
+
+    def _batches(self, table: Table, condition: ColumnElement[bool], pacer: Pacer,
+                 progress: Callable[[str, int], None] | None) -> Flow[int]:
+        """Batches of the backend's `purge_batch` until one deletes fewer rows than it was allowed."""
+        total = 0
+        while True:
+            size = pacer.size
+
+            def batch(size: int = size) -> Flow[int]:
+                return transaction(self.core.backend.purge_batch(table, condition, size), Begin.PURGE)
+
+            started = time.monotonic()
+            deleted = yield from self.core.retrying(batch)
+            total += yield from self._done(table, deleted, progress)
+            if deleted < size:
+                return total
+            yield from pacer.pause(time.monotonic() - started)
+
+    def _in_order(self, table: Table, column: str, condition: ColumnElement[bool], pacer: Pacer,
+                  progress: Callable[[str, int], None] | None) -> Flow[int]:
+        """The rows matching `condition` in `column`'s order, one contiguous range per batch (`purging.Walk`)."""
+        walk, total = Walk(self.core.backend, table, column, condition), 0
+        position: Position | None = START
+        while position is not None:
+            size = pacer.size
+
+            def batch(at: Position = position, size: int = size) -> Flow[tuple[int, Position | None]]:
+                return transaction(walk.step(at, size), Begin.PURGE)
+
+            started = time.monotonic()
+            deleted, position = yield from self.core.retrying(batch)
+            total += yield from self._done(table, deleted, progress)
+            if position is not None:
+                yield from pacer.pause(time.monotonic() - started)
+        return total
+
+    def _done(self, table: Table, deleted: int, progress: Callable[[str, int], None] | None) -> Flow[int]:
+        self.core.telemetry.purged(table.name, deleted)
+        if progress is not None:
+            progress(table.name, deleted)
+        return deleted
+        yield  # pragma: no cover - a flow
 
     def stats(self) -> Flow[Stats]:
         """Records by state, the backlog past the retention, table sizes: one read for the counts, one for the sizes

@@ -28,7 +28,7 @@ from .execution.sync import execute_native, execute_sqlalchemy
 from .fingerprint import Encoder
 from .heartbeat import beating
 from .ids import Identity, Origin
-from .limits import DEFAULT_RETENTION, OnInFlight
+from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
@@ -167,11 +167,14 @@ class SyncStore(StoreBase, Generic[C]):
     # --- retention -----------------------------------------------------------------------------------------------
 
     def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-              progress: Callable[[str, int], None] | None = None) -> int:
+              progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int:
         """Delete records completed (or abandoned, lease over) longer than `older_than` (default: the store's
         `retention`) ago, processed messages and published outbox commands as old, in batches of one transaction
-        each. A live in-flight claim is never touched. `progress(table, deleted)` is called after each batch."""
-        return self.drive(self._retention.purge(older_than, batch_size, progress))
+        each, paced: batches fill at most `pace` of the purge's time (after a batch of t seconds it waits
+        t (1/pace - 1); 1: no pauses), and a batch slower than 0.1 s makes the next one smaller, so traffic beside it
+        keeps most of the database. A live in-flight claim is never touched. `progress(table, deleted)` is called
+        after each batch."""
+        return self.drive(self._retention.purge(older_than, batch_size, progress, pace))
 
     def stats(self) -> Stats:
         """The tables now: records by state (completed, in flight, expired lease), the oldest claim not completed,

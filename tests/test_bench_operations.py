@@ -58,7 +58,7 @@ def test_retention_modes_are_measured_before_and_after(mode: str, capsys: pytest
     assert main(["bench", server.url.render_as_string(hide_password=False), "--measure", "purge", "--rows", "3000",
                  "--recent", "2000", "--purge-mode", mode, "--format", "json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "idem-dialects-bench-purge/2" and report["mode"] == mode
+    assert report["schema"] == "idem-dialects-bench-purge/3" and report["mode"] == mode
     assert report["rows"] == 3000 and report["recent"] == 2000 and report["kept_ratio"] > 0
 
 

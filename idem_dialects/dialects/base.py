@@ -314,18 +314,20 @@ class Backend(ABC):
             Shape.ROWS, table))
         return list((yield from execute(stmt)))
 
-    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
-        """Delete at most `limit` rows matching `condition`; return how many went. The portable default selects the
-        keys first, then deletes exactly those (still under `condition`, so a row completed or re-claimed in between
-        is left alone); engines that can, do it in one statement."""
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int,
+                    values: Mapping[str, Any] | None = None) -> Flow[int]:
+        """Delete at most `limit` rows matching `condition` (its bind parameters' `values`: a range's edges); return
+        how many went. The portable default selects the keys first, then deletes exactly those (still under
+        `condition`, so a row completed or re-claimed in between is left alone); engines that can, do it in one
+        statement."""
         pk = list(table.primary_key.columns)
         found = self.prepared(("purge keys", table, condition, limit), lambda: statement(
             select(*pk).where(condition).limit(limit), Shape.ROWS, table))
-        keys = yield from execute(found)
+        keys = yield from execute(found, values)
         if not keys:
             return 0
         match = or_(*(and_(*(col == value for col, value in zip(pk, row, strict=True))) for row in keys))
-        return (yield from rowcount(statement(delete(table).where(match, condition), Shape.ROWCOUNT, table)))
+        return (yield from rowcount(statement(delete(table).where(match, condition), Shape.ROWCOUNT, table), values))
 
     # --- operations ------------------------------------------------------------------------------------------
 

@@ -220,10 +220,11 @@ class MSSQLBackend(Backend):
             .order_by(*order_by).limit(limit), Shape.ROWS, table))
         return list((yield from execute(stmt)))
 
-    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int,
+                    values: Mapping[str, Any] | None = None) -> Flow[int]:
         # One statement, the batch size bounding the locks it takes; `limit` is a validated int.
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), lambda: statement(
-            delete(table).where(condition).prefix_with(f"TOP ({int(limit)})"), Shape.ROWCOUNT, table))))
+            delete(table).where(condition).prefix_with(f"TOP ({int(limit)})"), Shape.ROWCOUNT, table)), values))
 
     # --- operations ------------------------------------------------------------------------------------------
 

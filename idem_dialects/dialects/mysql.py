@@ -369,10 +369,14 @@ class MySQLBackend(Backend):
             Shape.ROWS, table))
         return list((yield from execute(stmt)))
 
-    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
-        # Single-table DELETE ... LIMIT: one statement, no key list round trip.
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int,
+                    values: Mapping[str, Any] | None = None) -> Flow[int]:
+        # Single-table DELETE ... LIMIT: one statement, no key list round trip. The limit is written into the text
+        # (a validated int): as a parameter rendered at compile time it would need the condition's own parameters
+        # (a range's edges, bound per batch) there too.
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), lambda: statement(
-            table.delete().where(condition).ext(mysql_limit(limit)), Shape.ROWCOUNT, table))))
+            table.delete().where(condition).ext(mysql_limit(literal_column(str(int(limit))))), Shape.ROWCOUNT,
+            table)), values))
 
     # --- operations ------------------------------------------------------------------------------------------
 

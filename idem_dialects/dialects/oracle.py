@@ -175,7 +175,8 @@ class OracleBackend(Backend):
 
         return list((yield from execute(self.prepared(("lock batch", table, condition, limit), build))))
 
-    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int,
+                    values: Mapping[str, Any] | None = None) -> Flow[int]:
         """One statement: delete by ROWID the first `limit` rows matching `condition` (ROWNUM works on every
         version, unlike FETCH FIRST before 12c). `condition` is repeated outside so that a row changed by another
         transaction in between is re-checked (write consistency restarts on the columns it names)."""
@@ -185,7 +186,7 @@ class OracleBackend(Backend):
                 None, limit, type_=Integer()))
             return statement(delete(table).where(and_(rowid.in_(batch), condition)), Shape.ROWCOUNT, table)
 
-        return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
+        return (yield from rowcount(self.prepared(("purge", table, condition, limit), build), values))
 
     # --- operations ------------------------------------------------------------------------------------------
 

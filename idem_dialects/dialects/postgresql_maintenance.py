@@ -3,9 +3,10 @@ statistics the server keeps (`pg_stat_user_tables.n_live_tup`, the planner's est
 
 A rotation locks both record tables ACCESS EXCLUSIVE, the previous one first (the order claims take them in): it
 waits for every transaction that touched them (each claim holds its lock to its end), and new claims queue behind it
-for its few milliseconds; `lock_timeout` bounds the wait (55P03, retried like any lock timeout). Dropping a table
-unlinks its files: no dead tuples, no vacuum debt, and the cost does not grow with the rows dropped. Renaming keeps
-the statements valid: they name tables, and a cached plan is re-planned on the table it finds by that name.
+for its few milliseconds; `lock_timeout` bounds the wait (55P03, retried with a longer one: `rotation_wait`).
+Dropping a table unlinks its files: no dead tuples, no vacuum debt, and the cost does not grow with the rows dropped.
+Renaming keeps the statements valid: they name tables, and a cached plan is re-planned on the table it finds by that
+name.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import json
 from sqlalchemy import Table, delete, func, literal, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import DropTable
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
-from .maintenance import Maintenance, carried_columns, dropping, retired_name
+from .maintenance import Maintenance, carried, carried_columns, dropping, retired_name, rotation_wait
 
-ROTATION_LOCK_TIMEOUT = "10s"  # then 55P03: the purge's retry tries again, claims never wait longer than this
 # A table's statistics are stale once the rows written since its last ANALYZE pass this share of the rows that ANALYZE
 # saw, plus STALE_FLOOR: twice autovacuum's own trigger (autovacuum_analyze_scale_factor 0.1), so a table autovacuum
 # keeps up with never reads as stale between two of its rounds, while one analysed empty and then bulk loaded does.
@@ -38,33 +39,42 @@ class PostgreSQLMaintenance(Maintenance):
         return True
 
     def rotate(self, conn: Connection, current: Table, previous: Table, staging: Table,
-               keep: ColumnElement[bool]) -> int:
+               keep: ColumnElement[bool], attempt: int = 0) -> int:
         quote = conn.dialect.identifier_preparer.format_table
         cols = carried_columns(current)
         # Counted before the lock (only a rotation changes the previous table); the count's ACCESS SHARE lock, held to
         # this transaction's end, keeps another purge's rotation from swapping the table meanwhile, and claims (which
         # only read it) never wait on it.
         dropped = dropping(conn, previous)
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{ROTATION_LOCK_TIMEOUT}'")
         # What is carried forward is found on the completion index (a range and its NULLs); a generation never
-        # analysed (a bulk load, a young table) would be planned as a sequential scan, under the lock claims wait on.
+        # analysed (a bulk load, a young table) would be planned as a sequential scan (249 ms at 500,000 rows).
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        dropped -= carried(conn, previous, keep)
+        # Before the lock, what no claim needs to wait for: the next generation's table made (invisible to others
+        # until this transaction commits), and the rows still within retention carried into the current one (a
+        # claim of one of their keys replays it from either table: the same record). Under the lock the rotation
+        # is then renames and the claims not completed moved: 5.8 + 1.9 ms of CREATE TABLE and CREATE INDEX less.
+        retired = retired_name(previous)
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(conn, retired)}")  # a rotation interrupted before
+        conn.execute(DropTable(staging, if_exists=True))
+        staging.create(conn)
+        conn.execute(pg_insert(current).from_select(cols, select(*(previous.c[c] for c in cols)).where(keep))
+                     .on_conflict_do_nothing())
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{round(rotation_wait(attempt) * 1000)}ms'")
         # The previous table first: a claim reads it before it inserts into the current one, so a rotation taking
         # them the other way round would deadlock with every claim between its two statements.
         conn.exec_driver_sql(f"LOCK TABLE {quote(previous)}, {quote(current)} IN ACCESS EXCLUSIVE MODE")
-        kept = conn.execute(pg_insert(current).from_select(cols, select(*(previous.c[c] for c in cols)).where(keep))
-                            .on_conflict_do_nothing()).rowcount
         # Renamed away, dropped once this transaction has committed (`drop_retired`): unlinking a large table's files
         # is then no part of the time claims wait for.
-        retired = retired_name(previous)
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(conn, retired)}")  # a rotation interrupted before
         self._rename(conn, previous, retired)
         self._rename(conn, current, previous.name)
-        current.create(conn)
-        is_open = previous.c.completed_at.is_(None)
-        conn.execute(pg_insert(current).from_select(cols, select(*(previous.c[c] for c in cols)).where(is_open)))
-        conn.execute(delete(previous).where(is_open))
-        return max(0, dropped - max(0, kept))
+        self._rename(conn, staging, current.name)
+        # The claims not completed, out of the generation that has just become the previous one and into the new
+        # current one, in one statement.
+        moved = (delete(previous).where(previous.c.completed_at.is_(None))
+                 .returning(*(previous.c[c] for c in cols)).cte("moved"))
+        conn.execute(current.insert().from_select(cols, select(*(moved.c[c] for c in cols))))
+        return max(0, dropped)
 
     def _rename(self, conn: Connection, table: Table, name: str) -> None:
         """`table` and its primary key and indexes renamed after `name` (index names are per schema)."""

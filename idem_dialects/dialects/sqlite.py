@@ -304,13 +304,14 @@ class SQLiteBackend(Backend):
 
         return (yield from set_during(busy_timeout, ms, previous, flow(previous)))
 
-    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int) -> Flow[int]:
+    def purge_batch(self, table: Table, condition: ColumnElement[bool], limit: int,
+                    values: Mapping[str, Any] | None = None) -> Flow[int]:
         def build() -> Any:
             rowid: ColumnElement[int] = literal_column("rowid")
             batch = select(rowid).select_from(table).where(condition).limit(limit).scalar_subquery()
             return statement(delete(table).where(rowid.in_(batch)), Shape.ROWCOUNT, table)
 
-        return (yield from rowcount(self.prepared(("purge", table, condition, limit), build)))
+        return (yield from rowcount(self.prepared(("purge", table, condition, limit), build), values))
 
     # --- operations ------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from ..core import NO_PAYLOAD
 from ..execution.aio import to_completion
 from ..heartbeat import beating_async
 from ..ids import Identity, Origin
-from ..limits import OnInFlight
+from ..limits import DEFAULT_PACE, OnInFlight
 from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats
 from ..retry import RetryPolicy
@@ -80,9 +80,9 @@ class AsyncShardedStore(Sharded[AsyncStore[Any]]):
             await store.drop_tables()
 
     async def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-                    progress: Callable[[str, int], None] | None = None) -> int:
+                    progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int:
         """Each shard's purge in turn; the rows deleted on all of them."""
-        return sum([await store.purge(older_than, batch_size, progress) for store in self.shards.values()])
+        return sum([await store.purge(older_than, batch_size, progress, pace) for store in self.shards.values()])
 
     async def stats(self) -> Stats:
         """Every shard's `stats` as one (`Stats.combined`), each shard's own in `.shards`."""

@@ -21,7 +21,7 @@ from ..api import StoreAPI
 from ..core import NO_PAYLOAD
 from ..heartbeat import beating
 from ..ids import Identity, Origin
-from ..limits import OnInFlight
+from ..limits import DEFAULT_PACE, OnInFlight
 from ..outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from ..retention import Stats
 from ..retry import RetryPolicy
@@ -80,9 +80,9 @@ class ShardedStore(Sharded[SyncStore[Any]]):
             store.drop_tables()
 
     def purge(self, older_than: timedelta | None = None, batch_size: int = 1000,
-              progress: Callable[[str, int], None] | None = None) -> int:
+              progress: Callable[[str, int], None] | None = None, pace: float = DEFAULT_PACE) -> int:
         """Each shard's purge in turn; the rows deleted on all of them."""
-        return sum(store.purge(older_than, batch_size, progress) for store in self.shards.values())
+        return sum(store.purge(older_than, batch_size, progress, pace) for store in self.shards.values())
 
     def stats(self) -> Stats:
         """Every shard's `stats` as one (`Stats.combined`), each shard's own in `.shards`."""

@@ -57,7 +57,7 @@ APIS = ("sync", "async", "http", "consumer")
 # What a run measures: the debit workload through an API, or an operation's cost on the sync store.
 MEASURES = ("workload", "telemetry", "purge", "outbox")
 _MEASURE_OPTIONS = {"telemetry": ("requests", "repetitions", "warmup"),
-                    "purge": ("rows", "batch_size", "workers", "recent", "purge_mode"),
+                    "purge": ("rows", "batch_size", "workers", "recent", "purge_mode", "pace"),
                     "outbox": ("rows", "batch_size", "workers")}
 
 

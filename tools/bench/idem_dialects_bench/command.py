@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--measure purge: delete (row by row, as shipped; the default), delete-default-isolation"
                              " (row by row at the server's default isolation, as before generations) or generations"
                              " (the old records are the previous generation, dropped whole)")
+    parser.add_argument("--pace", type=float, metavar="SHARE",
+                        help="--measure purge, delete: the share of its time the purge spends in its batches (above 0,"
+                             " at most 1: no pauses; default: the library's, 0.5)")
     parser.add_argument("--gc-freeze", action="store_const", const=True,
                         help="--api http: the server freezes its startup heap (gc.freeze() once warm, as docs/http.md"
                              " advises services), so full collections scan only what requests leave behind")
@@ -146,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
         elif len(names) != 1:
             raise bench.UsageError(f"--measure {args.measure} measures one engine at a time")
         else:
-            chosen = {o: getattr(args, o) for o in (*OPTIONS, *FLAGS, "rows", "batch_size", "recent", "purge_mode")}
+            chosen = {o: getattr(args, o) for o in (*OPTIONS, *FLAGS, "rows", "batch_size", "recent", "purge_mode",
+                                                                 "pace")}
             benches = [bench.measurement(args.measure, args.api, **chosen)]
         report = bench.run(names, benches, lenient=lenient, log=log)
     except (ValueError, bench.UsageError) as exc:

@@ -11,8 +11,12 @@ own connection) are timed twice: alone, and while retention removes the old rows
 - ``generations``: the old rows are the previous generation (`create_tables(generations=True)`) and `purge` drops
   it whole.
 
-The report gives the removal's seconds and rows/s and the claims' throughput and latency (p50/p99/max) in both
-phases, and their ratio: the lock and CPU impact on concurrent claims.
+The report gives the removal's seconds and rows/s and the claims' throughput and latency (p50/p99/max) alone
+(before and after) and beside the removal, and their ratio: the lock and CPU impact on concurrent claims. Beside the
+removal is measured twice: over the removal itself (`claims_during_removal`: the claims that ended inside it, and
+the latency of every claim that overlapped it, the longest of them included), which is what a rotation of
+generations costs the claims while it holds its locks; and over a window of at least DURING_FLOOR seconds from its
+start (`claims_during_purge`), which dilutes a removal shorter than that in the claims after it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from idem_dialects.store import IdempotencyStore
 
 from .runner import BenchFailed, scratch_store
 
-SCHEMA = "idem-dialects-bench-purge/2"
+SCHEMA = "idem-dialects-bench-purge/3"
 MODES = ("delete", "delete-default-isolation", "generations")
 _AGE = 2 * 86400.0  # the old records completed two days ago; purge keeps one day
 BASELINE_SECONDS = 10.0  # how long the claims run alone (before and after), for what retention is compared with
@@ -50,19 +54,22 @@ class PurgeBenchmark:
     """The `Benchmark` (runner.py) of retention's cost on one database."""
 
     def __init__(self, rows: int = 100_000, batch_size: int = 1000, workers: int = 2, recent: int = 0,
-                 purge_mode: str = "delete") -> None:
+                 purge_mode: str = "delete", pace: float | None = None) -> None:
         if purge_mode not in MODES:
             raise ValueError(f"--purge-mode must be one of {', '.join(MODES)}, got {purge_mode!r}")
+        if pace is not None and not 0 < pace <= 1:
+            raise ValueError(f"--pace must be above 0 and at most 1, got {pace!r}")
         self.rows, self.batch_size, self.workers, self.recent, self.mode = rows, batch_size, workers, recent, \
             purge_mode
+        self.pace = pace
 
     def refuse(self, backend: type[Backend]) -> str | None:
         return None
 
     def measure(self, url: URL, log: Log) -> dict[str, Any]:
         with scratch_store(url, self.workers + 2) as (store, info):
-            return measure(store, self.rows, self.batch_size, self.workers, log, self.recent, self.mode) | {
-                "engine": info}
+            return measure(store, self.rows, self.batch_size, self.workers, log, self.recent, self.mode,
+                           self.pace) | {"engine": info}
 
 
 def fill(store: IdempotencyStore, rows: int, table: Table | None = None, age: float = _AGE, scope: str = "old") -> None:
@@ -101,9 +108,12 @@ def fill(store: IdempotencyStore, rows: int, table: Table | None = None, age: fl
             digits.drop(conn, checkfirst=True)
 
 
-def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) -> tuple[list[float], float]:
-    """First-time runs on `workers` threads until `until()`: each one's latency (ms), and the elapsed seconds."""
-    latencies: list[float] = []
+Span = tuple[float, float]  # one claim's start and end, perf_counter seconds
+
+
+def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) -> tuple[list[Span], float]:
+    """First-time runs on `workers` threads until `until()`: each one's start and end, and the elapsed seconds."""
+    spans: list[Span] = []
     lock = threading.Lock()
 
     def work(worker: int) -> None:
@@ -113,7 +123,7 @@ def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) ->
             store.run(scope=f"w{worker}", operation="claim:v1", key=secrets.token_hex(8), request={"n": n},
                       effect=lambda conn: {"ok": 1})
             with lock:
-                latencies.append((time.perf_counter() - started) * 1000)
+                spans.append((started, time.perf_counter()))
             n += 1
 
     started = time.perf_counter()
@@ -122,14 +132,25 @@ def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) ->
         thread.start()
     for thread in threads:
         thread.join()
-    return latencies, time.perf_counter() - started
+    return spans, time.perf_counter() - started
 
 
-def _summary(latencies: list[float], seconds: float) -> dict[str, Any]:
-    ordered = sorted(latencies) or [0.0]
-    return {"claims": len(latencies), "claims_per_s": len(latencies) / seconds if seconds else 0.0,
+def _summary(spans: list[Span], seconds: float) -> dict[str, Any]:
+    """Claims/s over `seconds`, and the latencies (ms) of `spans`: median, 99th percentile, longest."""
+    ordered = sorted((end - start) * 1000 for start, end in spans) or [0.0]
+    return {"claims": len(spans), "claims_per_s": len(spans) / seconds if seconds else 0.0,
             "p50_ms": statistics.median(ordered), "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
             "max_ms": ordered[-1]}
+
+
+def _within(spans: list[Span], start: float, end: float) -> dict[str, Any]:
+    """The claims beside the removal itself, from `start` to `end`: their rate is the claims that ended inside it
+    over its length; their latencies are those of every claim that overlapped it (one that waited on the removal's
+    lock from before it began and ended after it counts), so `max_ms` is the longest claim during the removal."""
+    ended = sum(1 for _, done in spans if start <= done <= end)
+    overlapping = [(s, e) for s, e in spans if s < end and e > start]
+    return _summary(overlapping, end - start) | {"claims": ended, "claims_per_s": ended / (end - start),
+                                                  "seconds": end - start}
 
 
 def _default_isolation_purge(store: IdempotencyStore, batch_size: int) -> int:
@@ -151,7 +172,7 @@ def _default_isolation_purge(store: IdempotencyStore, batch_size: int) -> int:
 
 
 def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, log: Callable[[str], None],
-            recent: int = 0, mode: str = "delete") -> dict[str, Any]:
+            recent: int = 0, mode: str = "delete", pace: float | None = None) -> dict[str, Any]:
     generations = mode == "generations"
     store.create_tables(generations=generations)
     log(f"inserting {rows:,} records completed two days ago and {recent:,} completed now")
@@ -166,15 +187,18 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, l
     done = threading.Event()
     purged: dict[str, Any] = {}
 
+    paced: dict[str, Any] = {} if pace is None else {"pace": pace}  # the library's default unless given
+
     def purge() -> None:
-        started = time.perf_counter()
+        purged["start"] = time.perf_counter()
         try:
             if mode == "delete-default-isolation":
                 purged["rows"] = _default_isolation_purge(store, batch_size)
             else:
-                purged["rows"] = store.purge(older_than=timedelta(days=1), batch_size=batch_size)
+                purged["rows"] = store.purge(older_than=timedelta(days=1), batch_size=batch_size, **paced)
         finally:
-            purged["seconds"] = time.perf_counter() - started
+            purged["end"] = time.perf_counter()
+            purged["seconds"] = purged["end"] - purged["start"]
             done.set()
 
     log(f"removing the old records ({mode}) while {workers} workers claim")
@@ -183,8 +207,10 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, l
     # At least DURING_FLOOR seconds: a removal that takes milliseconds must not be judged on a handful of claims, nor
     # diluted in seconds of claims after it (the window is the removal's, plus the floor's rest).
     floor = time.perf_counter() + DURING_FLOOR
-    during = _summary(*_claims(store, workers, lambda: done.is_set() and time.perf_counter() > floor))
+    spans, seconds = _claims(store, workers, lambda: done.is_set() and time.perf_counter() > floor)
     purger.join()
+    during = _summary(spans, seconds)
+    removal = _within(spans, purged["start"], purged["end"])
     # Alone again, after: on a shared machine the claims' rate drifts; the ratio is to the mean of before and after.
     deadline = time.perf_counter() + BASELINE_SECONDS
     after = _summary(*_claims(store, workers, lambda: time.perf_counter() > deadline))
@@ -193,8 +219,10 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, l
                    for t in (store.tables.records, *([store.tables.previous] if generations else [])))
     if "rows" not in purged or left:
         raise BenchFailed(f"retention removed {purged.get('rows')} of {rows} old records ({left} left)")
-    return {"schema": SCHEMA, "rows": rows, "recent": recent, "mode": mode, "batch_size": batch_size,
+    reference = (alone["claims_per_s"] + after["claims_per_s"]) / 2
+    return {"schema": SCHEMA, "rows": rows, "recent": recent, "mode": mode, "batch_size": batch_size, "pace": pace,
             "workers": workers, "purge": {"seconds": purged["seconds"], "rows_per_s": rows / purged["seconds"]},
-            "claims_alone": alone, "claims_during_purge": during, "claims_after": after,
-            "kept_ratio": during["claims_per_s"] / reference if (reference := (alone["claims_per_s"]
-                                                                             + after["claims_per_s"]) / 2) else None}
+            "claims_alone": alone, "claims_during_removal": removal, "claims_during_purge": during,
+            "claims_after": after,
+            "kept_ratio_removal": removal["claims_per_s"] / reference if reference else None,
+            "kept_ratio": during["claims_per_s"] / reference if reference else None}

@@ -265,13 +265,20 @@ def render_purge(report: Mapping[str, Any], markdown: bool = False) -> str:
              + f": {purge['seconds']:.2f} s, {purge['rows_per_s']:,.0f} rows/s",
              f"{'first-time claims, ' + str(report['workers']) + ' workers':<38} {'claims/s':>9} {'p50 ms':>7}"
              f" {'p99 ms':>7} {'max ms':>7}"]
-    for label, key in (("alone", "claims_alone"), ("during retention", "claims_during_purge"),
+    removal = report.get("claims_during_removal")
+    for label, key in (("alone", "claims_alone"),
+                       (f"during the removal itself ({removal['seconds']:.2f} s)" if removal else "",
+                        "claims_during_removal"),
+                       ("during retention (at least 2 s)", "claims_during_purge"),
                        ("alone again, after", "claims_after")):
         row = report.get(key)
         if row is None:
             continue
         lines.append(f"  {label:<36} {row['claims_per_s']:>9.0f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f}"
                      f" {row['max_ms']:>7.1f}")
+    if removal is not None and report.get("kept_ratio_removal") is not None:
+        lines.append(f"  claims kept {report['kept_ratio_removal']:.0%} of their rate (alone, before and after)"
+                     f" during the removal itself, longest claim {removal['max_ms']:.1f} ms")
     if report.get("kept_ratio") is not None:
         lines.append(f"  claims kept {report['kept_ratio']:.0%} of their rate (alone, before and after)"
                      " during retention")
@@ -309,7 +316,7 @@ def render_telemetry(report: Mapping[str, Any], markdown: bool = False) -> str:
 
 
 OTHERS = {"async/1": render_async, "http/3": render_http, "consumer/1": render_consumer, "purge/2": render_purge,
-          "outbox/1": render_outbox, "telemetry/3": render_telemetry}
+          "purge/3": render_purge, "outbox/1": render_outbox, "telemetry/3": render_telemetry}
 
 
 # What `idem-dialects report` calls (idem_dialects.cli.reporting.html.BenchRenderer).

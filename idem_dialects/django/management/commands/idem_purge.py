@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idem_dialects.django.conf import get_config, get_store
 from idem_dialects.errors import IdemError
-from idem_dialects.limits import parse_duration
+from idem_dialects.limits import DEFAULT_PACE, parse_duration
 
 
 class Command(BaseCommand):
@@ -22,6 +22,9 @@ class Command(BaseCommand):
                                  " IDEMPOTENCY['RETENTION'], else 24h)")
         parser.add_argument("--batch-size", type=int, default=1000, metavar="N",
                             help="rows per transaction (default 1000)")
+        parser.add_argument("--pace", type=float, default=DEFAULT_PACE, metavar="SHARE",
+                            help=f"the share of its time purge spends deleting, pausing between batches (above 0, at"
+                                 f" most 1: no pauses; default {DEFAULT_PACE})")
         parser.add_argument("--database", default=None,
                             help="the database alias (default: IDEMPOTENCY['DATABASE'], else 'default')")
 
@@ -41,7 +44,7 @@ class Command(BaseCommand):
                 self.stderr.write(f"  {table}: {done[table]} deleted")
 
         try:
-            total = get_store(alias).purge(older_than, options["batch_size"], progress)
+            total = get_store(alias).purge(older_than, options["batch_size"], progress, pace=options["pace"])
         except IdemError as exc:  # bad input or configuration: what failed and how to fix it, no traceback
             raise CommandError(str(exc)) from exc
         per_table = ", ".join(f"{table}: {n}" for table, n in done.items())
