@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from idem_dialects import IdempotencyStore, InvalidPayload
+from idem_dialects import IdempotencyStore, InvalidPayload, purging
 from idem_dialects import store as store_module
 from idem_dialects.cli import main
 from idem_dialects.dialects.maintenance import ROTATION_LAST_WAIT, rotation_wait
@@ -132,6 +132,22 @@ def test_claims_racing_the_purge_are_never_touched(store: IdempotencyStore) -> N
     found = scopes(store)
     assert found["old"] == 0 and found["recent"] == len(recent)
     assert found["new"] == sum(effects.values()) and all(count == 1 for count in effects.values())
+
+
+def test_a_walk_that_cannot_move_on_ends_in_plain_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range that deletes nothing and leads back to itself (its rows another purge's, or a driver reading the
+    column coarser than the engine keeps it): the purge does not loop on it, and what is left goes in batches."""
+    def stuck(self: purging.Walk, position: purging.Position, size: int) -> Any:
+        return 0, position
+        yield  # pragma: no cover - a flow
+
+    monkeypatch.setattr(purging.Walk, "step", stuck)
+    with IdempotencyStore.from_url(f"sqlite:///{tmp_path / 'stuck.db'}") as store:
+        store.create_tables()
+        add(store, "old", 250, OLD, spread=timedelta(milliseconds=1))
+        add(store, "recent", 20, datetime.now(UTC))
+        assert store.purge(older_than=timedelta(days=1), batch_size=100) == 250
+        assert scopes(store) == Counter({"recent": 20})
 
 
 def test_a_paced_purge_waits_between_batches(store: IdempotencyStore, monkeypatch: pytest.MonkeyPatch) -> None:
