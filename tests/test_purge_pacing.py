@@ -34,9 +34,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Idempotenc
         url: Any = f"sqlite:///{tmp_path / 'purge.db'}"
     else:
         try:
-            url = get(request.param).provide().url
+            server = get(request.param).provide()
         except Unavailable as exc:
             pytest.skip(f"{request.param} unavailable: {exc}")
+        request.addfinalizer(server.stop)
+        url = server.url
     made = IdempotencyStore.from_url(url, table_prefix=f"p{secrets.token_hex(3)}_")
     made.create_tables()
     yield made
@@ -206,16 +208,18 @@ def test_a_rotation_waits_longer_only_attempt_by_attempt() -> None:
 
 
 @pytest.mark.parametrize("engine", ["postgresql", "mariadb"])
-def test_a_rotation_behind_a_long_transaction_retries_and_drops_exactly(engine: str) -> None:
+def test_a_rotation_behind_a_long_transaction_retries_and_drops_exactly(engine: str,
+                                                                       request: pytest.FixtureRequest) -> None:
     """A claim's transaction holds the tables longer than the rotation's first lock wait: that attempt times out
     (claims queued behind it go on), a later one rotates once the claim has completed, and the rows dropped are the
     previous generation's, counted; the held record is in the generation that became the previous one, and
     replays."""
     try:
-        url = get(engine).provide().url
+        server = get(engine).provide()
     except Unavailable as exc:
         pytest.skip(f"{engine} unavailable: {exc}")
-    store = IdempotencyStore.from_url(url, table_prefix=f"r{secrets.token_hex(3)}_")
+    request.addfinalizer(server.stop)
+    store = IdempotencyStore.from_url(server.url, table_prefix=f"r{secrets.token_hex(3)}_")
     store.create_tables(generations=True)
     try:
         for i in range(20):
