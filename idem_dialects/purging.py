@@ -69,8 +69,10 @@ class Walk:
     at `end`. No batch steps over what the batches before it deleted.
 
     Where more rows than a batch share one value of `column` (a bulk load stamps its rows with one time), a batch
-    would begin at that value again and again, stepping over the ones already deleted: the walk goes through such a
-    group by primary key instead (ranges of the key, found the same way), then on past the value.
+    would begin at that value again and again, stepping over the ones already deleted. Where that costs (the engine's
+    maintenance spells a key range, `Maintenance.key_range`: MySQL and MariaDB, whose InnoDB locks the row of each
+    deleted entry it steps over), the walk goes through such a group by primary key instead (ranges of the key, found
+    the same way), then on past the value; elsewhere the batches take the group a range [value, value] at a time.
 
     Each DELETE is the backend's `purge_batch` under `condition` as ever (a range only narrows it), so what it removes
     matches `condition` whatever the range says. Values come back and are bound as the driver gives them (SQLite keeps

@@ -263,8 +263,14 @@ class Retention:
                 return transaction(walk.step(at, size), Begin.PURGE)
 
             started = time.monotonic()
-            deleted, position = yield from self.core.retrying(batch)
+            deleted, after = yield from self.core.retrying(batch)
             total += yield from self._done(table, deleted, progress)
+            if deleted == 0 and after == position:
+                # A range that deleted nothing and leads back to itself: its rows are another purge's (PostgreSQL
+                # skips rows another transaction holds), or a driver reads the column coarser than the engine keeps
+                # it (SQL Server's 100 ns, read as microseconds). What is left goes in batches, the way it always did.
+                return total + (yield from self._batches(table, condition, pacer, progress))
+            position = after
             if position is not None:
                 yield from pacer.pause(time.monotonic() - started)
         return total

@@ -89,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload: the debit workload through --api (default); telemetry: replays with telemetry"
                              " off, with OpenTelemetry's no-op API, with the SDK recording (all, traces or metrics"
                              " only, sampled, a dropped span) and beside OpenTelemetry's SQLAlchemy instrumentation"
-                             " (--requests, --repetitions, --warmup); purge: purge's rows/s and the latency of"
-                             " first-time claims beside it (--rows, --batch-size, --workers); outbox: commands/s of 1"
+                             " (--requests, --repetitions, --warmup); purge: purge's rows/s and the rate and latency"
+                             " of first-time claims beside it, over the removal itself and over at least 2 s (--rows,"
+                             " --recent, --batch-size, --workers, --purge-mode, --pace); outbox: commands/s of 1"
                              " and 4 relays sharing one outbox (--rows, --batch-size; --workers N for one level);"
                              " each on the sync store, one engine")
     parser.add_argument("--rows", type=int, metavar="N", help="--measure purge: old records to purge (default 100000);"

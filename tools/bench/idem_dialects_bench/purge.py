@@ -3,9 +3,13 @@ and what it does to the claims running beside it.
 
 `rows` records completed two days ago and `recent` ones completed now are inserted (server-side, INSERT ... SELECT
 over a digits table, so ten million rows take minutes, not hours), then first-time runs (worker threads, each its
-own connection) are timed twice: alone, and while retention removes the old rows. `mode` says how:
+own connection) are timed twice: alone, and while retention removes the old rows. The removal runs in a process of
+its own, as `idem-dialects purge` (or a scheduled job) does: run as a thread beside the claimers it would share their
+interpreter's lock, each of its statements waiting for a turn, which is no cost a purge has in production (and a
+paced purge would pause in proportion to it). `mode` says how it removes them:
 
-- ``delete``: `purge(older_than=1 day)` as shipped: batches of `batch_size` (MySQL/MariaDB: at READ COMMITTED);
+- ``delete``: `purge(older_than=1 day)` as shipped: paced batches of at most `batch_size` (`pace`: the library's
+  default unless given), the completion index walked range by range (MySQL/MariaDB: at READ COMMITTED);
 - ``delete-default-isolation``: the same batches at the server's default isolation, as releases before generations
   purged (the "before" of MySQL/MariaDB);
 - ``generations``: the old rows are the previous generation (`create_tables(generations=True)`) and `purge` drops
@@ -21,8 +25,11 @@ start (`claims_during_purge`), which dilutes a removal shorter than that in the 
 
 from __future__ import annotations
 
+import json
 import secrets
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -42,7 +49,7 @@ from idem_dialects.store import IdempotencyStore
 
 from .runner import BenchFailed, scratch_store
 
-SCHEMA = "idem-dialects-bench-purge/3"
+SCHEMA = "idem-dialects-bench-purge/3"  # /3: the removal in a process of its own, and its own window
 MODES = ("delete", "delete-default-isolation", "generations")
 _AGE = 2 * 86400.0  # the old records completed two days ago; purge keeps one day
 BASELINE_SECONDS = 10.0  # how long the claims run alone (before and after), for what retention is compared with
@@ -108,7 +115,7 @@ def fill(store: IdempotencyStore, rows: int, table: Table | None = None, age: fl
             digits.drop(conn, checkfirst=True)
 
 
-Span = tuple[float, float]  # one claim's start and end, perf_counter seconds
+Span = tuple[float, float]  # one claim's start and end, time.monotonic seconds
 
 
 def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) -> tuple[list[Span], float]:
@@ -119,20 +126,20 @@ def _claims(store: IdempotencyStore, workers: int, until: Callable[[], bool]) ->
     def work(worker: int) -> None:
         n = 0
         while not until():
-            started = time.perf_counter()
+            started = time.monotonic()
             store.run(scope=f"w{worker}", operation="claim:v1", key=secrets.token_hex(8), request={"n": n},
                       effect=lambda conn: {"ok": 1})
             with lock:
-                spans.append((started, time.perf_counter()))
+                spans.append((started, time.monotonic()))
             n += 1
 
-    started = time.perf_counter()
+    started = time.monotonic()
     threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return spans, time.perf_counter() - started
+    return spans, time.monotonic() - started
 
 
 def _summary(spans: list[Span], seconds: float) -> dict[str, Any]:
@@ -171,6 +178,77 @@ def _default_isolation_purge(store: IdempotencyStore, batch_size: int) -> int:
     return store.drive(batches())
 
 
+# The purge, in a process of its own as `idem-dialects purge` runs: started before the claims' first baseline, it
+# connects, says "ready", and purges when told to, then prints what it removed and when (time.monotonic, which is
+# the system's monotonic clock: the claims' spans are on it too).
+_PURGER = """
+import json, sys, time
+from datetime import timedelta
+from idem_dialects.store import IdempotencyStore
+spec = json.loads(sys.argv[1])
+with IdempotencyStore.from_url(spec["url"], table_prefix=spec["prefix"]) as store:
+    with store.engine.connect():
+        pass
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start = time.monotonic()
+    if spec["mode"] == "delete-default-isolation":
+        from idem_dialects_bench.purge import _default_isolation_purge
+        removed = _default_isolation_purge(store, spec["batch_size"])
+    else:
+        removed = store.purge(older_than=timedelta(days=1), batch_size=spec["batch_size"], **spec["paced"])
+    print(json.dumps({"rows": removed, "start": start, "end": time.monotonic()}), flush=True)
+"""
+
+
+class _Purger:
+    """The purge's process: `start()` once it is ready, `wait()` for what it reports."""
+
+    def __init__(self, store: IdempotencyStore, mode: str, batch_size: int, pace: float | None) -> None:
+        spec = {"url": store.engine.url.render_as_string(hide_password=False), "prefix": store.table_prefix,
+                "mode": mode, "batch_size": batch_size, "paced": {} if pace is None else {"pace": pace}}
+        self.process = subprocess.Popen([sys.executable, "-c", _PURGER, json.dumps(spec)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdin is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise BenchFailed(f"the purge's process did not start: {self._error()}")
+        self.done = threading.Event()
+        self.report: dict[str, Any] = {}
+
+    def start(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        try:
+            line = self.process.stdout.readline()
+            self.report = json.loads(line) if line.strip() else {}
+        except ValueError:
+            self.report = {}
+        finally:
+            self.done.set()
+
+    def wait(self) -> dict[str, Any]:
+        self.done.wait()
+        _, err = self.process.communicate()  # its end, and its pipes closed
+        if self.process.returncode != 0 or "rows" not in self.report:
+            raise BenchFailed(f"the purge failed: {_last_line(err)}")
+        return self.report
+
+    def _error(self) -> str:
+        self.process.kill()
+        _, err = self.process.communicate()
+        return _last_line(err)
+
+
+def _last_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
 def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, log: Callable[[str], None],
             recent: int = 0, mode: str = "delete", pace: float | None = None) -> dict[str, Any]:
     generations = mode == "generations"
@@ -180,44 +258,28 @@ def measure(store: IdempotencyStore, rows: int, batch_size: int, workers: int, l
     if recent:
         fill(store, recent, age=0.0, scope="recent")
     time.sleep(SETTLE_SECONDS)  # the server's own work after a bulk load (checkpoint, statistics) is not the purge's
+    purger = _Purger(store, mode, batch_size, pace)  # its interpreter's start is no part of any measurement
     log(f"{workers} workers claiming alone for {BASELINE_SECONDS:.0f}s")
-    deadline = time.perf_counter() + BASELINE_SECONDS
-    alone = _summary(*_claims(store, workers, lambda: time.perf_counter() > deadline))
+    deadline = time.monotonic() + BASELINE_SECONDS
+    alone = _summary(*_claims(store, workers, lambda: time.monotonic() > deadline))
 
-    done = threading.Event()
-    purged: dict[str, Any] = {}
-
-    paced: dict[str, Any] = {} if pace is None else {"pace": pace}  # the library's default unless given
-
-    def purge() -> None:
-        purged["start"] = time.perf_counter()
-        try:
-            if mode == "delete-default-isolation":
-                purged["rows"] = _default_isolation_purge(store, batch_size)
-            else:
-                purged["rows"] = store.purge(older_than=timedelta(days=1), batch_size=batch_size, **paced)
-        finally:
-            purged["end"] = time.perf_counter()
-            purged["seconds"] = purged["end"] - purged["start"]
-            done.set()
-
-    log(f"removing the old records ({mode}) while {workers} workers claim")
-    purger = threading.Thread(target=purge)
+    log(f"removing the old records ({mode}, in a process of its own) while {workers} workers claim")
     purger.start()
     # At least DURING_FLOOR seconds: a removal that takes milliseconds must not be judged on a handful of claims, nor
     # diluted in seconds of claims after it (the window is the removal's, plus the floor's rest).
-    floor = time.perf_counter() + DURING_FLOOR
-    spans, seconds = _claims(store, workers, lambda: done.is_set() and time.perf_counter() > floor)
-    purger.join()
+    floor = time.monotonic() + DURING_FLOOR
+    spans, seconds = _claims(store, workers, lambda: purger.done.is_set() and time.monotonic() > floor)
+    purged = purger.wait()
+    purged["seconds"] = purged["end"] - purged["start"]
     during = _summary(spans, seconds)
     removal = _within(spans, purged["start"], purged["end"])
     # Alone again, after: on a shared machine the claims' rate drifts; the ratio is to the mean of before and after.
-    deadline = time.perf_counter() + BASELINE_SECONDS
-    after = _summary(*_claims(store, workers, lambda: time.perf_counter() > deadline))
+    deadline = time.monotonic() + BASELINE_SECONDS
+    after = _summary(*_claims(store, workers, lambda: time.monotonic() > deadline))
     with store.engine.connect() as conn:
         left = sum(conn.execute(select(func.count()).select_from(t).where(t.c.scope == "old")).scalar_one()
                    for t in (store.tables.records, *([store.tables.previous] if generations else [])))
-    if "rows" not in purged or left:
+    if left:
         raise BenchFailed(f"retention removed {purged.get('rows')} of {rows} old records ({left} left)")
     reference = (alone["claims_per_s"] + after["claims_per_s"]) / 2
     return {"schema": SCHEMA, "rows": rows, "recent": recent, "mode": mode, "batch_size": batch_size, "pace": pace,
