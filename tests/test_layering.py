@@ -174,7 +174,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("idem_dialects.schema", "idem_dialects.guard", "idem_dialects.url", "idem_dialects.execution",
      "idem_dialects.migrations"),
     ("idem_dialects.core", "idem_dialects.claims", "idem_dialects.inbox", "idem_dialects.retention",
-     "idem_dialects.outbox"),
+     "idem_dialects.purging", "idem_dialects.outbox"),
     ("idem_dialects.api", "idem_dialects.storebase", "idem_dialects.store", "idem_dialects.aio",
      "idem_dialects.sharding"),
     ("idem_dialects.http", "idem_dialects.consumers", "idem_dialects.django", "idem_dialects.relay",
