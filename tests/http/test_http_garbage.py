@@ -9,11 +9,9 @@ on the machine's speed."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import io
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +20,9 @@ from sqlalchemy import text
 
 from idem_dialects import IdempotencyStore
 from idem_dialects.http import IdempotencyPolicy, current_connection
+
+pytest.importorskip("idem_dialects_bench", reason="the benchmark harness (pip install -e tools/bench)")
+from idem_dialects_bench.http import collector_stopped  # what the bench reports of the same, measured one way
 
 Database = Any  # conftest.Database
 REQUESTS = 20  # per path, after the warm-up
@@ -34,25 +35,6 @@ class Declined(Exception):
 
 def policy_for(mode: str) -> IdempotencyPolicy:
     return IdempotencyPolicy(scope=lambda r: "a1", lease=timedelta(seconds=30) if mode == "lease" else None)
-
-
-@contextmanager
-def saved_garbage() -> Iterator[Counter[str]]:
-    """The collector stopped and told to keep what it finds; on exit, what a collection found then, by type."""
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    found: Counter[str] = Counter()
-    try:
-        yield found
-        gc.collect()
-        found.update(type(o).__qualname__ for o in gc.garbage)
-    finally:
-        gc.garbage.clear()
-        gc.set_debug(0)
-        if enabled:
-            gc.enable()
 
 
 def handler_error(raised: list[BaseException]) -> Declined:
@@ -151,9 +133,10 @@ def test_asgi_requests_leave_no_cyclic_garbage(database: Database, mode: str) ->
             for path, (status, call) in paths.items():
                 for i in range(WARM):
                     assert await call(f"w{i}") in (status, None)
-                with saved_garbage() as found[path]:
+                with collector_stopped() as left:
                     for i in range(REQUESTS):
                         assert await call(str(i)) in (status, None)
+                found[path] = left.cyclic
         finally:
             await store.close()
         return found
@@ -215,7 +198,8 @@ def test_wsgi_requests_leave_no_cyclic_garbage(database: Database, mode: str) ->
         for path, call in paths.items():
             for i in range(WARM):
                 assert call(f"w{i}") in ("201 Created", "422 Unprocessable Entity", None)
-            with saved_garbage() as found[path]:
+            with collector_stopped() as left:
                 for i in range(REQUESTS):
                     assert call(str(i)) in ("201 Created", "422 Unprocessable Entity", None)
+            found[path] = left.cyclic
     assert found == {path: Counter() for path in paths}
