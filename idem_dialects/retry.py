@@ -153,16 +153,22 @@ def retrying(
 
     An error the effect raised reaches `classify` unwrapped (see EffectFailed) and, when it is not retried, the
     caller unchanged; an error raised while cleaning up after it never replaces it."""
+    failure: BaseException | None = None
     try:
-        return (yield from _retrying(policy, _classifier(classify), attempt, on_retry))
-    except RetriesExhausted:
-        raise  # its last error is already unwrapped
-    except BaseException as exc:
-        failure = _unwrapped(exc)
-        if failure is exc:
-            raise
-    # Raised outside the except block, so the effect's error keeps its own __context__.
-    raise failure
+        try:
+            return (yield from _retrying(policy, _classifier(classify), attempt, on_retry))
+        except RetriesExhausted:
+            raise  # its last error is already unwrapped
+        except BaseException as exc:
+            failure = _unwrapped(exc)
+            if failure is exc:
+                raise
+        # Raised outside the except block, so the effect's error keeps its own __context__.
+        raise failure
+    finally:
+        # This frame is in the error's traceback: holding the error would make a reference cycle per failed request
+        # (a mismatch, the handler's own error), freed only by a garbage collection.
+        del failure
 
 
 def _retrying(
@@ -186,6 +192,7 @@ def _retrying(
     controller.begin()
     state = tenacity.RetryCallState(controller, fn=None, args=(), kwargs={})
     state.set_exception(first)  # type: ignore[arg-type]
+    del first  # the failures' tracebacks hold this frame: it holds none of them (`state` neither, once done below)
     try:
         while True:
             do = controller.iter(state)
@@ -205,4 +212,10 @@ def _retrying(
                 return do  # type: ignore[no-any-return]
     except tenacity.RetryError as err:
         exhausted = budget.exhausted(err)
-        raise exhausted from exhausted.last_error
+        try:
+            raise exhausted from exhausted.last_error
+        finally:
+            del exhausted
+    finally:
+        # What holds the failures goes with the flow: a retried request would be a reference cycle otherwise.
+        del state, controller

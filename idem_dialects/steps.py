@@ -125,6 +125,10 @@ class Stepper(Generic[T]):
         except StopIteration as done:
             self.value = done.value
             return None
+        finally:
+            # An error the flow does not catch leaves with this frame in its traceback: holding it here would be a
+            # reference cycle per failed request, freed only by a garbage collection.
+            del sent, error
 
     def send(self, result: Any) -> None:
         self._sent = result

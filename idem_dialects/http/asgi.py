@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api import AsyncStoreAPI
 from .bodies import Buffer, declared_too_large, is_event_stream, streamed
-from .core import Admission, Raised, entry, note_raised, raised_in, wire_headers
+from .core import Admission, Passage, Raised, entry, passage, raised_in, wire_headers
 from .policy import HttpRequest, IdempotencyPolicy
 from .problems import HttpResponse
 from .runner import AsyncIdempotency
@@ -110,34 +110,40 @@ class _Watched(dict[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key == _HANDLERS and isinstance(value, tuple) and len(value) == 2:
-            value = (_Noting(value[0], self), _Noting(value[1], self))
+            # The handlers hold the request's passage, not this scope: the scope holds them, and a scope they held
+            # would be a reference cycle per request (the scope, its state, the record's connection freed only by
+            # a garbage collection).
+            found = passage(self)
+            assert found is not None
+            value = (_Noting(value[0], found), _Noting(value[1], found))
         super().__setitem__(key, value)
 
 
 class _Noting(dict[Any, Any]):
     """Exception handlers (by class or by status) that note their call in the request's passage."""
 
-    def __init__(self, handlers: dict[Any, Any], scope: Scope) -> None:
+    def __init__(self, handlers: dict[Any, Any], found: Passage) -> None:
         super().__init__(handlers)
-        self._scope = scope
+        self._passage = found
 
     def __getitem__(self, key: Any) -> Any:
-        return _noting(super().__getitem__(key), self._scope)
+        return _noting(super().__getitem__(key), self._passage)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return _noting(super().__getitem__(key), self._scope) if key in self else default
+        return _noting(super().__getitem__(key), self._passage) if key in self else default
 
 
-def _noting(handler: Callable[..., Any], scope: Scope) -> Callable[..., Any]:
+def _noting(handler: Callable[..., Any], found: Passage) -> Callable[..., Any]:
+    """`handler`, noting its call as `core.note_raised` does."""
     if _is_async(handler):
         async def noted_async(*args: Any) -> Any:
-            note_raised(scope)
+            found.raised = True
             return await handler(*args)
 
         return noted_async
 
     def noted(*args: Any) -> Any:
-        note_raised(scope)
+        found.raised = True
         return handler(*args)
 
     return noted

@@ -317,6 +317,7 @@ class HandlerErrors:
                  ) -> None:
         if exc is not None and not isinstance(exc, (BodyOverLimit, Raised)):  # the adapter's, not the handler's
             self.raised.append(exc)
+        self._conn = None
         if self._token is not None:
             _connection.reset(self._token)
             self._token = None
@@ -325,10 +326,17 @@ class HandlerErrors:
         """Whether `exc` is the handler's own (re-raised unchanged, whatever its type)."""
         return any(exc is e for e in self.raised)
 
+    def forget(self) -> None:
+        """Once the request is answered: the exceptions noted are let go (see `exchange`)."""
+        self.raised.clear()
+
     def answer(self, policy: IdempotencyPolicy, exc: BodyOverLimit | IdemError) -> HttpResponse:
         """The problem for an error of the layer or the store; re-raises the handler's own."""
         if self.own(exc):
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # this frame is in its traceback: holding it would be a reference cycle
         if isinstance(exc, BodyOverLimit):
             return too_large(policy)
         answer = error_problem(exc, base=policy.problem_base)

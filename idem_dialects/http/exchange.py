@@ -55,23 +55,29 @@ def exchange(claims: ClaimFlows, store: str, policy: IdempotencyPolicy, req: Htt
     """The answer to `req`: the handler's response (an `Effect` step), a replay, or a problem, on the store whose
     `claims` these are and whose identity is `store` (`core.store_identity`). `errors` holds what the handler raised,
     which is re-raised unchanged, never turned into a problem."""
-    outside = claimed_outside(req.context, store)
-    prepared = None if outside else prepare(policy, req)
-    if outside or (isinstance(prepared, Call) and claimed_outside(req.context, store, prepared)):
-        marks = routed(req.context) if req.route else None
-        inner: HttpResponse = yield Effect()  # an outer layer holds the claim and stores what this returns
-        if marks is not None:
-            marks.began = True  # the route's own handler answered it
-        return inner
-    if prepared is None:
-        passed: HttpResponse = yield Effect()  # not an idempotent request: the handler, untouched
-        return passed
-    if isinstance(prepared, HttpResponse):
-        return prepared
-    note_claim(req.context, store, prepared)  # before the handler runs: the layers inside it pass it through
-    # A span per idempotent request: a child of the server span the framework's instrumentation made current.
-    answer = (_atomic if policy.lease is None else _external)(claims, policy, req, prepared, errors)
-    return (yield from claims.span(REQUEST_SPAN, prepared.operation, answer, _described))
+    try:
+        outside = claimed_outside(req.context, store)
+        prepared = None if outside else prepare(policy, req)
+        if outside or (isinstance(prepared, Call) and claimed_outside(req.context, store, prepared)):
+            marks = routed(req.context) if req.route else None
+            inner: HttpResponse = yield Effect()  # an outer layer holds the claim and stores what this returns
+            if marks is not None:
+                marks.began = True  # the route's own handler answered it
+            return inner
+        if prepared is None:
+            passed: HttpResponse = yield Effect()  # not an idempotent request: the handler, untouched
+            return passed
+        if isinstance(prepared, HttpResponse):
+            return prepared
+        note_claim(req.context, store, prepared)  # before the handler runs: the layers inside it pass it through
+        # A span per idempotent request: a child of the server span the framework's instrumentation made current.
+        answer = (_atomic if policy.lease is None else _external)(claims, policy, req, prepared, errors)
+        return (yield from claims.span(REQUEST_SPAN, prepared.operation, answer, _described))
+    finally:
+        # The handler's own error leaves with these frames in its traceback, and `errors` is held by them: kept in it,
+        # the error would be a reference cycle per failed request (its traceback's frames, their locals, the
+        # request), freed only by a garbage collection.
+        errors.forget()
 
 
 def _described(resp: HttpResponse) -> dict[str, Any]:

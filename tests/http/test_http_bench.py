@@ -3,6 +3,7 @@ exactly-once check passes; no timings."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -34,13 +35,15 @@ def test_http_bench_json_report(capsys: pytest.CaptureFixture[str], framework: s
     assert main(["bench", "sqlite", "--api", "http", "--requests", "8", "--concurrency", "2", "--repetitions", "2",
                  "--framework", framework, "--quiet", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "idem-dialects-bench-http/3"
+    assert report["schema"] == "idem-dialects-bench-http/4"
     assert report["config"]["framework"] == framework and report["config"]["repetitions"] == 2
     assert (report["engine"]["name"], report["engine"]["driver"]) == ("sqlite", "aiosqlite")
     assert [p["requests"] for p in report["paths"]] == [16, 16, 16, 20, 20]
     # Effects: 20 warm-up debits on each of three debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
-    # middleware (then replayed: no effect), 40 bare and 40 first-time in the pass counting round trips.
-    assert report["exactly_once"] == {"verified": True, "effects": 60 + 16 + 16 + 80, "records": 60 + 16 + 40 + 20}
+    # middleware (then replayed: no effect), 40 bare and 40 first-time in the pass counting round trips, 200 and 200
+    # in the pass with the collector stopped.
+    assert report["exactly_once"] == {"verified": True, "effects": 60 + 16 + 16 + 80 + 400,
+                                      "records": 60 + 16 + 40 + 200 + 20}
     bare, first, replay = report["paths"][:3]
     assert all(p["server_cpu_us_per_request"] > 0 and p["latency_ms"]["p50"] > 0 for p in report["paths"])
     assert first["cpu_ratio_to_bare"] > 0 and replay["ratio_to_bare"] > 0 and len(first["cpu_ratios"]) == 2
@@ -48,6 +51,23 @@ def test_http_bench_json_report(capsys: pytest.CaptureFixture[str], framework: s
     # a replay no more than a first-time one.
     assert 0 < bare["round_trips_per_request"] < first["round_trips_per_request"]
     assert 0 < replay["round_trips_per_request"] <= first["round_trips_per_request"]
+    # The garbage collector: collections counted per generation; no request through the middleware leaves a
+    # reference cycle (what the collector alone frees), as none through the bare endpoint does; the startup heap
+    # frozen by the app's lifespan (the default), and let go once the server stopped.
+    assert all(set(p["collections"]) == {"gen0", "gen1", "gen2"} for p in (bare, first, replay))
+    assert [p["cyclic_objects_per_request"] for p in (bare, first, replay)] == [0, 0, 0]
+    assert report["config"]["gc_freeze"] and report["heap"]["frozen_objects"] > report["heap"]["tracked_objects"] > 0
+    assert gc.get_freeze_count() == 0
+    assert {t["target"] for t in report["targets"]} >= {"full garbage collections per 1,000 first-time requests",
+                                                        "full garbage collections per 1,000 replays"}
+
+
+def test_http_bench_without_freezing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sqlite", "--api", "http", "--requests", "4", "--concurrency", "2", "--repetitions", "1",
+                 "--no-gc-freeze", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "the startup heap not frozen (--no-gc-freeze); once warm, a full collection scans" in out
+    assert "garbage collections per 1,000 requests, generation 0 / 1 / 2" in out
 
 
 def test_options_of_another_api_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

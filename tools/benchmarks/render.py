@@ -43,7 +43,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def fmt(value: float | None, kind: str) -> str:
-    """A figure as the page shows it: rate (req/s), ratio, ms, us, count; a dash when there is none."""
+    """A figure as the page shows it: rate (req/s), ratio, ms, us, trips, count; a dash when there is none."""
     if value is None:
         return DASH
     if kind == "rate":
@@ -56,7 +56,15 @@ def fmt(value: float | None, kind: str) -> str:
         return f"{value:,.0f}"
     if kind == "trips":
         return f"{value:g}" if value == int(value) else f"{value:.1f}"
+    if kind == "count":
+        return f"{value:,.0f}"
     raise ValueError(kind)
+
+
+def collections(path: dict[str, Any]) -> str:
+    """An HTTP path's garbage collections per 1,000 requests, generation 0 / 1 / 2 (a dash in a report before them)."""
+    per = path.get("collections_per_1000")
+    return DASH if per is None else f"{per['gen0']:.1f} / {per['gen1']:.1f} / {per['gen2']:.2f}"
 
 
 def span(values: Iterable[float | None], kind: str = "ratio", suffix: str = "×") -> str:
@@ -343,11 +351,23 @@ class Page:
                              fmt(p["latency_ms"]["p50"], "ms"), fmt(p["latency_ms"]["p99"], "ms"),
                              fmt(p["server_cpu_us_per_request"], "us"),
                              "1.00" if bare else fmt(p.get("cpu_ratio_to_bare"), "ratio"),
-                             fmt(p.get("round_trips_per_request"), "trips")])
+                             fmt(p.get("round_trips_per_request"), "trips"), collections(p),
+                             fmt(p.get("cyclic_objects_per_request"), "ratio")])
         if not rows:
             return f"Not in this run: {self.r.missing(f'http-{HTTP_ENGINE}')}."
         return table(["connections", "path", "req/s", "× bare", "p50 ms", "p99 ms", "server CPU µs", "CPU × bare",
-                      "round trips"], rows)
+                      "round trips", "collections per 1,000 (gen 0 / 1 / 2)", "cyclic objects"], rows)
+
+    def block_http_heap(self) -> str:
+        found = [(n, rep["heap"], rep["config"].get("gc_freeze")) for n, rep in self.http_reports() if "heap" in rep]
+        if not found:
+            return ""
+        frozen = span((h["frozen_objects"] for _, h, _ in found), "count", "")
+        warm = span((h["tracked_objects"] for _, h, _ in found), "count", "")
+        if all(f for _, _, f in found):
+            return (f"The app's lifespan froze {frozen} objects at startup (`gc.freeze()`, what the HTTP guide advises"
+                    f" services); once warm, a full collection scanned {warm}.")
+        return f"The startup heap was not frozen (`--no-gc-freeze`): a full collection scanned {warm} objects."
 
     def block_http_calls(self) -> str:
         found = self.http_reports()

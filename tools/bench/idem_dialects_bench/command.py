@@ -108,14 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", type=float, metavar="SHARE",
                         help="--measure purge, delete: the share of its time the purge spends in its batches (above 0,"
                              " at most 1: no pauses; default: the library's, 0.5)")
-    parser.add_argument("--gc-freeze", action="store_const", const=True,
-                        help="--api http: the server freezes its startup heap (gc.freeze() once warm, as docs/http.md"
-                             " advises services), so full collections scan only what requests leave behind")
+    parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction,
+                        help="--api http: the app's lifespan freezes the startup heap (gc.freeze(), as docs/http.md"
+                             " advises services; the default), so full collections scan only what the server made"
+                             " since; --no-gc-freeze measures the server without it")
     parser.add_argument("--profile", choices=MODES,
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/3,"
+                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/4,"
                              " -consumer/1, or"
                              " -set/1 for several engines or levels; see BENCHMARKS.md) for tools")
     add_output(parser, "the report (in --format)")

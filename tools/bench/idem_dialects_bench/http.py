@@ -13,6 +13,12 @@ workloads:
   each beside the bare endpoint's; the ratios are the median of each repetition's paired ratio. Round trips are
   counted in an unmeasured pass afterwards (statements, commits and rollbacks, the driver's own BEGIN, resets the
   pool sends), through a second store object with a `statement_hook`, so the measured path carries no counting.
+  The garbage collector, per path: its collections by generation during the measured requests (per 1,000 requests;
+  a full one pauses every request in flight, the p99's tail) and, in another unmeasured pass with the collector
+  stopped, what the requests left it: objects only a collection frees (reference cycles) and memory blocks left
+  allocated, per request. The app's lifespan freezes the startup heap (`gc.freeze()`, docs/http.md's advice to
+  services; ``--no-gc-freeze`` measures without). These are the process's: the client's share is in the bare
+  endpoint's figures too.
   After the run, the balance must have moved by exactly one debit per distinct key and there must be one record per
   key, or the run fails.
 - **latency hiding**: 20 concurrent requests with distinct keys to a handler that waits 200 ms (an external call), in
@@ -30,9 +36,12 @@ import gc
 import random
 import secrets
 import statistics
+import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -49,24 +58,27 @@ from .statements import Recorder, StatementLog, implicit_begin, record_statement
 from .targets import check
 from .workload import Accounts, exactly_once, records
 
-SCHEMA = "idem-dialects-bench-http/3"
+SCHEMA = "idem-dialects-bench-http/4"
 CONCURRENT_CALLS = 20  # the latency workload: this many requests at once, each waiting HANDLER_SECONDS
 WARM = 20  # unmeasured requests per route before the first repetition (pools, caches, the stores' first reads)
 COUNTED = 40  # requests per path of the unmeasured pass that counts round trips
+GARBAGE = 200  # requests per path of the unmeasured pass with the collector stopped (fixed costs amortized)
 PATHS = (("bare", "/bare/debit"), ("middleware first-time", "/idem/debit"), ("middleware replay", "/idem/debit"))
+GENERATIONS = ("gen0", "gen1", "gen2")  # the collector's; a generation 2 collection is a full one
 
 
 FRAMEWORKS = ("starlette", "fastapi")
 
 
 def build_app(framework: str, store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore,
-              accounts: Accounts) -> Any:
-    """The bench's app (`http_app`'s docstring) on `framework`; FastAPI's module is imported only for it."""
+              accounts: Accounts, freeze: bool) -> Any:
+    """The bench's app (`http_app`'s docstring) on `framework`, its startup heap frozen with `freeze`; FastAPI's
+    module is imported only for it."""
     if framework == "fastapi":
         from .http_fastapi import build_fastapi
 
-        return build_fastapi(store, counting, accounts)
-    return build_starlette(store, counting, accounts)
+        return build_fastapi(store, counting, accounts, freeze)
+    return build_starlette(store, counting, accounts, freeze)
 
 
 class RequestsFailed(BenchFailed):
@@ -76,29 +88,65 @@ class RequestsFailed(BenchFailed):
 @dataclass(frozen=True)
 class Driven:
     """One path driven: its wall time, each request's latency, the server's CPU seconds meanwhile, and the process's
-    full garbage collections meanwhile (their count and seconds: a full collection pauses every request in flight)."""
+    garbage collections meanwhile (by generation; and the full ones' seconds: a full collection pauses every request
+    in flight)."""
 
     seconds: float
     latencies: list[float]
     server_cpu: float
-    full_collections: int = 0
+    collections: tuple[int, int, int] = (0, 0, 0)
     full_collection_seconds: float = 0.0
 
 
-class FullCollections:
-    """The process's full (generation 2) garbage collections, counted and timed while it is installed."""
+class Collections:
+    """The process's garbage collections by generation while it is installed (`gc.callbacks`), and the seconds the
+    full (generation 2) ones took."""
 
     def __init__(self) -> None:
-        self.count, self.seconds, self._started = 0, 0.0, 0.0
+        self.counts = [0, 0, 0]
+        self.full_seconds, self._started = 0.0, 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
+        generation = info["generation"]
         if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._started
+            if generation == 2:
+                self._started = time.perf_counter()
+            return
+        self.counts[generation] += 1
+        if generation == 2:
+            self.full_seconds += time.perf_counter() - self._started
+
+
+@dataclass
+class Left:
+    """What requests left the garbage collector (`collector_stopped`): the memory blocks still allocated before it
+    ran (what reference counting did not free: reference cycles, and what the process keeps, such as caches and
+    pools), and the objects it then found, by type (only it could free them)."""
+
+    blocks: int = 0
+    cyclic: Counter[str] = field(default_factory=Counter)
+
+
+@contextmanager
+def collector_stopped() -> Iterator[Left]:
+    """The collector stopped, and told to keep what it finds (`gc.DEBUG_SAVEALL`), around the block; the `Left` it
+    yields is filled in on the way out."""
+    left = Left()
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        blocks = sys.getallocatedblocks()
+        yield left
+        left.blocks = sys.getallocatedblocks() - blocks
+        gc.collect()
+        left.cyclic.update(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        if enabled:
+            gc.enable()
 
 
 async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -> Driven:
@@ -118,7 +166,7 @@ async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -
             if status != 201:
                 failures.append(f"{status} {body[:200]!r}")
 
-    collections = FullCollections()
+    collections = Collections()
     gc.callbacks.append(collections)
     try:
         cpu, client, started = time.process_time(), time.thread_time(), time.perf_counter()
@@ -129,7 +177,8 @@ async def drive(connections: list[HttpConnection], path: str, keys: list[str]) -
         gc.callbacks.remove(collections)
     if failures:
         raise RequestsFailed(f"{path}: {len(failures)} requests failed, e.g. {failures[0]}")
-    return Driven(elapsed, latencies, server_cpu, collections.count, collections.seconds)
+    gen0, gen1, gen2 = collections.counts
+    return Driven(elapsed, latencies, server_cpu, (gen0, gen1, gen2), collections.full_seconds)
 
 
 @dataclass(frozen=True)
@@ -141,7 +190,7 @@ class HttpBenchmark:
     repetitions: int = 3
     driver: str | None = None
     framework: str = "starlette"
-    gc_freeze: bool = False  # the server freezes its startup heap once warm (docs/http.md's advice to services)
+    gc_freeze: bool = True  # the app's lifespan freezes the startup heap (docs/http.md's advice to services)
 
     def __post_init__(self) -> None:
         if self.requests < 1 or self.concurrency < 1 or self.repetitions < 1:
@@ -177,16 +226,16 @@ class HttpBenchmark:
             await store.engine.dispose()  # the server's event loop opens its own connections
             log(f"{info['backend']} {info['server_version']} via {info['driver']}, {self.framework}, tables {prefix}*")
             started = time.perf_counter()
-            paths = await self._drive(store, counting, recorder, accounts, log)
+            paths, heap = await self._drive(store, counting, recorder, accounts, log)
             async with store.engine.connect() as conn:
                 debits = await conn.run_sync(accounts.debits, [ACCOUNT])
                 total, _ = await conn.run_sync(records, store.tables, [SCOPE])
             # Debits: the warm-up's on three debit routes, the bare ones, one per first-time key (replays debit
-            # nothing), the counting pass's bare and first-time ones. Records: warm-up on three routes, one per key,
-            # the counting pass's keys, the latency workload's.
+            # nothing), the counting and garbage passes' bare and first-time ones. Records: warm-up on three routes,
+            # one per key, the two passes' keys, the latency workload's.
             measured = self.repetitions * self.requests
-            expected = 3 * WARM + 2 * measured + 2 * COUNTED
-            expected_records = 3 * WARM + measured + COUNTED + CONCURRENT_CALLS
+            expected = 3 * WARM + 2 * measured + 2 * COUNTED + 2 * GARBAGE
+            expected_records = 3 * WARM + measured + COUNTED + GARBAGE + CONCURRENT_CALLS
             exactly_once("debits", debits, {ACCOUNT: expected})
             exactly_once("records", total, {SCOPE: expected_records})
         finally:
@@ -196,22 +245,23 @@ class HttpBenchmark:
                 await conn.run_sync(accounts.drop)
             await store.engine.dispose()
         once = {"verified": True, "effects": expected, "records": expected_records}
-        return self.report(info, paths, once, time.perf_counter() - started)
+        return self.report(info, paths, heap, once, time.perf_counter() - started)
 
     async def _drive(self, store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, recorder: Recorder,
-                     accounts: Accounts, log: Log) -> list[dict[str, Any]]:
+                     accounts: Accounts, log: Log) -> tuple[list[dict[str, Any]], dict[str, int]]:
         runs: dict[str, list[Driven]] = {title: [] for title, _ in PATHS}
         latency: list[tuple[str, Driven]] = []
-        with uvicorn_server(build_app(self.framework, store, counting, accounts)) as base:
+        with uvicorn_server(build_app(self.framework, store, counting, accounts, self.gc_freeze)) as base:
             port = int(base.rsplit(":", 1)[1])
             conns = [await HttpConnection.open(port) for _ in range(max(self.concurrency, CONCURRENT_CALLS))]
             few, many = conns[:self.concurrency], conns[:CONCURRENT_CALLS]
             try:
                 for path in ("/bare/debit", "/idem/debit", "/count/debit", "/bare/slow", "/ext/slow"):
                     await drive(many, path, [f"warm{path}{i}" for i in range(WARM)])  # pools, caches, first reads
-                if self.gc_freeze:  # what a service does at the end of its startup (docs/http.md)
-                    gc.collect()
-                    gc.freeze()
+                # What a full collection scans once the server is warm; the frozen part (the app's lifespan froze
+                # it, docs/http.md's advice) is left out.
+                gc.collect()
+                heap = {"tracked_objects": len(gc.get_objects()), "frozen_objects": gc.get_freeze_count()}
                 for rep in range(self.repetitions):
                     keys = [f"k{rep}-{i}" for i in range(self.requests)]
                     sent = {"bare": [f"b{rep}-{i}" for i in range(self.requests)], "middleware first-time": keys,
@@ -221,14 +271,13 @@ class HttpBenchmark:
                         log(f"throughput {title} ({rep + 1}/{self.repetitions}): {len(sent[title])} requests in"
                             f" {done.seconds:.3f} s")
                 trips = await self._count(few, store, counting, recorder)
+                garbage = await self._garbage(few)
                 for title, path in (("bare", "/bare/slow"), ("middleware (external call)", "/ext/slow")):
                     latency.append((title, await drive(many, path, [f"{path}{i}" for i in range(CONCURRENT_CALLS)])))
             finally:
-                if self.gc_freeze:
-                    gc.unfreeze()
                 for http in conns:
                     http.close()
-        return self.rows(runs, trips, latency)
+        return self.rows(runs, trips, garbage, latency), heap
 
     async def _count(self, conns: list[HttpConnection], store: AsyncIdempotencyStore,
                      counting: AsyncIdempotencyStore, recorder: Recorder) -> dict[str, dict[str, float]]:
@@ -244,19 +293,37 @@ class HttpBenchmark:
                                        reset_reaches_server(engine))
         return found
 
+    async def _garbage(self, conns: list[HttpConnection]) -> dict[str, dict[str, float]]:
+        """Per path, in an unmeasured pass with the collector stopped: the objects only a collection could free (the
+        reference cycles requests make) and the memory blocks reference counting left allocated, per request. The
+        client shares the process: the bare endpoint's figures hold its share (and uvicorn's, and Starlette's)."""
+        keys = [f"g{i}" for i in range(GARBAGE)]
+        found: dict[str, dict[str, float]] = {}
+        for title, path, sent in (("bare", "/bare/debit", [f"b{k}" for k in keys]),
+                                  ("middleware first-time", "/idem/debit", keys),
+                                  ("middleware replay", "/idem/debit", keys)):
+            with collector_stopped() as left:
+                await drive(conns, path, sent)
+            found[title] = {"cyclic_objects_per_request": round(left.cyclic.total() / len(sent), 2),
+                            "blocks_left_per_request": round(left.blocks / len(sent), 1)}
+        return found
+
     def rows(self, runs: dict[str, list[Driven]], trips: dict[str, dict[str, float]],
-             latency: list[tuple[str, Driven]]) -> list[dict[str, Any]]:
+             garbage: dict[str, dict[str, float]], latency: list[tuple[str, Driven]]) -> list[dict[str, Any]]:
         bare = runs["bare"]
         paths: list[dict[str, Any]] = []
         for title, done in runs.items():
             n = sum(len(d.latencies) for d in done)
+            collected = [sum(d.collections[g] for d in done) for g in range(3)]
             row: dict[str, Any] = {"workload": "throughput", "path": title, "requests": n, "repetitions": len(done),
                    "seconds": round(sum(d.seconds for d in done), 4),
                    "throughput_per_s": round(n / sum(d.seconds for d in done), 1),
                    "latency_ms": percentiles([x for d in done for x in d.latencies]),
                    "server_cpu_us_per_request": round(sum(d.server_cpu for d in done) / n * 1e6, 1),
-                   **trips[title], "x_handler": None,
-                   "full_collections": sum(d.full_collections for d in done),
+                   **trips[title], **garbage[title], "x_handler": None,
+                   "collections": dict(zip(GENERATIONS, collected, strict=True)),
+                   "collections_per_1000": {g: round(c * 1000 / n, 2) for g, c in zip(GENERATIONS, collected,
+                                                                                        strict=True)},
                    "full_collections_ms": round(sum(d.full_collection_seconds for d in done) * 1000, 1)}
             if title != "bare":  # each repetition against the bare endpoint's of the same repetition
                 row["ratio_to_bare"] = paired(done, bare, lambda d: len(d.latencies) / d.seconds)
@@ -273,14 +340,14 @@ class HttpBenchmark:
                           "x_handler": round(one.seconds / HANDLER_SECONDS, 2)})
         return paths
 
-    def report(self, info: dict[str, Any], paths: list[dict[str, Any]], once: dict[str, Any],
+    def report(self, info: dict[str, Any], paths: list[dict[str, Any]], heap: dict[str, int], once: dict[str, Any],
                elapsed: float) -> dict[str, Any]:
         report = {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
                   "config": {"requests": self.requests, "concurrency": self.concurrency,
                              "repetitions": self.repetitions, "framework": self.framework,
                              "gc_freeze": self.gc_freeze,
                              "concurrent_calls": CONCURRENT_CALLS, "handler_ms": round(HANDLER_SECONDS * 1000)},
-                  "paths": paths, "exactly_once": once}
+                  "heap": heap, "paths": paths, "exactly_once": once}
         return report | {"targets": check(report)}
 
 

@@ -14,6 +14,7 @@ The app's routes, whatever the framework:
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -76,7 +77,8 @@ def debit(accounts: Accounts, amount: int) -> tuple[Any, dict[str, int]]:
     return accounts.debit, {"acct": ACCOUNT, "amount": amount}
 
 
-def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts) -> Any:
+def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts,
+                    freeze: bool) -> Any:
     """The bench's app on Starlette (module docstring)."""
 
     async def bare(request: Request) -> JSONResponse:
@@ -97,15 +99,23 @@ def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStor
     routes = [Route("/bare/debit", bare, methods=["POST"]), Route("/idem/debit", atomic, methods=["POST"]),
               Route("/count/debit", atomic, methods=["POST"]),
               Route("/bare/slow", slow, methods=["POST"]), Route("/ext/slow", slow, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan(store, counting))
+    app = Starlette(routes=routes, lifespan=lifespan(freeze, store, counting))
     add_layers(app, store, counting)
     return app
 
 
-def lifespan(*stores: AsyncIdempotencyStore) -> Any:
+def lifespan(freeze: bool, *stores: AsyncIdempotencyStore) -> Any:
+    """The app's lifespan: with `freeze`, the end of its startup freezes the heap, as docs/http.md advises services
+    (before any request: what requests make later, pools and caches included, stays the collector's)."""
+
     @asynccontextmanager
     async def span(app: Any) -> AsyncIterator[None]:
+        if freeze:
+            gc.collect()
+            gc.freeze()
         yield
+        if freeze:
+            gc.unfreeze()  # the bench's process goes on (the next engine or level)
         for store in stores:
             await store.engine.dispose()  # its connections belong to the server's event loop
 

@@ -21,8 +21,9 @@ class Amount(BaseModel):
     amount: int
 
 
-def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts) -> Any:
-    app = FastAPI(lifespan=lifespan(store, counting))
+def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, accounts: Accounts,
+                  freeze: bool) -> Any:
+    app = FastAPI(lifespan=lifespan(freeze, store, counting))
 
     @app.post("/bare/debit", status_code=201)
     async def bare(body: Amount) -> dict[str, int]:

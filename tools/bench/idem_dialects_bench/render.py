@@ -229,13 +229,29 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
 
 
 def _collections(run: Mapping[str, Any]) -> list[str]:
-    """The full garbage collections during each throughput path: each pauses every request in flight (the p99)."""
-    rows = [p for p in run["paths"] if "full_collections" in p]
+    """The garbage collector per throughput path: its collections per 1,000 requests (a full one pauses every request
+    in flight: the p99) and what the requests left it, measured with it stopped (an unmeasured pass)."""
+    rows = [p for p in run["paths"] if "collections_per_1000" in p]
     if not rows:
         return []
-    frozen = " (startup heap frozen: --gc-freeze)" if run["config"].get("gc_freeze") else ""
-    return ["full garbage collections" + frozen + ": " + ", ".join(
-        f"{p['path']} {p['full_collections']} ({p['full_collections_ms']:.0f} ms)" for p in rows)]
+
+    def per_1000(p: Mapping[str, Any]) -> str:
+        counts = p["collections_per_1000"]
+        return f"{counts['gen0']:.1f} / {counts['gen1']:.1f} / {counts['gen2']:.2f} ({p['full_collections_ms']:.0f} ms)"
+
+    lines = ["garbage collections per 1,000 requests, generation 0 / 1 / 2 (the full ones' total time): "
+             + ", ".join(f"{p['path']} {per_1000(p)}" for p in rows)]
+    if all("cyclic_objects_per_request" in p for p in rows):
+        lines.append("per request, collector stopped (a pass of its own): objects only a collection frees (reference"
+                     " cycles) / memory blocks left allocated: " + ", ".join(
+                         f"{p['path']} {p['cyclic_objects_per_request']:.2f} / {p['blocks_left_per_request']:.1f}"
+                         for p in rows))
+    heap = run.get("heap")
+    if heap:
+        frozen = (f"the startup heap frozen by the app's lifespan (--gc-freeze): {heap['frozen_objects']:,} objects"
+                  if run["config"].get("gc_freeze") else "the startup heap not frozen (--no-gc-freeze)")
+        lines.append(f"{frozen}; once warm, a full collection scans {heap['tracked_objects']:,}")
+    return lines
 
 
 def render_consumer(run: Mapping[str, Any], markdown: bool = False) -> str:
@@ -315,7 +331,7 @@ def render_telemetry(report: Mapping[str, Any], markdown: bool = False) -> str:
 
 
 
-OTHERS = {"async/1": render_async, "http/3": render_http, "consumer/1": render_consumer, "purge/2": render_purge,
+OTHERS = {"async/1": render_async, "http/4": render_http, "consumer/1": render_consumer, "purge/2": render_purge,
           "purge/3": render_purge, "outbox/1": render_outbox, "telemetry/3": render_telemetry}
 
 

@@ -89,6 +89,26 @@ def tail_shown(report: Report) -> str:
     return f"{p99 / p50:.2f}× ({p99:.2f} / {p50:.2f} ms)"
 
 
+def full_collections(name: str) -> Figure:
+    """Full (generation 2) garbage collections per 1,000 requests of one HTTP path: each pauses every request in
+    flight."""
+    def figure(report: Report) -> float | None:
+        found = next((p for p in report.get("paths", []) if p["path"] == name), None)
+        per = None if found is None else found.get("collections_per_1000")
+        return None if per is None else float(per["gen2"])
+
+    return figure
+
+
+def full_collections_shown(name: str) -> Callable[[Report], str]:
+    def shown(report: Report) -> str:
+        found = next(p for p in report["paths"] if p["path"] == name)
+        return (f"{found['collections_per_1000']['gen2']:.2f} ({found['collections']['gen2']} in"
+                f" {found['requests']:,} requests, {found['full_collections_ms']:,.0f} ms)")
+
+    return shown
+
+
 def sleep_figure(key: str) -> Figure:
     def figure(report: Report) -> float | None:
         found = report.get("sleep_figure", {}).get("sleep_async")
@@ -196,10 +216,14 @@ TARGETS: tuple[Target, ...] = (
            sleep_figure("heartbeat_worst_lag_ms"), 50, True, "ms"),
     # HTTP
     Target("server CPU per first-time request × the bare endpoint's", ("http",),
-           path("middleware first-time", "cpu_ratio_to_bare"), 1.6, True, "×"),
+           path("middleware first-time", "cpu_ratio_to_bare"), 1.5, True, "×"),
     Target("server CPU per replay × the bare endpoint's", ("http",), path("middleware replay", "cpu_ratio_to_bare"),
            1.0, True, "×"),
     Target("replay p99 ÷ its p50", ("http",), tail, 2.5, True, "×", levels=(16,), shown=tail_shown),
+    Target("full garbage collections per 1,000 first-time requests", ("http",),
+           full_collections("middleware first-time"), 2.0, True, shown=full_collections_shown("middleware first-time")),
+    Target("full garbage collections per 1,000 replays", ("http",), full_collections("middleware replay"), 2.0, True,
+           shown=full_collections_shown("middleware replay")),
     Target("concurrent external calls through the middleware: wall time × the handler's", ("http",),
            path("middleware (external call)", "x_handler"), 2.0, True, "×"),
     # telemetry
