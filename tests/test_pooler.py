@@ -137,3 +137,57 @@ def test_without_a_pooler_prepared_statements_stay() -> None:
                 store.drop_tables()
     finally:
         provided.stop()
+
+
+def test_connections_opened_while_the_first_asks_are_reopened_with_prepared_statements() -> None:
+    """Eight tasks open a new async engine's pool at once (asyncpg): every connection opens without prepared
+    statements while the first asks whether a pooler is in front; once it answers "no", those that opened meanwhile
+    are reopened with them at their next checkout, as the first is (before, they kept none for life: asyncpg then
+    prepared each statement in a round trip of its own). Repeated on fresh engines, the opening being a race."""
+    import asyncio
+
+    from idem_dialects import AsyncIdempotencyStore
+    from idem_dialects.dialects.pooler import UNPREPARED
+    from idem_dialects.engines import Unavailable, get
+
+    pytest.importorskip("asyncpg", reason="the asyncpg driver is not installed")
+    try:
+        provided = get("postgresql").provide()
+    except Unavailable as exc:
+        pytest.skip(f"postgresql unavailable: {exc}")
+
+    async def effect(conn: Any) -> None:
+        await asyncio.sleep(0.01)  # the tasks overlap: each holds a connection of its own
+
+    async def opened_unprepared(store: AsyncIdempotencyStore, round_: int) -> list[bool]:
+        await asyncio.gather(*(store.run(scope="s", operation="op", key=f"k{round_}-{i}", request={}, effect=effect)
+                               for i in range(WORKERS)))
+        held = [await store.engine.connect() for _ in range(WORKERS)]  # every pooled connection, checked out
+        try:
+            raws = [await conn.get_raw_connection() for conn in held]
+            return [bool(raw.info.get(UNPREPARED)) or raw.driver_connection._stmt_cache.get_max_size() == 0
+                    for raw in raws]
+        finally:
+            for conn in held:
+                await conn.close()
+
+    async def rounds() -> list[list[bool]]:
+        found = []
+        for round_ in range(5):
+            store = AsyncIdempotencyStore.from_url(provided.url.set(drivername="postgresql+asyncpg"),
+                                                   table_prefix="poolrace_", pool_size=WORKERS, max_overflow=0)
+            try:
+                if round_ == 0:
+                    await store.create_tables()
+                found.append(await opened_unprepared(store, round_))
+                if round_ == 4:
+                    await store.drop_tables()
+            finally:
+                await store.close()
+        return found
+
+    try:
+        found = asyncio.run(rounds())
+        assert found == [[False] * WORKERS] * 5
+    finally:
+        provided.stop()

@@ -10,7 +10,9 @@ Without either, for a driver that prepares statements and can tell a pooler (`Dr
   checks included, can meet another client's) and asks: is the server session id the driver was told at connect the
   server's own? If not, a pooler is in front: the backend's features say the session does not last
   (`Features.session_state` False) and every later connection opens without prepared statements. If so, that first
-  connection is recycled at its next checkout, with them. Connections opened before the answer go without too.
+  connection is recycled at its next checkout, with them. Connections opened before the answer go without too, and
+  are recycled the same way (asyncpg's tasks opening a new engine's pool at once: else they kept no prepared
+  statement for life, each statement prepared in a round trip of its own).
 - Should a lost prepared statement be met anyway (`ErrorClassifier.lost_session_state`, e.g. a pooler that passes
   the session id through) on a connection opened with them, the same is learned then: that connection and those
   pooled before it are reopened without (SQLAlchemy's pool invalidation on a disconnect), and the error counts as a
@@ -74,7 +76,11 @@ class PreparedStatements:
                 record.info[_PROBE] = True
 
     def connected(self, dbapi_connection: Any, record: Any) -> None:
-        if not record.info.pop(_PROBE, False) or self.known:
+        if not record.info.pop(_PROBE, False):
+            return
+        if self.known:  # opened while another connection asked: once the answer is "no pooler", reopened with them
+            if self.backend.features.session_state:
+                record.invalidate(soft=True)
             return
         try:
             pooled = self.driver.behind_pooler(dbapi_connection, record.driver_connection)
