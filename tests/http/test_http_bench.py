@@ -34,20 +34,21 @@ def test_http_bench_json_report(capsys: pytest.CaptureFixture[str], framework: s
     assert main(["bench", "sqlite", "--api", "http", "--requests", "8", "--concurrency", "2", "--repetitions", "2",
                  "--framework", framework, "--quiet", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "idem-dialects-bench-http/3"
+    assert report["schema"] == "idem-dialects-bench-http/4"
     assert report["config"]["framework"] == framework and report["config"]["repetitions"] == 2
     assert (report["engine"]["name"], report["engine"]["driver"]) == ("sqlite", "aiosqlite")
     assert [p["requests"] for p in report["paths"]] == [16, 16, 16, 20, 20]
-    # Effects: 20 warm-up debits on each of three debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
-    # middleware (then replayed: no effect), 40 bare and 40 first-time in the pass counting round trips.
-    assert report["exactly_once"] == {"verified": True, "effects": 60 + 16 + 16 + 80, "records": 60 + 16 + 40 + 20}
+    # Effects: 20 warm-up debits on each of four debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
+    # middleware (then replayed: no effect), 2 x 40 bare and 2 x 40 first-time in the pass counting round trips.
+    assert report["exactly_once"] == {"verified": True, "effects": 80 + 16 + 16 + 160, "records": 60 + 16 + 80 + 20}
     bare, first, replay = report["paths"][:3]
     assert all(p["server_cpu_us_per_request"] > 0 and p["latency_ms"]["p50"] > 0 for p in report["paths"])
     assert first["cpu_ratio_to_bare"] > 0 and replay["ratio_to_bare"] > 0 and len(first["cpu_ratios"]) == 2
     # The record's statements ride in the effect's transaction: a first-time request sends more than the bare one,
-    # a replay no more than a first-time one.
-    assert 0 < bare["round_trips_per_request"] < first["round_trips_per_request"]
-    assert 0 < replay["round_trips_per_request"] <= first["round_trips_per_request"]
+    # a replay no more than a first-time one. SQLite has no wire: no round trips, and the report says why.
+    assert 0 < bare["statements_per_request"] < first["statements_per_request"]
+    assert 0 < replay["statements_per_request"] <= first["statements_per_request"]
+    assert report["wire"]["counted"] is False and bare["round_trips_per_request"] is None
 
 
 def test_options_of_another_api_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
