@@ -29,7 +29,7 @@ from sqlalchemy import make_url
 from sqlalchemy.engine import URL
 
 from idem_dialects.engines.entry import provisioning
-from idem_dialects.engines.local import LoopbackProxy
+from idem_dialects.engines.local import LoopbackProxy, connect_to
 
 Action = Literal["cut_before", "cut_after", "lose_reply"]
 _PG_SSL, _PG_GSSENC, _PG_CANCEL = 80877103, 80877104, 80877102
@@ -173,11 +173,7 @@ class FaultProxy(LoopbackProxy):
     def _connect(self) -> socket.socket:
         if self._down:
             raise ConnectionRefusedError("the fault proxy's server is down")
-        if isinstance(self.upstream, str):
-            server = socket.socket(socket.AF_UNIX)
-            server.connect(self.upstream)
-            return server
-        return socket.create_connection(self.upstream)
+        return connect_to(self.upstream)
 
     def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
         _Link(self, client, upstream).start()

@@ -204,6 +204,19 @@ class LocalNode:
         self.killed = True
 
 
+def connect_to(address: tuple[str, int] | str) -> socket.socket:
+    """A connection to a server's (host, port), or to its Unix socket path (`Provision.server_address`)."""
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection(address)
+
+
 def close_socket(sock: socket.socket) -> None:
     """Shut down both directions before closing, so the peer (and a thread blocked in recv) sees the disconnect."""
     with contextlib.suppress(OSError):

@@ -8,7 +8,6 @@ from typing import Any
 
 import idem_dialects_bench as benchmark
 import pytest
-from sqlalchemy import create_engine
 
 from idem_dialects.cli import main
 
@@ -29,10 +28,11 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
                              "2", "--warmup", "3", "--duplicates", "0.5", "--memory-check", "40", "--format", "json")
     assert code == 0
     report: dict[str, Any] = json.loads(out)
-    assert report["schema"] == "idem-dialects-bench/1"
+    assert report["schema"] == "idem-dialects-bench/2"
     assert report["engine"]["backend"] == "sqlite"
     assert report["config"] == {"workers": 3, "requests": 12, "duplicates": 0.5, "repetitions": 2, "warmup": 3,
-                                "memory_check": 40}
+                                "memory_check": 40, "added_latency_ms": 0.0}
+    assert report["wire"]["counted"] is False  # SQLite runs in the process: tests/test_bench_wire.py counts servers
     assert list(report["modes"]) == ["bare", "first", "replay", "contention"]  # no PL/pgSQL outside PostgreSQL
     for mode, m in report["modes"].items():
         assert m["requests"] == 24, mode
@@ -41,6 +41,7 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         assert set(m["latency_ms"]) == {"p50", "p95", "p99", "max"}
         assert isinstance(m["retries"], dict)
         assert m["statements"]["count"] >= 2 and m["statements"]["commits"] == 1  # a SQLite replay: BEGIN, SELECT
+        assert m["round_trips_per_request"] is None
     assert report["modes"]["bare"]["ratio_to_bare"] == 1.0
     assert report["modes"]["first"]["outcomes"] == {"applied": 24}
     assert report["modes"]["replay"]["outcomes"] == {"replayed": 24}
@@ -148,11 +149,11 @@ def test_several_engines_json_is_a_set_of_single_reports(tmp_path: Path, capsys:
                                "0", "--format", "json", "--output", str(tmp_path / "b.json"), "--html", str(html))
     assert code == 0 and out == "", err
     report = json.loads((tmp_path / "b.json").read_text())
-    assert report["schema"] == "idem-dialects-bench/1" and report["engine"]["name"] == "sqlite"
+    assert report["schema"] == "idem-dialects-bench/2" and report["engine"]["name"] == "sqlite"
     assert report["machine"]["cpus"] and report["machine"]["python"]
     first = report["modes"]["first"]
     assert first["cpu_ms_per_request"] > 0
-    assert first["statements"]["round_trips"] == first["statements"]["count"] + first["statements"]["commits"]
+    assert first["statements"]["kinds"][0] == "BEGIN" and first["round_trips_per_request"] is None
     assert 'id="chart-throughput"' in html.read_text()
 
 
@@ -212,21 +213,3 @@ def test_a_named_engine_that_is_unavailable_stops_the_run_before_anything_is_mea
     code, out, err = run_bench(capsys, "--engine", "sqlite", "--engine", "oracle-23", "--requests", "2")
     assert code == 2 and out == ""
     assert "oracle-23 is unavailable" in err and "to provide it: set IDEM_URL_ORACLE_23=" in err
-
-
-def test_round_trips_count_the_pool_reset_where_the_driver_sends_it(capsys: pytest.CaptureFixture[str]) -> None:
-    """MySQL/MariaDB drivers send the pool's reset ROLLBACK even after a commit, except on the engines from_url
-    builds, where MySQLBackend's hook skips it after the store's own COMMIT: the bench's (from_url) requests see
-    the pool's reset event but send no ROLLBACK, and a plain engine's reset is one more round trip."""
-    code, out, err = run_bench(capsys, "--engine", "mariadb", "--requests", "2", "--repetitions", "1", "--warmup",
-                               "0", "--format", "json")
-    if code == 2:
-        pytest.skip(f"mariadb is unavailable here: {err.strip()}")
-    assert code == 0, err
-    for mode, m in json.loads(out)["modes"].items():
-        st = m["statements"]
-        assert st["pool_resets"] >= 1 and st["round_trips"] == st["count"] + st["commits"], mode
-    plain, hooked = (create_engine("mysql+pymysql://u@127.0.0.1/d", **opts)
-                     for opts in ({}, {"pool_reset_on_return": None}))
-    assert benchmark.reset_reaches_server(plain) and not benchmark.reset_reaches_server(hooked)
-    plain.dispose(), hooked.dispose()

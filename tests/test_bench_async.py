@@ -20,7 +20,8 @@ def test_async_bench_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
                               "--format", "json", "--quiet"])
     assert bench.run(args) == 0
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
-    assert report["schema"] == "idem-dialects-bench-async/1"
+    assert report["schema"] == "idem-dialects-bench-async/2"
+    assert report["wire"]["counted"] is False  # SQLite runs in the process: tests/test_bench_wire.py counts servers
     assert (report["engine"]["driver"], report["engine"]["sync_driver"]) == ("aiosqlite", "pysqlite")
     assert list(report["modes"]) == ["bare", "first", "replay", "contention", "sync_first", "sync_replay",
                                      "sleep_async", "sleep_sync_in_loop", "sleep_sync_to_thread"]

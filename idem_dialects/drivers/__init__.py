@@ -60,14 +60,9 @@ class Driver:
     sync: bool = True  # create_engine can use it
     asynchronous: bool = False  # create_async_engine can use it (psycopg and oracledb serve both)
     libraries: tuple[SystemLibrary, ...] = ()
-    # The BEGIN the driver sends on its own (not through a cursor SQLAlchemy sees), said as a benchmark reports it.
-    implicit_begin: str | None = None
     # The store runs its statements on this sync driver's DBAPI cursor itself (`execution.sync`), compiled once,
     # rather than through SQLAlchemy's execution context: set for drivers the conformance suite passes with live.
     native: bool = False
-    # The driver sends ROLLBACK whenever the pool resets a returned connection, a transaction open or not (a round
-    # trip per request unless the pool leaves resets to a hook).
-    resets_by_round_trip: bool = False
     # Closing a connection whose server went away leaves its socket open until garbage collection (a
     # ResourceWarning then): the driver's leak, not the caller's.
     leaks_lost_sockets: bool = False

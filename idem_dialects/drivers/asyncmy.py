@@ -31,4 +31,4 @@ class Asyncmy(Driver):
 
 
 DRIVER = Asyncmy("asyncmy", "asyncmy", "idem-dialects[asyncmy]", sync=False, asynchronous=True,
-                 autocommit_args=AUTOCOMMIT, resets_by_round_trip=True)
+                 autocommit_args=AUTOCOMMIT)

@@ -56,5 +56,4 @@ class Asyncpg(Driver):
             raise_as_adapter(connection, error)
 
 
-DRIVER = Asyncpg("asyncpg", "asyncpg", "idem-dialects[asyncpg]", sync=False, asynchronous=True,
-                 implicit_begin="asyncpg sends BEGIN when a transaction starts (one more round trip)")
+DRIVER = Asyncpg("asyncpg", "asyncpg", "idem-dialects[asyncpg]", sync=False, asynchronous=True)

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from . import Driver
 
-DRIVER = Driver("mariadbconnector", "mariadb", "mariadb", resets_by_round_trip=True)
+DRIVER = Driver("mariadbconnector", "mariadb", "mariadb")

@@ -44,4 +44,4 @@ class MySQLConnector(Driver):
 
 
 DRIVER = MySQLConnector("mysqlconnector", "mysql.connector", "mysql-connector-python", autocommit_args=AUTOCOMMIT,
-                        resets_by_round_trip=True, native=True)
+                        native=True)

@@ -11,5 +11,4 @@ class MySQLdb(Driver):
         return escaped_size(value)  # mysql_real_escape_string, in the statement's text
 
 
-DRIVER = MySQLdb("mysqldb", "MySQLdb", "mysqlclient", autocommit_args=AUTOCOMMIT, resets_by_round_trip=True,
-                 native=True)
+DRIVER = MySQLdb("mysqldb", "MySQLdb", "mysqlclient", autocommit_args=AUTOCOMMIT, native=True)

@@ -10,8 +10,6 @@ from ..sqla import driver_connection, raise_as_adapter
 from ..steps import Shape
 from . import Driver, read_async
 
-IMPLICIT_BEGIN = "psycopg sends BEGIN before a transaction's first statement (one more round trip)"
-
 
 def session_id_is_pooled(dbapi_connection: Any, told: int) -> bool:
     """True if the server session's own pid differs from the one the server named at connect (BackendKeyData): a
@@ -46,5 +44,5 @@ class Psycopg(Driver):
 
 
 # psycopg 3 takes autocommit when connecting (sync and async).
-DRIVER = Psycopg("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, implicit_begin=IMPLICIT_BEGIN,
-                 native=True, autocommit_args={"autocommit": True})
+DRIVER = Psycopg("psycopg", "psycopg", "idem-dialects[postgresql]", asynchronous=True, native=True,
+                 autocommit_args={"autocommit": True})

@@ -4,7 +4,6 @@ text, bytes as a hex bytea literal."""
 from __future__ import annotations
 
 from . import Driver, hex_size
-from .psycopg import IMPLICIT_BEGIN
 
 
 class Psycopg2(Driver):
@@ -12,4 +11,4 @@ class Psycopg2(Driver):
         return hex_size(value) + len("''::bytea")
 
 
-DRIVER = Psycopg2("psycopg2", "psycopg2", "psycopg2-binary", implicit_begin=IMPLICIT_BEGIN, native=True)
+DRIVER = Psycopg2("psycopg2", "psycopg2", "psycopg2-binary", native=True)

@@ -24,6 +24,4 @@ class PyMySQL(Driver):
         return hex_size(value) + _PREFIX
 
 
-# MySQL's drivers send ROLLBACK on every pool reset, a transaction open or not.
-DRIVER = PyMySQL("pymysql", "pymysql", "idem-dialects[mysql]", autocommit_args=AUTOCOMMIT, resets_by_round_trip=True,
-                 native=True)
+DRIVER = PyMySQL("pymysql", "pymysql", "idem-dialects[mysql]", autocommit_args=AUTOCOMMIT, native=True)

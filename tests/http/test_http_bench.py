@@ -39,18 +39,19 @@ def test_http_bench_json_report(capsys: pytest.CaptureFixture[str], framework: s
     assert report["config"]["framework"] == framework and report["config"]["repetitions"] == 2
     assert (report["engine"]["name"], report["engine"]["driver"]) == ("sqlite", "aiosqlite")
     assert [p["requests"] for p in report["paths"]] == [16, 16, 16, 20, 20]
-    # Effects: 20 warm-up debits on each of three debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
-    # middleware (then replayed: no effect), 40 bare and 40 first-time in the pass counting round trips, 200 and 200
-    # in the pass with the collector stopped.
-    assert report["exactly_once"] == {"verified": True, "effects": 60 + 16 + 16 + 80 + 400,
-                                      "records": 60 + 16 + 40 + 200 + 20}
+    # Effects: 20 warm-up debits on each of four debit routes, 2 x 8 bare, 2 x 8 first-time keys through the
+    # middleware (then replayed: no effect), 2 x 40 bare and 2 x 40 first-time in the pass counting round trips, 200
+    # and 200 in the pass with the collector stopped.
+    assert report["exactly_once"] == {"verified": True, "effects": 80 + 16 + 16 + 160 + 400,
+                                      "records": 60 + 16 + 80 + 200 + 20}
     bare, first, replay = report["paths"][:3]
     assert all(p["server_cpu_us_per_request"] > 0 and p["latency_ms"]["p50"] > 0 for p in report["paths"])
     assert first["cpu_ratio_to_bare"] > 0 and replay["ratio_to_bare"] > 0 and len(first["cpu_ratios"]) == 2
     # The record's statements ride in the effect's transaction: a first-time request sends more than the bare one,
-    # a replay no more than a first-time one.
-    assert 0 < bare["round_trips_per_request"] < first["round_trips_per_request"]
-    assert 0 < replay["round_trips_per_request"] <= first["round_trips_per_request"]
+    # a replay no more than a first-time one. SQLite has no wire: no round trips, and the report says why.
+    assert 0 < bare["statements_per_request"] < first["statements_per_request"]
+    assert 0 < replay["statements_per_request"] <= first["statements_per_request"]
+    assert report["wire"]["counted"] is False and bare["round_trips_per_request"] is None
     # The garbage collector: collections counted per generation; no request through the middleware leaves a
     # reference cycle (what the collector alone frees), as none through the bare endpoint does; the startup heap
     # frozen by the app's lifespan (the default), and let go once the server stopped.

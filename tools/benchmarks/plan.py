@@ -15,6 +15,7 @@ Side = Literal["after", "before"]
 SYNC_ENGINES = ("sqlite", "postgresql-18", "postgresql", "mariadb")
 ASYNC_PAIRS = (("postgresql", "asyncpg"), ("postgresql", "psycopg"), ("mariadb", "asyncmy"), ("sqlite", "aiosqlite"))
 LEVELS = (1, 8, 32)
+LATENCY_LEVELS = (1, 8)  # the levels the page shows with latency added to each round trip (`Sizes.added_latency_ms`)
 HTTP_ENGINE, HTTP_DRIVER = "postgresql", "asyncpg"
 HTTP_LEVELS = (1, 8, 16, 32)  # 16: the level the replay-tail target names
 TELEMETRY_ENGINE = "postgresql"
@@ -34,6 +35,7 @@ class Sizes:
     sync_requests: int = 1000
     sync_repetitions: int = 5
     warmup: int = 100
+    added_latency_ms: float = 1.0  # the sync store's pass through the counting proxy: added to each round trip
     async_requests: int = 1000
     async_repetitions: int = 5
     sleep: float = 0.2
@@ -91,7 +93,8 @@ def main_runs(sizes: Sizes, memory: bool = False, conformance: bool = False) -> 
     s = sizes
     runs = [Run(f"sync-{engine}", "sync", (engine,), (
         "bench", engine, "--workers", levels(LEVELS), "--requests", str(s.sync_requests), "--repetitions",
-        str(s.sync_repetitions), "--warmup", str(s.warmup)), levels=LEVELS) for engine in SYNC_ENGINES]
+        str(s.sync_repetitions), "--warmup", str(s.warmup), "--added-latency-ms", f"{s.added_latency_ms:g}"),
+        levels=LEVELS) for engine in SYNC_ENGINES]
     runs += [Run(f"async-{engine}-{driver}", "async", (engine,), (
         "bench", engine, "--api", "async", "--driver", driver, "--concurrency", levels(LEVELS), "--requests",
         str(s.async_requests), "--repetitions", str(s.async_repetitions), "--sleep", str(s.sleep)), driver=driver,

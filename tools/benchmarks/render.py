@@ -16,6 +16,7 @@ from . import compare
 from .plan import (
     ASYNC_PAIRS,
     HTTP_ENGINE,
+    LATENCY_LEVELS,
     LEVELS,
     MEMORY_ENGINES,
     SYNC_ENGINES,
@@ -55,7 +56,7 @@ def fmt(value: float | None, kind: str) -> str:
     if kind == "us":
         return f"{value:,.0f}"
     if kind == "trips":
-        return f"{value:g}" if value == int(value) else f"{value:.1f}"
+        return f"{value:.2f}".rstrip("0").rstrip(".")
     if kind == "count":
         return f"{value:,.0f}"
     raise ValueError(kind)
@@ -205,12 +206,11 @@ class Page:
                     m = rep["modes"].get(mode)
                     if m is None:
                         continue
-                    trips = (m.get("statements") or {}).get("round_trips")
                     rows.append([str(n), title_, fmt(m["throughput_per_s"]["median"], "rate"),
                                  fmt(m.get("ratio_to_bare_paired"), "ratio"), fmt(m["latency_ms"]["p50"], "ms"),
                                  fmt(m["latency_ms"]["p99"], "ms"), fmt(cpu_us(rep, mode), "us"),
                                  fmt(ratio(cpu_us(rep, mode), bare_cpu), "ratio"),
-                                 DASH if trips is None else fmt(trips, "trips")])
+                                 fmt(m.get("round_trips_per_request"), "trips")])
             held = [rep["exactly_once"] for _, rep in reports if rep]
             retries: dict[str, int] = {}
             for _, rep in reports:
@@ -226,31 +226,78 @@ class Page:
         return "\n\n".join(parts)
 
     def block_statements(self) -> str:
-        rows, begins = [], {}
+        rows = []
         for engine in SYNC_ENGINES:
             rep = self.r.sync(engine, 1)
             if rep is None:
-                rows.append([self.r.label(engine), DASH, DASH, DASH, self.r.missing(f"sync-{engine}")])
+                rows.append([self.r.label(engine), self.r.missing(f"sync-{engine}"), DASH, DASH])
                 continue
-            if rep.get("implicit_begin"):
-                begins[rep["engine"]["driver"]] = rep["implicit_begin"]
             sent = [self.sent(rep, mode) for mode in ("bare", "first", "replay")]
-            trips = " / ".join(fmt(((rep["modes"].get(m) or {}).get("statements") or {}).get("round_trips"), "trips")
-                               for m in ("bare", "first", "replay"))
-            local = " (in-process)" if rep["engine"]["backend"] == "sqlite" else ""
-            rows.append([f"{self.r.label(engine)} ({rep['engine']['driver']})", *sent, trips + local])
-        notes = "".join(f"\n\n[BEGIN]: {text.rstrip('.')}." for _, text in sorted(begins.items()))
-        return table(["engine", "bare effect", "first-time request", "replay", "round trips: bare / first / replay"],
-                     rows) + notes
+            rows.append([f"{self.r.label(engine)} ({rep['engine']['driver']})", *sent])
+        return table(["engine (driver)", "bare effect", "first-time request", "replay"], rows)
+
+    def block_round_trips(self) -> str:
+        """Round trips on the wire per request, bare / first / replay, per engine, driver and store, at the first two
+        levels (where they differ, the driver does more on some connections than on others)."""
+        rows = []
+        for engine in SYNC_ENGINES:
+            reps = [self.r.sync(engine, n) for n in LEVELS[:2]]
+            first = next((rep for rep in reps if rep), None)
+            if first is not None:
+                rows.append([self.r.label(engine), str(first["engine"]["driver"]), "sync", *map(self.trips, reps)])
+        for engine, driver in ASYNC_PAIRS:
+            reps = [self.r.aio(engine, driver, n) for n in LEVELS[:2]]
+            if any(reps):
+                rows.append([self.r.label(engine), driver, "async", *map(self.trips, reps)])
+        if not rows:
+            return "Not in this run: no sync or async store report."
+        return table(["engine", "driver", "store", *(f"bare / first / replay at {n}" for n in LEVELS[:2])], rows)
+
+    @staticmethod
+    def trips(rep: Report | None) -> str:
+        """Round trips on the wire per request, bare / first / replay, or why there are none."""
+        if rep is None or "wire" not in rep:  # not run, or run before round trips were counted on the wire
+            return DASH
+        if not rep["wire"]["counted"]:
+            return f"{DASH} (no wire: the database runs in the client's process)"
+        return " / ".join(fmt((rep["modes"].get(m) or {}).get("round_trips_per_request"), "trips")
+                          for m in ("bare", "first", "replay"))
 
     @staticmethod
     def sent(rep: Report, mode: str) -> str:
-        """The statements of one request of `mode`, in order, and its commit; [BEGIN] where the driver sends one."""
+        """The statements of one request of `mode`, in order, and its commit."""
         s = (rep["modes"].get(mode) or {}).get("statements")
         if not s:
             return DASH
-        begin = "[BEGIN], " if rep.get("implicit_begin") else ""
-        return begin + ", ".join(str(kind) for kind in s["kinds"]) + " + COMMIT" * int(s["commits"])
+        return ", ".join(str(kind) for kind in s["kinds"]) + " + COMMIT" * int(s["commits"])
+
+    def block_latency_ms(self) -> str:
+        added = self.sizes.get("added_latency_ms")
+        return "1 ms" if added is None else f"{added:g} ms"
+
+    def block_latency_table(self) -> str:
+        """First-time requests and replays (and the bare effect they are read against) with latency added to each
+        round trip, beside the same modes on loopback, at each level LATENCY_LEVELS names."""
+        rows = []
+        for engine in SYNC_ENGINES:
+            for n in LATENCY_LEVELS:
+                rep = self.r.sync(engine, n)
+                if rep is None or not (rep.get("wire") or {}).get("counted"):
+                    continue
+                for mode in ("bare", "first", "replay"):
+                    m = rep["modes"][mode]
+                    at = m.get("added_latency") or {}
+                    rows.append([f"{self.r.label(engine)} ({rep['engine']['driver']})", str(n), SYNC_MODES[mode],
+                                 fmt(m.get("round_trips_per_request"), "trips"),
+                                 fmt(m["throughput_per_s"]["median"], "rate"), fmt(at.get("throughput_per_s"), "rate"),
+                                 fmt(at.get("ratio_to_loopback"), "ratio"),
+                                 fmt((at.get("latency_ms") or {}).get("p50"), "ms")])
+        if not rows:
+            return ("Not in this run: no sync store report with latency added (`--added-latency-ms`) on an engine with"
+                    " a wire.")
+        return table(["engine (driver)", "workers", "mode", "round trips", "loopback req/s",
+                      f"+{self.block_latency_ms()} req/s", "× loopback", f"p50 ms at +{self.block_latency_ms()}"],
+                     rows)
 
     # the async store
 
@@ -530,12 +577,20 @@ class Page:
             return "; ".join(shown) or "not measured"
 
         def trips(rep: Report | None, mode: str) -> float | None:
-            return (((rep or {}).get("modes", {}).get(mode) or {}).get("statements") or {}).get("round_trips")
+            return ((rep or {}).get("modes", {}).get(mode) or {}).get("round_trips_per_request")
 
         extra: dict[str, float | None] = {}
         for e in servers:
             first, bare = trips(at1[e], "first"), trips(at1[e], "bare")
             extra[e] = None if first is None or bare is None else first - bare
+        def far(rep: Report | None, mode: str) -> float | None:
+            """A mode's rate with latency added, × the bare effect's with the same latency."""
+            modes = (rep or {}).get("modes", {})
+            rates = [((modes.get(m) or {}).get("added_latency") or {}).get("throughput_per_s") for m in (mode, "bare")]
+            return ratio(rates[0], rates[1])
+
+        far_first = {e: far(at1[e], "first") for e in servers}
+        far_replay = {e: far(at1[e], "replay") for e in servers}
         first1 = {e: paired(at1[e], "first") for e in SYNC_ENGINES}
         replay1 = {e: paired(at1[e], "replay") for e in SYNC_ENGINES}
         cpu_first = {e: ratio(cpu_us(at1[e], "first"), cpu_us(at1[e], "bare")) for e in SYNC_ENGINES}
@@ -560,6 +615,10 @@ class Page:
             f" {span(replay1.values())} the bare effect's rate at one worker ({per_engine(replay1)}). Where a replay"
             " is slower than the effect it replaces, the client CPU columns say why: the read returns the stored"
             " response, and its statements cost client CPU like any other.",
+            *([f"**Distance multiplies round trips**: with {self.block_latency_ms()} added to each, first-time"
+               f" requests ran at {per_engine(far_first)} and replays at {per_engine(far_replay)} the bare effect's"
+               " rate at one worker (the bare effect with the same latency); the closer to the ratio of their round"
+               " trips, the more a request's time is the network's."] if any(far_first.values()) else []),
             f"**A hand-written stored procedure is the yardstick**: on {r.label('postgresql')} `run` reached"
             f" {fmt(pl_first, 'ratio')}× the first-time rate and {fmt(pl_replay, 'ratio')}× the replay rate of the"
             " same debit written as one PL/pgSQL function (one statement a request). For one hot operation the"

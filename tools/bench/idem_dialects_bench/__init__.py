@@ -18,14 +18,15 @@ The sync store's modes (each a slice of `requests` requests, interleaved per rep
 - ``contention``: the workers send overlapping keys (a share `duplicates` of the slice repeats a key another worker
   sends at the same moment);
 - ``plpgsql_first`` / ``plpgsql_replay`` (where the backend runs PL/pgSQL): the same debit hand-written as one
-  ``debit_once`` function, one statement per request, created in a scratch schema -- the one-round-trip reference.
+  ``debit_once`` function, one statement per request, created in a scratch schema -- the one-statement reference.
 
 Exactly-once is checked in the database with the conformance suite's tally (`workload.exactly_once`; after every
 slice for the sync store, at the end for the others): each account debited once per distinct key sent to it, and
 (sync store) exactly that many completed records. A mismatch raises `ExactlyOnceViolation`.
 
 Modules: `command` (the subcommand), `runner` (the one runner), `report` (what every report shares), `targets` (the
-one list of performance targets), `render` and `html` (the one renderer), `statements` (counting round trips),
+one list of performance targets), `render` and `html` (the one renderer), `statements` (what a request sends, by
+statement), `wire` (round trips counted on the wire, and latency added to them, by a proxy in a process of its own),
 `workload` (the one workload, and the exactly-once check); the sync store: `plan` (which requests each worker sends),
 `sync` (threads, checks, profile, memory), `sync_report`; the async store: `aio`; the HTTP middleware: `http`;
 operations' costs: `purge`, `outbox`, `telemetry`.
@@ -47,7 +48,7 @@ from .runner import (
     run,
     to_measure,
 )
-from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server, statement_kind
+from .statements import Recorder, StatementLog, record_statements, statement_kind
 from .sync import Bench, SyncBenchmark
 from .sync_report import SCHEMA
 from .targets import TARGETS, Target
@@ -151,7 +152,6 @@ __all__ = [
     "combine",
     "engine_info",
     "exactly_once",
-    "implicit_begin",
     "machine_info",
     "measurement",
     "new_prefix",
@@ -159,7 +159,6 @@ __all__ = [
     "plan",
     "plpgsql_ddl",
     "record_statements",
-    "reset_reaches_server",
     "run",
     "statement_kind",
     "to_measure",

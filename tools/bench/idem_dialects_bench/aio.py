@@ -13,6 +13,10 @@ ratio to the bare effect of the same repetition (paired):
   with the async store, the sync store called inside the coroutines (what blocks a server), and the sync store
   behind ``asyncio.to_thread``. Wall time is reported against the effect time.
 
+Then the throughput modes run once more through the counting proxy (`wire`), on stores of their own: the round trips
+each request makes on the wire and, given `added_latency_ms`, the throughput with that much added to each round trip,
+beside the loopback figures (which carry no proxy).
+
 Exactly-once is checked in the database at the end: the debits equal the distinct keys sent through a store.
 """
 
@@ -24,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,11 +45,16 @@ from idem_dialects.url import target
 
 from .report import engine_info, machine_info, new_prefix, percentiles
 from .runner import CannotMeasure, pool_options, reaching
-from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server
+from .statements import Recorder, StatementLog, record_statements
 from .targets import check
+from .wire import Counts, Window, Wire, about, figures, no_wire, progress, through_proxy
 from .workload import OPERATION, REQUEST, Accounts, exactly_once, scope
 
-SCHEMA = "idem-dialects-bench-async/1"
+# /2: round trips counted on the wire (`wire`, `added_latency`); /1 modelled them from the statements.
+SCHEMA = "idem-dialects-bench-async/2"
+# Unmeasured requests per task and mode through the counting proxy before it counts: enough for what a driver does
+# once per connection (its first statements prepared; psycopg prepares a statement at its fifth execution).
+WIRE_WARMUP = 10
 BARE_ACCOUNTS = 900  # accounts from here on are the bare effect's; below, one per task and mode
 ACCOUNTS = 1000
 
@@ -58,8 +68,8 @@ class ModeResult:
     replayed: int = 0
     cpu_s: float = 0.0
     statements: StatementLog | None = None
-    extra_round_trips: int = 0  # per statement: the driver's own BEGIN; per reset: a ROLLBACK sent to the server
     throughputs: list[float] = field(default_factory=list)  # requests/s of each repetition's slice
+    wire: Counts | None = None  # what went over the wire, when the slice went through the counting proxy
 
     def __post_init__(self) -> None:
         if not self.throughputs and self.wall_s:
@@ -73,13 +83,10 @@ class ModeResult:
         self.worst_lag_ms = max(self.worst_lag_ms, other.worst_lag_ms)
         self.replayed += other.replayed
         self.cpu_s += other.cpu_s
-        self.extra_round_trips += other.extra_round_trips
         self.throughputs.extend(other.throughputs)
         if self.statements is not None and other.statements is not None:
-            log, more = self.statements, other.statements
-            log.statements.extend(more.statements)
-            log.commits, log.rollbacks, log.resets = (log.commits + more.commits, log.rollbacks + more.rollbacks,
-                                                      log.resets + more.resets)
+            self.statements.statements.extend(other.statements.statements)
+            self.statements.commits += other.statements.commits
 
     def as_dict(self) -> dict[str, Any]:
         lat = self.latencies
@@ -88,8 +95,6 @@ class ModeResult:
                 # This process's CPU (all threads) per request; with concurrent tasks the counts are averages.
                 "cpu_ms_per_request": round(self.cpu_s * 1000 / n, 4),
                 "statements_per_request": None if log is None else round(len(log.statements) / n, 2),
-                "round_trips_per_request": None if log is None else round(
-                    (len(log.statements) + log.commits + self.extra_round_trips) / n, 2),
                 # The median over repetitions (one repetition: its slice's requests/s).
                 "throughput_per_s": round(statistics.median(self.throughputs), 1) if self.throughputs else None,
                 "throughput_per_repetition": [round(t, 1) for t in self.throughputs],
@@ -142,6 +147,10 @@ class AsyncBench:
     repetitions: int = 1
     results: dict[str, ModeResult] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # each distinct key sent through a store, and its account
+    added_latency_ms: float = 0.0
+    why_no_wire: str | None = None  # why the database has no wire to count on, or None
+    wire: Wire | None = None  # the counting proxy the stores reach the database through, if they do
+    wire_results: dict[str, ModeResult] = field(default_factory=dict)  # the throughput modes' pass through it
 
     def __post_init__(self) -> None:
         self.accounts = Accounts(self.store.table_prefix)
@@ -186,13 +195,14 @@ class AsyncBench:
                 latencies.append(time.perf_counter() - started)
 
         engine = self.sync_store.engine if name.startswith("sync_") else self.store.engine.sync_engine
-        with record_statements(engine, self.recorder) as log:
+        counting = self.wire.window() if self.wire is not None else nullcontext(Window())
+        with record_statements(engine, self.recorder) as log, counting as window:
             async with Heartbeat() as beat:
                 started, cpu = time.perf_counter(), time.process_time()
                 await asyncio.gather(*(worker(t) for t in range(self.concurrency)))
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        extra = (len(latencies) if implicit_begin(engine) else 0) + (log.resets if reset_reaches_server(engine) else 0)
-        result = ModeResult(len(latencies), wall, latencies, beat.worst * 1000, replayed, cpu, log, extra)
+        result = ModeResult(len(latencies), wall, latencies, beat.worst * 1000, replayed, cpu, log,
+                            wire=window.counts if self.wire is not None else None)
         if name in self.results:
             self.results[name].add(result)
         else:
@@ -214,31 +224,34 @@ class AsyncBench:
                                      effect=lambda conn: self.sync_effect(conn, acct, sleep))
         return result.replayed
 
-    async def repetition(self, r: str, per: int, bare: Callable[[int, int], Awaitable[bool]],
-                         in_thread: Callable[[str, int], Awaitable[bool]]) -> None:
-        """One slice of each throughput mode; `r` makes the keys new to this repetition."""
-        await self.timed("bare", per, bare)
+    async def bare(self, task: int, i: int) -> bool:
+        async with self.store.transaction() as conn:
+            await self.effect(conn, BARE_ACCOUNTS + task % 50)
+        return False
+
+    async def repetition(self, r: str, per: int, executor: ThreadPoolExecutor) -> None:
+        """One slice of each throughput mode; `r` makes the keys new to this repetition. The sync store's requests
+        run on `executor`'s threads, one per task."""
+        loop = asyncio.get_running_loop()
+
+        def in_thread(key: str, acct: int) -> Awaitable[bool]:
+            return loop.run_in_executor(executor, self.sync_run_key, key, acct)
+
+        await self.timed("bare", per, self.bare)
         await self.timed("first", per, lambda t, i: self.run_key(f"f{r}-{t}-{i}", 1 + t))
         await self.timed("replay", per, lambda t, i: self.run_key(f"f{r}-{t}-{i}", 1 + t))
         await self.timed("contention", per, lambda t, i: self.run_key(f"c{r}-{t // 2}-{i}", 200 + t // 2))
         await self.timed("sync_first", per, lambda t, i: in_thread(f"s{r}-{t}-{i}", 100 + t))
         await self.timed("sync_replay", per, lambda t, i: in_thread(f"s{r}-{t}-{i}", 100 + t))
 
+    @property
+    def per_task(self) -> int:
+        return max(1, self.requests // self.concurrency)
+
     async def run(self) -> None:
-        n, per = self.concurrency, max(1, self.requests // self.concurrency)
-        executor = ThreadPoolExecutor(max_workers=n)
-        loop = asyncio.get_running_loop()
-        try:
-            async def bare(task: int, i: int) -> bool:
-                async with self.store.transaction() as conn:
-                    await self.effect(conn, BARE_ACCOUNTS + task % 50)
-                return False
-
-            def in_thread(key: str, acct: int) -> Awaitable[bool]:
-                return loop.run_in_executor(executor, self.sync_run_key, key, acct)
-
+        with ThreadPoolExecutor(max_workers=self.concurrency) as executor:
             for rep in range(self.repetitions):  # every mode in turn, so drift hits them alike
-                await self.repetition("" if rep == 0 else str(rep), per, bare, in_thread)
+                await self.repetition("" if rep == 0 else str(rep), self.per_task, executor)
 
             # The figure: `concurrency` requests at once, each effect also waiting `sleep` seconds.
             async def sync_in_loop(t: int, i: int) -> bool:
@@ -248,9 +261,19 @@ class AsyncBench:
             await self.timed("sleep_sync_in_loop", 1, sync_in_loop)
             await self.timed("sleep_sync_to_thread", 1, lambda t, i: asyncio.to_thread(
                 self.sync_run_key, f"T-{t}", 500 + t, self.sleep))
-        finally:
-            executor.shutdown()
-        await self.check_exactly_once()
+
+    async def on_the_wire(self, store: AsyncIdempotencyStore, sync_store: IdempotencyStore, wire: Wire) -> None:
+        """The throughput modes once more through `store` and `sync_store`, which reach the database through `wire`
+        (after WIRE_WARMUP unmeasured requests per task and mode): their results are `wire_results`. Their keys join
+        `sent`, for the exactly-once check."""
+        twin = AsyncBench(store, sync_store, self.concurrency, self.requests, self.sleep, self.log, self.recorder,
+                          sent=self.sent)
+        with ThreadPoolExecutor(max_workers=self.concurrency) as executor:
+            await twin.repetition("ww", WIRE_WARMUP, executor)
+            twin.results.clear()
+            twin.wire = wire
+            await twin.repetition("w", self.per_task, executor)
+        self.wire_results = twin.results
 
     async def check_exactly_once(self) -> None:
         """Each account debited once per distinct key sent to it through a store (the bare effect's accounts aside)."""
@@ -260,6 +283,10 @@ class AsyncBench:
 
     def report(self, info: dict[str, Any], elapsed: float) -> dict[str, Any]:
         modes = {name: r.as_dict() for name, r in self.results.items()}
+        for name, m in modes.items():
+            w = self.wire_results.get(name)
+            m.update(figures(w.wire, w.latencies, w.wall_s, self.added_latency_ms, m["throughput_per_s"]) if w
+                     else figures(None))
         bare = modes["bare"]["throughput_per_s"] or 1.0
         bare_reps = self.results["bare"].throughputs
         for name, m in modes.items():
@@ -274,8 +301,9 @@ class AsyncBench:
                             "heartbeat_worst_lag_ms": round(r.worst_lag_ms, 1)}
         report = {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
                   "config": {"concurrency": self.concurrency, "requests": self.requests, "sleep_s": self.sleep,
-                             "repetitions": self.repetitions},
-                  "modes": modes, "sleep_figure": figure, "exactly_once": {"distinct_keys": len(self.sent)}}
+                             "repetitions": self.repetitions, "added_latency_ms": self.added_latency_ms},
+                  "wire": about(self.why_no_wire, self.added_latency_ms), "modes": modes, "sleep_figure": figure,
+                  "exactly_once": {"distinct_keys": len(self.sent)}}
         return report | {"targets": check(report)}
 
 
@@ -308,10 +336,13 @@ class AsyncBenchmark:
     sleep: float = 0.2
     driver: str | None = None
     repetitions: int = 1
+    added_latency_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.requests < 1 or self.repetitions < 1 or self.sleep <= 0:
             raise ValueError("--concurrency, --requests and --repetitions must be at least 1, --sleep above 0")
+        if self.added_latency_ms < 0:
+            raise ValueError("--added-latency-ms must be at least 0")
 
     def refuse(self, backend: type[Backend]) -> str | None:
         return None
@@ -338,11 +369,28 @@ class AsyncBenchmark:
         n = self.concurrency
         async with AsyncIdempotencyStore.from_url(url, table_prefix=sync_store.table_prefix, statement_hook=recorder,
                                                   **pool_options(url, n + 2, n)) as store:
-            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log, recorder, self.repetitions)
+            bench = AsyncBench(store, sync_store, n, self.requests, self.sleep, log, recorder, self.repetitions,
+                               added_latency_ms=self.added_latency_ms, why_no_wire=no_wire(url))
             await bench.setup()
             started = time.perf_counter()
             try:
                 await bench.run()
+                if bench.why_no_wire is None:
+                    await self._on_the_wire(bench, url, sync_store)
+                await bench.check_exactly_once()
             finally:
                 await bench.teardown()
             return bench.report(info, time.perf_counter() - started)
+
+    async def _on_the_wire(self, bench: AsyncBench, url: URL, sync_store: IdempotencyStore) -> None:
+        """The throughput modes through the counting proxy, on an async and a sync store of their own (no
+        statement_hook: their statements are the measured stores')."""
+        n = self.concurrency
+        surl = sync_store.engine.url
+        with through_proxy(url, self.added_latency_ms) as wire:
+            async with AsyncIdempotencyStore.from_url(wire.reach(url), table_prefix=sync_store.table_prefix,
+                                                      **pool_options(url, n + 2, n)) as store:
+                with IdempotencyStore.from_url(wire.reach(surl), table_prefix=sync_store.table_prefix,
+                                               **pool_options(surl, n + 2, n)) as sync_twin:
+                    await bench.on_the_wire(store, sync_twin, wire)
+        bench.log(progress(self.added_latency_ms, {m: (r.wire, r.requests) for m, r in bench.wire_results.items()}))

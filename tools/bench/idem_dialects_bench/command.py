@@ -37,6 +37,11 @@ OPTIONS: dict[str, tuple[tuple[str, ...], type, str, str]] = {
     "warmup": (("sync",), int, "W", "unmeasured requests per mode before the first repetition (default 100)"),
     "memory_check": (("sync",), int, "N", "finally run N requests (first-time and replay in turn) under tracemalloc"
                                           " and report memory growth per 10k requests (e.g. 100000; default off)"),
+    "added_latency_ms": (("sync", "async"), float, "MS", "milliseconds added to each round trip in the pass through"
+                                                       " the counting proxy (each mode once more, after the measured"
+                                                       " ones, to count its round trips on the wire), whose"
+                                                       " throughput is then reported beside the loopback figures"
+                                                       " (e.g. 1; default 0: round trips only)"),
     "concurrency": (("async", "http"), int, "N[,N...]", "concurrent tasks (async; default 20) or connections for"
                                                         " the throughput workload (http; default 8); several"
                                                         " (1,8,32) measure each in turn"),
@@ -116,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--api sync: also run one unmeasured slice of this mode under cProfile and print the top"
                              " functions to stderr (plpgsql_* on PostgreSQL only)")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table for people, markdown, json (schema idem-dialects-bench/1, -async/1, -http/4,"
+                        help="table for people, markdown, json (schema idem-dialects-bench/2, -async/2, -http/4,"
                              " -consumer/1, or"
                              " -set/1 for several engines or levels; see BENCHMARKS.md) for tools")
     add_output(parser, "the report (in --format)")

@@ -10,7 +10,18 @@ from typing import Any
 from idem_dialects.cli.reporting.html import environment
 from idem_dialects.cli.reporting.svg import SHADES, Bar, Segment, bars, svg
 
-from .render import MODE_TITLES, SYNC, engine_label, modes_of, render_bench, runs
+from .render import (
+    MODE_TITLES,
+    SYNC,
+    WIRE_NOTE,
+    added_ms,
+    at_latency,
+    engine_label,
+    modes_of,
+    render_bench,
+    runs,
+    trips,
+)
 
 
 def section(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> str:
@@ -20,12 +31,12 @@ def section(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) ->
 
 def view(reports: Sequence[Mapping[str, Any]], palette: Mapping[str, str]) -> dict[str, Any]:
     every = [run for report in reports for run in runs(report)]
-    items = [run for run in every if run["schema"] == SYNC]
+    items = [run for run in every if run["schema"] in SYNC]
     skipped: dict[str, str] = {}
     for report in reports:
         skipped.update(report.get("skipped") or {})
     others = [(f"{engine_label(r)}: {r['schema'].removeprefix('idem-dialects-bench-').removesuffix('/1')}",
-               render_bench(r)) for r in every if r["schema"] != SYNC]
+               render_bench(r)) for r in every if r["schema"] not in SYNC]
     return {"skipped": list(skipped), "others": others,
             "sync": sync_view(reports, items, palette) if items else None}
 
@@ -54,6 +65,7 @@ def sync_view(reports: Sequence[Mapping[str, Any]], items: Sequence[Mapping[str,
         " · ".join(f"{p} {mode['latency_ms'][p]:.2f}" for p in ("p50", "p99")) + " ms"))
     return {
         "config": items[0]["config"], "bare_effect": items[0]["bare_effect"], "one_run": len(reports) == 1,
+        "wire_note": WIRE_NOTE[0].upper() + WIRE_NOTE[1:] + ".",
         "machine": _machine(reports, items, names), "names": names, "numbers": _numbers(items, modes),
         "throughput": svg(bars("chart-throughput", "requests/s per mode per engine", throughput, legend=legend,
                                unit="requests/s")),
@@ -86,8 +98,9 @@ def _numbers(items: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> list[t
         ("p50 / p95 / p99 ms", lambda m: " / ".join(f"{m['latency_ms'][p]:.2f}" for p in ("p50", "p95", "p99"))),
         ("client CPU ms per request", lambda m: "-" if m.get("cpu_ms_per_request") is None
          else f"{m['cpu_ms_per_request']:.3f}"),
-        ("round trips per request", lambda m: "-" if not m.get("statements") else
-         str(m["statements"].get("round_trips", m["statements"]["count"] + m["statements"]["commits"]))),
+        ("round trips per request", lambda m: trips(m.get("round_trips_per_request"))),
+        *([(f"requests/s with {added:g} ms added to each round trip (x loopback)", at_latency)]
+          if (added := added_ms(items)) else []),
         ("retries", lambda m: ", ".join(f"{k} {v}" for k, v in m["retries"].items()) or "none"),
     )
     for title, cell in cells:

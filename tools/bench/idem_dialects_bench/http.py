@@ -10,15 +10,16 @@ workloads:
   same keys again (replays); the three in turn, `repetitions` times (fresh keys each time), so drift hits them alike.
   Per path: requests/s, latency percentiles (of every repetition's requests), the server's CPU per request (the
   process's CPU less the client's thread: uvicorn's event loop and any driver threads) and round trips per request,
-  each beside the bare endpoint's; the ratios are the median of each repetition's paired ratio. Round trips are
-  counted in an unmeasured pass afterwards (statements, commits and rollbacks, the driver's own BEGIN, resets the
-  pool sends), through a second store object with a `statement_hook`, so the measured path carries no counting.
+  each beside the bare endpoint's; the ratios are the median of each repetition's paired ratio. Statements and round
+  trips are counted in an unmeasured pass afterwards, through a second store object with a `statement_hook` that
+  reaches the database through the counting proxy (`wire`: round trips on the wire), so the measured path carries no
+  counting.
   The garbage collector, per path: its collections by generation during the measured requests (per 1,000 requests;
   a full one pauses every request in flight, the p99's tail) and, in another unmeasured pass with the collector
   stopped, what the requests left it: objects only a collection frees (reference cycles) and memory blocks left
   allocated, per request. The app's lifespan freezes the startup heap (`gc.freeze()`, docs/http.md's advice to
   services; ``--no-gc-freeze`` measures without). These are the process's: the client's share is in the bare
-  endpoint's figures too.
+  endpoint's figures too (the counting proxy runs in a process of its own: none of it is).
   After the run, the balance must have moved by exactly one debit per distinct key and there must be one record per
   key, or the run fails.
 - **latency hiding**: 20 concurrent requests with distinct keys to a handler that waits 200 ms (an external call), in
@@ -40,7 +41,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +55,15 @@ from .aio import async_url
 from .http_app import ACCOUNT, HANDLER_SECONDS, SCOPE, HttpConnection, build_starlette, uvicorn_server
 from .report import engine_info, machine_info, percentiles
 from .runner import BenchFailed, backend_of, pool_options, reaching
-from .statements import Recorder, StatementLog, implicit_begin, record_statements, reset_reaches_server
+from .statements import Recorder, record_statements
 from .targets import check
+from .wire import Window, Wire, about, figures, no_wire, through_proxy
 from .workload import Accounts, exactly_once, records
 
-SCHEMA = "idem-dialects-bench-http/4"
+SCHEMA = "idem-dialects-bench-http/4"  # /4: round trips counted on the wire (`wire`), the garbage collector per path
 CONCURRENT_CALLS = 20  # the latency workload: this many requests at once, each waiting HANDLER_SECONDS
 WARM = 20  # unmeasured requests per route before the first repetition (pools, caches, the stores' first reads)
-COUNTED = 40  # requests per path of the unmeasured pass that counts round trips
+COUNTED = 40  # requests per path of the unmeasured pass that counts round trips, sent twice: the second is counted
 GARBAGE = 200  # requests per path of the unmeasured pass with the collector stopped (fixed costs amortized)
 PATHS = (("bare", "/bare/debit"), ("middleware first-time", "/idem/debit"), ("middleware replay", "/idem/debit"))
 GENERATIONS = ("gen0", "gen1", "gen2")  # the collector's; a generation 2 collection is a full one
@@ -216,7 +218,10 @@ class HttpBenchmark:
         with reaching(url):
             store = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_", **options)
             await store.create_tables()
-        counting = AsyncIdempotencyStore.from_url(url, table_prefix=prefix + "idem_", statement_hook=recorder,
+        why_no_wire = no_wire(url)
+        wire = None if why_no_wire is not None else through_proxy(url)
+        counting = AsyncIdempotencyStore.from_url(url if wire is None else wire.reach(url),
+                                                  table_prefix=prefix + "idem_", statement_hook=recorder,
                                                   **(pool_options(url, self.concurrency + 2, 10) if sized else {}))
         try:
             async with store.engine.begin() as conn:
@@ -226,29 +231,31 @@ class HttpBenchmark:
             await store.engine.dispose()  # the server's event loop opens its own connections
             log(f"{info['backend']} {info['server_version']} via {info['driver']}, {self.framework}, tables {prefix}*")
             started = time.perf_counter()
-            paths, heap = await self._drive(store, counting, recorder, accounts, log)
+            paths, heap = await self._drive(store, counting, recorder, wire, accounts, log)
             async with store.engine.connect() as conn:
                 debits = await conn.run_sync(accounts.debits, [ACCOUNT])
                 total, _ = await conn.run_sync(records, store.tables, [SCOPE])
-            # Debits: the warm-up's on three debit routes, the bare ones, one per first-time key (replays debit
-            # nothing), the counting and garbage passes' bare and first-time ones. Records: warm-up on three routes,
-            # one per key, the two passes' keys, the latency workload's.
+            # Debits: the warm-up's on four debit routes, the bare ones, one per first-time key (replays debit
+            # nothing), the counting pass's bare and first-time ones (twice), the garbage pass's. Records: warm-up on
+            # three routes, one per key, the counting pass's keys (twice), the garbage pass's, the latency workload's.
             measured = self.repetitions * self.requests
-            expected = 3 * WARM + 2 * measured + 2 * COUNTED + 2 * GARBAGE
-            expected_records = 3 * WARM + measured + COUNTED + GARBAGE + CONCURRENT_CALLS
+            expected = 4 * WARM + 2 * measured + 4 * COUNTED + 2 * GARBAGE
+            expected_records = 3 * WARM + measured + 2 * COUNTED + GARBAGE + CONCURRENT_CALLS
             exactly_once("debits", debits, {ACCOUNT: expected})
             exactly_once("records", total, {SCOPE: expected_records})
         finally:
             await counting.close()
+            if wire is not None:
+                wire.close()
             await store.drop_tables()
             async with store.engine.begin() as conn:
                 await conn.run_sync(accounts.drop)
             await store.engine.dispose()
         once = {"verified": True, "effects": expected, "records": expected_records}
-        return self.report(info, paths, heap, once, time.perf_counter() - started)
+        return self.report(info, paths, heap, once, why_no_wire, time.perf_counter() - started)
 
     async def _drive(self, store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore, recorder: Recorder,
-                     accounts: Accounts, log: Log) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                     wire: Wire | None, accounts: Accounts, log: Log) -> tuple[list[dict[str, Any]], dict[str, int]]:
         runs: dict[str, list[Driven]] = {title: [] for title, _ in PATHS}
         latency: list[tuple[str, Driven]] = []
         with uvicorn_server(build_app(self.framework, store, counting, accounts, self.gc_freeze)) as base:
@@ -256,7 +263,7 @@ class HttpBenchmark:
             conns = [await HttpConnection.open(port) for _ in range(max(self.concurrency, CONCURRENT_CALLS))]
             few, many = conns[:self.concurrency], conns[:CONCURRENT_CALLS]
             try:
-                for path in ("/bare/debit", "/idem/debit", "/count/debit", "/bare/slow", "/ext/slow"):
+                for path in ("/bare/debit", "/idem/debit", "/count/bare", "/count/debit", "/bare/slow", "/ext/slow"):
                     await drive(many, path, [f"warm{path}{i}" for i in range(WARM)])  # pools, caches, first reads
                 # What a full collection scans once the server is warm; the frozen part (the app's lifespan froze
                 # it, docs/http.md's advice) is left out.
@@ -270,7 +277,7 @@ class HttpBenchmark:
                         runs[title].append(done := await drive(few, http_path, sent[title]))
                         log(f"throughput {title} ({rep + 1}/{self.repetitions}): {len(sent[title])} requests in"
                             f" {done.seconds:.3f} s")
-                trips = await self._count(few, store, counting, recorder)
+                trips = await self._count(few, counting, recorder, wire)
                 garbage = await self._garbage(few)
                 for title, path in (("bare", "/bare/slow"), ("middleware (external call)", "/ext/slow")):
                     latency.append((title, await drive(many, path, [f"{path}{i}" for i in range(CONCURRENT_CALLS)])))
@@ -279,19 +286,28 @@ class HttpBenchmark:
                     http.close()
         return self.rows(runs, trips, garbage, latency), heap
 
-    async def _count(self, conns: list[HttpConnection], store: AsyncIdempotencyStore,
-                     counting: AsyncIdempotencyStore, recorder: Recorder) -> dict[str, dict[str, float]]:
-        """Round trips and statements per request of each path, in an unmeasured pass (module docstring)."""
-        keys = [f"c{i}" for i in range(COUNTED)]
-        found: dict[str, dict[str, float]] = {}
-        for title, path, engine, sent in (("bare", "/bare/debit", store.engine.sync_engine, [f"b{k}" for k in keys]),
-                                          ("middleware first-time", "/count/debit", counting.engine.sync_engine, keys),
-                                          ("middleware replay", "/count/debit", counting.engine.sync_engine, keys)):
-            with record_statements(engine, recorder) as log:
-                await drive(conns, path, sent)
-            found[title] = round_trips(log, len(sent), implicit_begin(engine) is not None,
-                                       reset_reaches_server(engine))
+    async def _count(self, conns: list[HttpConnection], counting: AsyncIdempotencyStore, recorder: Recorder,
+                     wire: Wire | None) -> dict[str, dict[str, Any]]:
+        """Statements and round trips per request of each path, in an unmeasured pass (module docstring): each path's
+        requests sent twice, with other keys, and the second time counted, so that what a driver does once per
+        connection (psycopg prepares a statement at its fifth execution) is behind it."""
+        found: dict[str, dict[str, Any]] = {}
+        for tag in ("w", "c"):
+            keys = [f"{tag}{i}" for i in range(COUNTED)]
+            for title, path, sent in (("bare", "/count/bare", [f"b{k}" for k in keys]),
+                                      ("middleware first-time", "/count/debit", keys),
+                                      ("middleware replay", "/count/debit", keys)):
+                found[title] = await self._count_path(conns, path, sent, counting, recorder, wire)
         return found
+
+    @staticmethod
+    async def _count_path(conns: list[HttpConnection], path: str, sent: list[str], counting: AsyncIdempotencyStore,
+                          recorder: Recorder, wire: Wire | None) -> dict[str, Any]:
+        window = wire.window() if wire is not None else nullcontext(Window())
+        with record_statements(counting.engine.sync_engine, recorder) as log, window as counted:
+            done = await drive(conns, path, sent)
+        return {"statements_per_request": round(len(log.statements) / len(sent), 2),
+                **figures(counted.counts if wire is not None else None, done.latencies)}
 
     async def _garbage(self, conns: list[HttpConnection]) -> dict[str, dict[str, float]]:
         """Per path, in an unmeasured pass with the collector stopped: the objects only a collection could free (the
@@ -308,7 +324,7 @@ class HttpBenchmark:
                             "blocks_left_per_request": round(left.blocks / len(sent), 1)}
         return found
 
-    def rows(self, runs: dict[str, list[Driven]], trips: dict[str, dict[str, float]],
+    def rows(self, runs: dict[str, list[Driven]], trips: dict[str, dict[str, Any]],
              garbage: dict[str, dict[str, float]], latency: list[tuple[str, Driven]]) -> list[dict[str, Any]]:
         bare = runs["bare"]
         paths: list[dict[str, Any]] = []
@@ -341,25 +357,16 @@ class HttpBenchmark:
         return paths
 
     def report(self, info: dict[str, Any], paths: list[dict[str, Any]], heap: dict[str, int], once: dict[str, Any],
-               elapsed: float) -> dict[str, Any]:
+               why_no_wire: str | None, elapsed: float) -> dict[str, Any]:
         report = {"schema": SCHEMA, "engine": info, "machine": machine_info(), "elapsed_s": round(elapsed, 2),
                   "config": {"requests": self.requests, "concurrency": self.concurrency,
                              "repetitions": self.repetitions, "framework": self.framework,
                              "gc_freeze": self.gc_freeze,
                              "concurrent_calls": CONCURRENT_CALLS, "handler_ms": round(HANDLER_SECONDS * 1000)},
-                  "heap": heap, "paths": paths, "exactly_once": once}
+                  "wire": about(why_no_wire, 0.0), "heap": heap, "paths": paths, "exactly_once": once}
         return report | {"targets": check(report)}
 
 
 def paired(done: list[Driven], bare: list[Driven], value: Callable[[Driven], float]) -> float:
     """The median over repetitions of a path's `value` against the bare endpoint's in the same repetition."""
     return round(statistics.median(value(d) / value(b) for d, b in zip(done, bare, strict=True)), 3)
-
-
-def round_trips(log: StatementLog, requests: int, begins: bool, resets: bool) -> dict[str, float]:
-    """Per request: statements, and round trips (statements, commits, rollbacks, the driver's own BEGIN once per
-    request's transaction, the pool's resets where they reach the server)."""
-    trips = len(log.statements) + log.commits + log.rollbacks + (requests if begins else 0)
-    trips += log.resets if resets else 0
-    return {"statements_per_request": round(len(log.statements) / requests, 2),
-            "round_trips_per_request": round(trips / requests, 2)}

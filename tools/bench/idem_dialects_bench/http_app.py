@@ -5,8 +5,9 @@ The app's routes, whatever the framework:
 
 - ``/bare/debit``: the debit in its own transaction (no idempotency);
 - ``/idem/debit``: the debit in the record's transaction, through the ASGI middleware in atomic mode;
-- ``/count/debit``: the same through a second store object on the same tables, built with a `statement_hook`, for
-  the unmeasured pass that counts round trips (the measured store has no hook: nothing is added to its path);
+- ``/count/bare`` and ``/count/debit``: the bare debit and the middleware's through a second store object on the same
+  tables, built with a `statement_hook` and reaching the database through the counting proxy (`wire`), for the
+  unmeasured pass that counts statements and round trips (nothing is added to the measured store's path);
 - ``/bare/slow`` and ``/ext/slow``: a handler waiting `HANDLER_SECONDS` (an external call), bare and through the
   middleware in external-call mode.
 """
@@ -81,11 +82,14 @@ def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStor
                     freeze: bool) -> Any:
     """The bench's app on Starlette (module docstring)."""
 
-    async def bare(request: Request) -> JSONResponse:
-        amount = (await request.json())["amount"]
-        async with store.engine.begin() as conn:
-            await conn.execute(*debit(accounts, amount))
-        return JSONResponse({"debited": amount}, status_code=201)
+    def bare_on(on: AsyncIdempotencyStore) -> Any:
+        async def bare(request: Request) -> JSONResponse:
+            amount = (await request.json())["amount"]
+            async with on.engine.begin() as conn:
+                await conn.execute(*debit(accounts, amount))
+            return JSONResponse({"debited": amount}, status_code=201)
+
+        return bare
 
     async def atomic(request: Request) -> JSONResponse:
         amount = (await request.json())["amount"]
@@ -96,9 +100,9 @@ def build_starlette(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStor
         await asyncio.sleep(HANDLER_SECONDS)  # the external call
         return JSONResponse({"called": True}, status_code=201)
 
-    routes = [Route("/bare/debit", bare, methods=["POST"]), Route("/idem/debit", atomic, methods=["POST"]),
-              Route("/count/debit", atomic, methods=["POST"]),
-              Route("/bare/slow", slow, methods=["POST"]), Route("/ext/slow", slow, methods=["POST"])]
+    routes = [Route(path, handler, methods=["POST"]) for path, handler in (
+        ("/bare/debit", bare_on(store)), ("/idem/debit", atomic), ("/count/bare", bare_on(counting)),
+        ("/count/debit", atomic), ("/bare/slow", slow), ("/ext/slow", slow))]
     app = Starlette(routes=routes, lifespan=lifespan(freeze, store, counting))
     add_layers(app, store, counting)
     return app

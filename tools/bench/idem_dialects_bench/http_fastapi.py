@@ -25,11 +25,16 @@ def build_fastapi(store: AsyncIdempotencyStore, counting: AsyncIdempotencyStore,
                   freeze: bool) -> Any:
     app = FastAPI(lifespan=lifespan(freeze, store, counting))
 
-    @app.post("/bare/debit", status_code=201)
-    async def bare(body: Amount) -> dict[str, int]:
-        async with store.engine.begin() as conn:
-            await conn.execute(*debit(accounts, body.amount))
-        return {"debited": body.amount}
+    def bare_on(on: AsyncIdempotencyStore) -> Any:
+        async def bare(body: Amount) -> dict[str, int]:
+            async with on.engine.begin() as conn:
+                await conn.execute(*debit(accounts, body.amount))
+            return {"debited": body.amount}
+
+        return bare
+
+    app.post("/bare/debit", status_code=201)(bare_on(store))
+    app.post("/count/bare", status_code=201)(bare_on(counting))
 
     async def atomic(body: Amount, conn: IdemConnection) -> dict[str, int]:
         await conn.execute(*debit(accounts, body.amount))

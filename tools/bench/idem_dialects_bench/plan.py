@@ -23,6 +23,7 @@ class Config:
     warmup: int = 100
     memory_check: int = 0
     profile: str | None = None
+    added_latency_ms: float = 0.0  # added to each round trip of the pass through the counting proxy
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -31,8 +32,8 @@ class Config:
             raise ValueError("requests (per slice) must be at least the number of workers")
         if not 0.0 <= self.duplicates < 1.0:
             raise ValueError("duplicates must be a ratio in [0, 1)")
-        if self.repetitions < 1 or self.warmup < 0 or self.memory_check < 0:
-            raise ValueError("repetitions must be >= 1; warmup and memory_check >= 0")
+        if self.repetitions < 1 or self.warmup < 0 or self.memory_check < 0 or self.added_latency_ms < 0:
+            raise ValueError("repetitions must be >= 1; warmup, memory_check and added_latency_ms >= 0")
 
 
 Task = tuple[int, str]  # (account, key)

@@ -1,6 +1,7 @@
 """Every bench report as a terminal table or markdown, the one renderer of them all (`idem-dialects bench` and
 `idem-dialects report`, which finds it through the idem_dialects.reports entry point): the sync store's
-(idem-dialects-bench/1), one engine alone or several side by side; the async store's, the HTTP middleware's, the
+(idem-dialects-bench/2, or /1 saved before round trips were counted on the wire), one engine alone or several side by
+side; the async store's, the HTTP middleware's, the
 consumer's and the operations' (purge, outbox, telemetry) each in turn; -set/1 holds several. The HTML page's section
 is `html`."""
 
@@ -11,7 +12,11 @@ from typing import Any
 
 from idem_dialects.cli.reporting.text import WIDTH, heading, table, wrap
 
-SYNC = "idem-dialects-bench/1"
+SYNC = ("idem-dialects-bench/2", "idem-dialects-bench/1")  # the sync store's schemas, newest first
+NO_WIRE = "\N{EM DASH}"  # round trips where there is no wire to count them on (the report says why)
+WIRE_NOTE = ("round trips = counted on the wire by a proxy between the driver and the server (a burst the client sends"
+             " answered by one from the server), in a pass of every mode after the measured ones; "
+             + NO_WIRE + ": no wire (the database runs in the client's process)")
 
 MODE_TITLES = {
     "bare": "bare effect (no idempotency)",
@@ -36,7 +41,7 @@ def engine_label(run: Mapping[str, Any]) -> str:
 def render_bench(report: Mapping[str, Any], fmt: str = "table") -> str:
     items, markdown = runs(report), fmt == "markdown"
     skipped: Mapping[str, str] = report.get("skipped") or {}
-    if any(run["schema"] != SYNC for run in items):  # the other APIs' and operations' reports: one after another
+    if any(run["schema"] not in SYNC for run in items):  # the other APIs' and operations' reports: one after another
         text = "\n".join(OTHERS[run["schema"].removeprefix("idem-dialects-bench-")](run, markdown) for run in items)
         return text + (f"\nnot available here: {', '.join(skipped)}\n" if skipped else "")
     if len(items) == 1 and fmt == "table" and not skipped:
@@ -82,14 +87,16 @@ def render_side_by_side(items: Sequence[Mapping[str, Any]], skipped: Mapping[str
     section("latency p50 / p99 ms", lambda m: f"{m['latency_ms']['p50']:.2f} / {m['latency_ms']['p99']:.2f}")
     if any("cpu_ms_per_request" in m for r in items for m in r["modes"].values()):
         section("client CPU ms/request", lambda m: _opt(m.get("cpu_ms_per_request"), "{:.3f}"))
-    section("round trips/request", _round_trips)
+    section("round trips/request", lambda m: trips(m.get("round_trips_per_request")))
+    added = added_ms(items)
+    if added:
+        section(f"requests/s, +{added:g} ms a round trip (x loopback)", at_latency)
     if any(m["retries"] for r in items for m in r["modes"].values()):
         section("retries", lambda m: ", ".join(f"{k} {v}" for k, v in m["retries"].items()) or "-")
     else:
         out += ["", "retries: none in any mode on any engine"]
     out += [""]
-    notes = ["round trips = statements + commits per request, + the BEGIN psycopg sends, + the pool's reset ROLLBACK"
-             " MySQL/MariaDB drivers send; client CPU = this process's CPU time per request (SQLite runs inside it)"]
+    notes = [WIRE_NOTE, "client CPU = this process's CPU time per request (SQLite runs inside it)"]
     for name, run in zip(names, items, strict=True):
         x = run["exactly_once"]
         missed = [t["target"] for t in run["targets"] if not t["met"]]
@@ -110,11 +117,23 @@ def _opt(value: Any, spec: str) -> str:
     return "-" if value is None else spec.format(value)
 
 
-def _round_trips(m: Mapping[str, Any]) -> str:
-    st = m.get("statements")
-    if not st:
-        return "-"
-    return str(st.get("round_trips", st["count"] + st["commits"]))
+def trips(value: float | None) -> str:
+    """Round trips per request on the wire: 4, 4.5, 4.25; NO_WIRE where they were not counted."""
+    return NO_WIRE if value is None else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def added_ms(items: Sequence[Mapping[str, Any]]) -> float:
+    """The latency a pass through the counting proxy added to each round trip (0: none, or no wire)."""
+    return max((m["added_latency"]["ms"] for r in items for m in r["modes"].values() if m.get("added_latency")),
+               default=0.0)
+
+
+def at_latency(m: Mapping[str, Any]) -> str:
+    at = m.get("added_latency")
+    if not at:
+        return NO_WIRE
+    ratio = "" if at["ratio_to_loopback"] is None else f" ({at['ratio_to_loopback']:.2f})"
+    return f"{at['throughput_per_s']:,.0f}{ratio}"
 
 
 def render_one(report: Mapping[str, Any]) -> str:
@@ -126,7 +145,7 @@ def render_one(report: Mapping[str, Any]) -> str:
         f"bare effect: {report['bare_effect']}",
         "",
         f"{'mode':<30} {'req/s':>9} {'x bare':>7} {'paired':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"
-        f" {'cpu ms':>7} {'stmts':>5}  retries",
+        f" {'cpu ms':>7} {'stmts':>5} {'trips':>5}  retries",
     ]
     for mode, m in report["modes"].items():
         lat, st = m["latency_ms"], m["statements"]
@@ -135,15 +154,16 @@ def render_one(report: Mapping[str, Any]) -> str:
         lines.append(
             f"{MODE_TITLES.get(mode, mode):<30} {m['throughput_per_s']['median']:>9,.0f} {m['ratio_to_bare']:>7.2f}"
             f" {m['ratio_to_bare_paired']:>7.2f} {lat['p50']:>8.3f} {lat['p95']:>8.3f} {lat['p99']:>8.3f}"
-            f" {_opt(m.get('cpu_ms_per_request'), '{:.3f}'):>7} {stmts:>5}  {retries}")
+            f" {_opt(m.get('cpu_ms_per_request'), '{:.3f}'):>7} {stmts:>5} {trips(m.get('round_trips_per_request')):>5}"
+            f"  {retries}")
     lines.append("")
     lines.append("stmts = SQL statements per request seen by before_cursor_execute + driver COMMITs (c);"
-                 " cpu = process CPU")
+                 " cpu = process CPU;")
+    lines.append("trips = " + WIRE_NOTE.removeprefix("round trips = "))
     for mode, m in report["modes"].items():
         if m["statements"] is not None:
             lines.append(f"  {mode:<15} {' '.join(m['statements']['kinds'])}")
-    if report["implicit_begin"]:
-        lines.append(f"  plus, per transaction: {report['implicit_begin']}")
+    lines += _wire_lines(report)
     contention = report["modes"].get("contention")
     if contention:
         o = contention["outcomes"]
@@ -166,6 +186,29 @@ def render_one(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _not_counted(run: Mapping[str, Any]) -> list[str]:
+    """Why round trips were not counted, if they were not."""
+    why = (run.get("wire") or {}).get("why_not")
+    return [f"round trips not counted: {why}"] if why else []
+
+
+def _wire_lines(run: Mapping[str, Any]) -> list[str]:
+    """Why round trips were not counted, or the pass that added latency to each: its throughput beside loopback's."""
+    added = added_ms([run])
+    if not added:
+        return _not_counted(run)
+    at = {mode: m["added_latency"] for mode, m in run["modes"].items() if m.get("added_latency")}
+    waited = sorted(a["added_ms_per_round_trip"] for a in at.values())
+    lines = [f"with {added:g} ms added to each round trip (waited by the proxy: {waited[0]:.2f}-{waited[-1]:.2f} ms a"
+             " round trip, by mode), one slice per mode:",
+             f"  {'mode':<28} {'req/s':>9} {'x loopback':>11} {'p50 ms':>8} {'p99 ms':>8}"]
+    for mode, a in at.items():
+        ratio = _opt(a["ratio_to_loopback"], "{:.2f}")
+        lines.append(f"  {MODE_TITLES.get(mode, mode):<28} {a['throughput_per_s']:>9,.0f} {ratio:>11}"
+                     f" {a['latency_ms']['p50']:>8.3f} {a['latency_ms']['p99']:>8.3f}")
+    return lines
+
+
 def _targets(run: Mapping[str, Any]) -> list[str]:
     """The targets the run measured (targets.py), each met or missed, with its figure and bound (a report saved
     before targets had `where`, `shown` and `bound` shows its target and verdict)."""
@@ -178,20 +221,24 @@ def _targets(run: Mapping[str, Any]) -> list[str]:
 def render_async(run: Mapping[str, Any], markdown: bool = False) -> str:
     e, c = run["engine"], run["config"]
     title = f"idem-dialects bench --api async -- {e.get('name') or e['backend']} {e['server_version']}"
+    added = added_ms([run])
     rows = [[name, f"{m['throughput_per_s']:,.0f}", f"{m['ratio_to_bare']:.2f}", f"{m['latency_ms']['p50']:.2f}",
              f"{m['latency_ms']['p95']:.2f}", f"{m['latency_ms']['p99']:.2f}", f"{m['heartbeat_worst_lag_ms']:.1f}",
-             str(m["replayed"]), f"{m['cpu_ms_per_request']:.3f}", f"{m['round_trips_per_request']:.2f}"]
+             str(m["replayed"]), f"{m['cpu_ms_per_request']:.3f}", trips(m.get("round_trips_per_request")),
+             *([at_latency(m)] if added else [])]
             for name, m in run["modes"].items() if not name.startswith("sleep_")]
     lines = [heading(title, markdown), "",
              f"database: {e['url']} via {e['driver']} (the sync store via {e['sync_driver']})",
              f"{c['concurrency']} concurrent tasks, {c['requests']} requests per mode",
              "", *table(["mode", "req/s", "x bare", "p50 ms", "p95 ms", "p99 ms", "lag ms", "replayed", "cpu ms",
-                         "trips"], rows, markdown),
+                         "trips", *([f"+{added:g} ms req/s (x)"] if added else [])], rows, markdown),
              "", f"{c['concurrency']} requests at once, effect awaits {c['sleep_s'] * 1000:.0f} ms:"]
     for name, f in run["sleep_figure"].items():
         lines.append(f"  {name:<22} wall {f['wall_s']:.3f} s = {f['x_effect_time']:.2f}x the effect time,"
                      f" heartbeat worst lag {f['heartbeat_worst_lag_ms']:.1f} ms")
-    lines += ["cpu ms = this process's CPU per request; trips = round trips per request (averages)", *_targets(run),
+    lines += ["cpu ms = this process's CPU per request (averages); trips = " + WIRE_NOTE.removeprefix("round trips = "),
+              *([f"+{added:g} ms req/s = the same requests with {added:g} ms added to each round trip (x loopback)"]
+                if added else []), *_not_counted(run), *_targets(run),
               f"exactly-once: verified in the database ({run['exactly_once']['distinct_keys']} distinct keys)",
               f"elapsed {run['elapsed_s']} s"]
     return "\n".join(lines) + "\n"
@@ -205,12 +252,10 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
     def ratio(p: Mapping[str, Any], key: str) -> str:
         return f"{p[key]:.2f}" if key in p else ("1.00" if p["path"] == "bare" and not p["x_handler"] else "")
 
-    def trips(p: Mapping[str, Any]) -> str:
-        return f"{p['round_trips_per_request']:.2f}" if "round_trips_per_request" in p else ""
-
     rows = [[name, p["workload"], p["path"], str(p["requests"]), f"{p['throughput_per_s']:.0f}",
              ratio(p, "ratio_to_bare"), f"{p['latency_ms']['p50']:.2f}", f"{p['latency_ms']['p99']:.2f}",
-             f"{p['server_cpu_us_per_request']:.0f}", ratio(p, "cpu_ratio_to_bare"), trips(p),
+             f"{p['server_cpu_us_per_request']:.0f}", ratio(p, "cpu_ratio_to_bare"),
+             trips(p.get("round_trips_per_request")) if p["workload"] == "throughput" else "",
              "" if p["x_handler"] is None else f"{p['x_handler']:.2f}x handler"] for p in run["paths"]]
     x = run["exactly_once"]
     lines = [heading(f"idem-dialects bench --api http -- {name} {e['server_version']}", markdown), "",
@@ -221,7 +266,8 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
              "", *table(["engine", "workload", "path", "requests", "req/s", "x bare", "p50 ms", "p99 ms",
                          "server CPU us", "CPU x bare", "trips", calls], rows, markdown), "",
              "server CPU = the process's CPU less the client's thread, per request (uvicorn's loop, driver threads);",
-             "x bare = the median of each repetition's ratio; trips = round trips per request (an unmeasured pass)",
+             "x bare = the median of each repetition's ratio; trips = round trips per request on the wire (an",
+             "unmeasured pass through a counting proxy)", *_not_counted(run),
              *_collections(run), *_targets(run),
              f"exactly-once: balance and record count checked in the database ({x['effects']} effects,"
              f" {x['records']} records)", f"elapsed {run['elapsed_s']} s"]
@@ -230,10 +276,14 @@ def render_http(run: Mapping[str, Any], markdown: bool = False) -> str:
 
 def _collections(run: Mapping[str, Any]) -> list[str]:
     """The garbage collector per throughput path: its collections per 1,000 requests (a full one pauses every request
-    in flight: the p99) and what the requests left it, measured with it stopped (an unmeasured pass)."""
+    in flight: the p99) and what the requests left it, measured with it stopped (an unmeasured pass). A report saved
+    before them (http/3) gave the full collections alone."""
     rows = [p for p in run["paths"] if "collections_per_1000" in p]
     if not rows:
-        return []
+        full = [p for p in run["paths"] if "full_collections" in p]
+        frozen = " (startup heap frozen: --gc-freeze)" if run["config"].get("gc_freeze") else ""
+        return ["full garbage collections" + frozen + ": " + ", ".join(
+            f"{p['path']} {p['full_collections']} ({p['full_collections_ms']:.0f} ms)" for p in full)] if full else []
 
     def per_1000(p: Mapping[str, Any]) -> str:
         counts = p["collections_per_1000"]
@@ -331,8 +381,9 @@ def render_telemetry(report: Mapping[str, Any], markdown: bool = False) -> str:
 
 
 
-OTHERS = {"async/1": render_async, "http/4": render_http, "consumer/1": render_consumer, "purge/2": render_purge,
-          "purge/3": render_purge, "outbox/1": render_outbox, "telemetry/3": render_telemetry}
+OTHERS = {"async/2": render_async, "async/1": render_async, "http/4": render_http, "http/3": render_http,
+          "consumer/1": render_consumer, "purge/2": render_purge, "purge/3": render_purge, "outbox/1": render_outbox,
+          "telemetry/3": render_telemetry}
 
 
 # What `idem-dialects report` calls (idem_dialects.cli.reporting.html.BenchRenderer).

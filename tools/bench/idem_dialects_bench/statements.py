@@ -1,4 +1,5 @@
-"""Counting what a request sends: statements through cursors and driver-level commits, per engine."""
+"""What a request sends, by statement: the store's own statements and the effect's, and driver-level commits (what
+reaches the wire, round trips included, is counted on it: `wire`)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, event
-from sqlalchemy.pool.base import ResetStyle
-
-from idem_dialects import dialects
-from idem_dialects.drivers import Driver
 
 
 @dataclass
 class StatementLog:
     """SQL a request sent: the store's own statements (through a `Recorder`: the store runs them on the driver, out
-    of SQLAlchemy's sight) and the effect's, through SQLAlchemy's cursors; driver-level commits and rollbacks, and the
-    pool's resets of a connection given back (a rollback the driver may send to the server)."""
+    of SQLAlchemy's sight) and the effect's, through SQLAlchemy's cursors; and driver-level commits."""
 
     statements: list[str] = field(default_factory=list)
     commits: int = 0
-    rollbacks: int = 0
-    resets: int = 0
 
     @property
     def kinds(self) -> list[str]:
@@ -73,14 +67,7 @@ def record_statements(engine: Engine, recorder: Recorder | None = None) -> Itera
     def on_commit(conn: Any) -> None:
         log.commits += 1
 
-    def on_rollback(conn: Any) -> None:
-        log.rollbacks += 1
-
-    def on_reset(*args: Any) -> None:
-        log.resets += 1
-
-    hooks: list[tuple[str, Callable[..., None]]] = [
-        ("before_cursor_execute", on_execute), ("commit", on_commit), ("rollback", on_rollback), ("reset", on_reset)]
+    hooks: list[tuple[str, Callable[..., None]]] = [("before_cursor_execute", on_execute), ("commit", on_commit)]
     for name, fn in hooks:
         event.listen(engine, name, fn)
     try:
@@ -90,23 +77,3 @@ def record_statements(engine: Engine, recorder: Recorder | None = None) -> Itera
             recorder.log = None
         for name, fn in hooks:
             event.remove(engine, name, fn)
-
-
-def _driver(engine: Engine) -> Driver | None:
-    return dialects.driver(dialects.load(engine.url.get_backend_name()), engine.dialect.driver)
-
-
-def reset_reaches_server(engine: Engine) -> bool:
-    """Whether the pool's reset of a connection returned after a request is a round trip: the driver sends ROLLBACK
-    on every reset (MySQL's drivers) and the pool does the reset itself rather than leaving it to a backend's hook
-    (from_url's MySQL engines do; counted on the server by tests/test_statement_counts.py). psycopg skips it when
-    idle, and SQLite's is in-process. Pool has no public accessor for its reset style."""
-    driver = _driver(engine)
-    return (driver is not None and driver.resets_by_round_trip
-            and getattr(engine.pool, "_reset_on_return", None) is not ResetStyle.reset_none)
-
-
-def implicit_begin(engine: Engine) -> str | None:
-    """The BEGIN a driver sends on its own (not through a cursor SQLAlchemy sees), if it sends one."""
-    driver = _driver(engine)
-    return None if driver is None else driver.implicit_begin

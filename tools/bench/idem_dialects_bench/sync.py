@@ -1,5 +1,10 @@
 """The sync store benchmark: debit slices on worker threads, exactly-once checked in the database after
-each slice (the modes are described in the package docstring and BENCHMARKS.md)."""
+each slice (the modes are described in the package docstring and BENCHMARKS.md).
+
+The measured slices reach the database directly, as an application on the same host would: their throughput,
+latency and client CPU carry no proxy. Then every mode runs once more through the counting proxy (`wire`), which
+counts the round trips each request makes on the wire and, given `added_latency_ms`, adds that much to each: the
+throughput of the same requests as if the database were that far away, beside the loopback figures."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import time
 import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,7 @@ from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, Slice, Task, 
 from .report import engine_info, new_prefix
 from .runner import ExactlyOnceViolation, pool_options, reaching
 from .statements import Recorder, StatementLog, record_statements
+from .wire import Counts, Window, Wire, no_wire, progress, through_proxy
 from .workload import Workload, exactly_once
 
 # Growth per 10k requests under which memory counts as flat: well under 1 byte per request.
@@ -48,6 +55,7 @@ class SliceResult:
     outcomes: Counter[str]
     retries: Counter[str]
     cpu_seconds: float = 0.0  # this process's CPU time (all threads) while the slice ran
+    wire: Counts | None = None  # what went over the wire meanwhile, when the slice went through the counting proxy
 
 
 # --- the benchmark -----------------------------------------------------------------------------------------------
@@ -62,6 +70,16 @@ class ModeStats:
     requests: int = 0
     cpu_seconds: float = 0.0
     statements: StatementLog | None = None
+    wire: SliceResult | None = None  # the mode's slice through the counting proxy
+
+    def add(self, result: SliceResult) -> None:
+        """A measured slice."""
+        self.retries.update(result.retries)
+        self.outcomes.update(result.outcomes)
+        self.throughputs.append(len(result.latencies) / result.seconds)
+        self.latencies.extend(result.latencies)
+        self.requests += len(result.latencies)
+        self.cpu_seconds += result.cpu_seconds
 
 
 class Bench:
@@ -71,6 +89,7 @@ class Bench:
         self.log = log
         self.workload = Workload(store)
         self.plpgsql = provisioning(store.backend.name).plpgsql_baseline
+        self.no_wire = no_wire(store.engine.url)  # why round trips cannot be counted here, or None
         self.modes = ["bare", *IDEM_MODES, *(PLPGSQL_MODES if self.plpgsql else ())]
         self.stats = {m: ModeStats() for m in self.modes}
         self.first_keys: dict[str, dict[str, list[list[Task]]]] = {}
@@ -84,20 +103,21 @@ class Bench:
         blocks = sorted(set(ACCOUNT_BASE.values()))
         return [b + w for b in blocks for w in range(self.cfg.workers)]
 
-    def request_fn(self, mode: str) -> Callable[[int, str], str]:
+    @staticmethod
+    def request_fn(mode: str, workload: Workload) -> Callable[[int, str], str]:
         if mode == "bare":
-            return self.workload.bare
+            return workload.bare
         if mode in PLPGSQL_MODES:
-            return self.workload.plpgsql
-        return self.workload.via_run
+            return workload.plpgsql
+        return workload.via_run
 
-    def execute(self, s: Slice) -> SliceResult:
-        """Send the slice's requests, one thread per worker, and time the whole slice."""
-        fn = self.request_fn(s.mode)
+    def execute(self, s: Slice, workload: Workload) -> SliceResult:
+        """Send the slice's requests through `workload`, one thread per worker, and time the whole slice."""
+        fn = self.request_fn(s.mode, workload)
         lat: list[list[float]] = [[] for _ in s.per_worker]
         outs: list[Counter[str]] = [Counter() for _ in s.per_worker]
         errors: list[BaseException] = []
-        before = Counter(self.store.retries) + Counter(self.workload.retries)
+        before = Counter(workload.store.retries) + Counter(workload.retries)
 
         def work(w: int) -> None:
             times, out, clock = lat[w], outs[w], time.perf_counter
@@ -132,7 +152,7 @@ class Bench:
         cpu = time.process_time() - cpu
         if errors:
             raise errors[0]
-        after = Counter(self.store.retries) + Counter(self.workload.retries)
+        after = Counter(workload.store.retries) + Counter(workload.retries)
         outcomes: Counter[str] = sum(outs, Counter())
         return SliceResult(seconds, [x for ts in lat for x in ts], outcomes, after - before, cpu)
 
@@ -163,33 +183,34 @@ class Bench:
         exactly_once(f"{mode}: idempotency records per account", total, keys)
         exactly_once(f"{mode}: completed records per account", done, keys)
 
-    def run_slice(self, mode: str, tag: str, measured: bool, cfg: Config | None = None) -> None:
+    def run_slice(self, mode: str, tag: str, cfg: Config | None = None, workload: Workload | None = None,
+                  wire: Wire | None = None) -> SliceResult | None:
+        """One slice of `mode` (through `workload`, by default the measured store's), checked in the database after;
+        with `wire`, what went over it while the requests ran. None for an empty slice."""
         s = plan(mode, tag, cfg or self.cfg, self.first_keys)
         if not s.size:
-            return
-        result = self.execute(s)
+            return None
+        with wire.window() if wire is not None else nullcontext(Window()) as window:
+            result = self.execute(s, workload or self.workload)
+        if wire is not None:
+            result.wire = window.counts
         self.verify(s, result)
-        st = self.stats[mode]
-        if measured:
-            st.retries.update(result.retries)
-            st.outcomes.update(result.outcomes)
-            st.throughputs.append(s.size / result.seconds)
-            st.latencies.extend(result.latencies)
-            st.requests += s.size
-            st.cpu_seconds += result.cpu_seconds
+        return result
 
     def run(self) -> None:
         self.workload.create(self.accounts(), self.plpgsql)
         try:
             if self.cfg.warmup:
                 for mode in self.modes:
-                    self.run_slice(mode, "warmup", measured=False)
+                    self.run_slice(mode, "warmup")
             for rep in range(self.cfg.repetitions):
                 for mode in self.modes:
-                    self.run_slice(mode, str(rep), measured=True)
+                    if (result := self.run_slice(mode, str(rep))) is not None:
+                        self.stats[mode].add(result)
                 self.log(f"repetition {rep + 1}/{self.cfg.repetitions}: "
                          + ", ".join(f"{m} {self.stats[m].throughputs[-1]:,.0f}/s" for m in self.modes))
             self.count_statements()
+            self.on_the_wire()
             if self.cfg.profile:
                 self.profile = self.run_profile(self.cfg.profile)
             if self.cfg.memory_check:
@@ -205,30 +226,49 @@ class Bench:
         twin = IdempotencyStore(self.store.engine, table_prefix=self.store.table_prefix, statement_hook=recorder)
         with twin.transaction():
             pass  # a store's first transaction reads the server's settings: not a request's cost
-        measured, self.workload.store = self.workload.store, twin
-        try:
-            for mode in self.modes:
-                s = plan(mode, "count", Config(workers=1, requests=1, duplicates=0.0), self.first_keys)
-                fn = self.request_fn(mode)
-                ((acct, key),) = s.per_worker[0]
-                with record_statements(self.store.engine, recorder) as log:
-                    fn(acct, key)
-                self.stats[mode].statements = log
-                if mode not in ("replay", "plpgsql_replay"):  # every request that debits, for later checks
-                    self.expected_debits[acct] += 1
-                    self.expected_keys[acct] += mode != "bare"
-        finally:
-            self.workload.store = measured
+        workload = self.workload.on(twin)
+        for mode in self.modes:
+            s = plan(mode, "count", Config(workers=1, requests=1, duplicates=0.0), self.first_keys)
+            ((acct, key),) = s.per_worker[0]
+            with record_statements(self.store.engine, recorder) as log:
+                self.request_fn(mode, workload)(acct, key)
+            self.stats[mode].statements = log
+            if mode not in ("replay", "plpgsql_replay"):  # every request that debits, for later checks
+                self.expected_debits[acct] += 1
+                self.expected_keys[acct] += mode != "bare"
+
+    def on_the_wire(self) -> None:
+        """Each mode once more, a slice of `requests` at the same workers, through a store of its own on the counting
+        proxy, which adds `added_latency_ms` to each round trip: the round trips per request on the wire, and with
+        latency added the throughput at that distance. Its store is warmed first as the measured one was (`warmup`
+        requests per mode, at least one per worker), so what is counted is a steady state: no connection opened, no
+        handshake, no statement a driver prepares once per connection (psycopg at its fifth execution). Nothing where
+        there is no wire."""
+        if self.no_wire is not None:
+            return
+        cfg = self.cfg
+        warm = Config(workers=cfg.workers, requests=max(cfg.warmup, cfg.workers), duplicates=cfg.duplicates)
+        with through_proxy(self.store.engine.url, cfg.added_latency_ms) as wire:
+            url = wire.reach(self.store.engine.url)
+            with IdempotencyStore.from_url(url, table_prefix=self.store.table_prefix,
+                                           **pool_options(url, max(5, cfg.workers + 1), 2)) as store:
+                workload = self.workload.on(store)
+                for mode in self.modes:
+                    self.run_slice(mode, "wire-warmup", warm, workload)
+                for mode in self.modes:
+                    self.stats[mode].wire = self.run_slice(mode, "wire", cfg, workload, wire)
+        self.log(progress(cfg.added_latency_ms, {m: (r.wire, len(r.latencies)) for m in self.modes
+                                                 if (r := self.stats[m].wire) is not None}))
 
     def run_profile(self, mode: str) -> str:
         """cProfile over one unmeasured slice of `mode` at one worker: where the time goes, top functions."""
         cfg1 = Config(workers=1, requests=self.cfg.requests, duplicates=self.cfg.duplicates)
         if mode in ("replay", "plpgsql_replay"):
-            self.run_slice("first" if mode == "replay" else "plpgsql_first", "profile", measured=False, cfg=cfg1)
+            self.run_slice("first" if mode == "replay" else "plpgsql_first", "profile", cfg1)
         s = plan(mode, "profile", cfg1, self.first_keys)
         profiler = cProfile.Profile()
         profiler.enable()
-        result = self.execute(s)
+        result = self.execute(s, self.workload)
         profiler.disable()
         self.verify(s, result)
         out = io.StringIO()
@@ -278,7 +318,7 @@ class Bench:
         }
 
     def report(self, engine_info: dict[str, Any], elapsed: float) -> dict[str, Any]:
-        """The JSON report (schema idem-dialects-bench/1, documented in BENCHMARKS.md)."""
+        """The JSON report (schema idem-dialects-bench/2, documented in BENCHMARKS.md)."""
         from .sync_report import build_report
 
         return build_report(self, engine_info, elapsed)

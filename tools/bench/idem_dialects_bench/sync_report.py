@@ -1,4 +1,4 @@
-"""The sync store benchmark's JSON report (schema idem-dialects-bench/1, BENCHMARKS.md), with the targets it
+"""The sync store benchmark's JSON report (schema idem-dialects-bench/2, BENCHMARKS.md), with the targets it
 measured (`targets`)."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from typing import Any
 
 from .plan import ACCOUNT_BASE
 from .report import machine_info, peak_rss_mib, percentiles
-from .statements import implicit_begin, reset_reaches_server
 from .targets import check
+from .wire import about, figures
 
-SCHEMA = "idem-dialects-bench/1"
+# /2: round trips counted on the wire (`round_trips_per_request`, `wire`, `added_latency`), not modelled from the
+# statements (/1's `statements.round_trips`, `statements.pool_resets`, `implicit_begin`).
+SCHEMA = "idem-dialects-bench/2"
 BARE_EFFECT = ("UPDATE account SET balance = balance - 1 WHERE id = ? ; SELECT balance"
                " -- one transaction begun by store.transaction(), no idempotency")
 
@@ -20,14 +22,13 @@ def build_report(bench: Any, engine_info: dict[str, Any], elapsed: float) -> dic
     """The report of a finished `sync.Bench` run (typed loosely: that module calls this one)."""
     medians = {m: statistics.median(st.throughputs) for m, st in bench.stats.items() if st.throughputs}
     bare = bench.stats["bare"].throughputs
-    extra_begin = 1 if implicit_begin(bench.store.engine) else 0
-    wire_reset = reset_reaches_server(bench.store.engine)
+    cfg = bench.cfg
     modes: dict[str, Any] = {}
     for m, st in bench.stats.items():
         if not st.throughputs:
             continue
         paired = [t / b for t, b in zip(st.throughputs, bare, strict=False)]
-        log = st.statements
+        log, wire = st.statements, st.wire
         modes[m] = {
             "requests": st.requests,
             "throughput_per_s": {"median": round(medians[m], 1),
@@ -40,21 +41,21 @@ def build_report(bench: Any, engine_info: dict[str, Any], elapsed: float) -> dic
             "outcomes": dict(sorted(st.outcomes.items())),
             "retries": dict(sorted(st.retries.items())),
             "statements": None if log is None else {
-                "count": len(log.statements), "kinds": log.kinds, "commits": log.commits,
-                "pool_resets": log.resets,
-                "round_trips": len(log.statements) + log.commits + extra_begin + (log.resets if wire_reset else 0)},
+                "count": len(log.statements), "kinds": log.kinds, "commits": log.commits},
+            **(figures(wire.wire, wire.latencies, wire.seconds, cfg.added_latency_ms, medians[m]) if wire
+               else figures(None)),
         }
     total_debits = sum(v for k, v in bench.expected_debits.items() if k >= ACCOUNT_BASE["first"])
     total_keys = sum(v for k, v in bench.expected_keys.items())
-    cfg = bench.cfg
     report = {
         "schema": SCHEMA,
         "engine": engine_info,
         "machine": machine_info(),
         "config": {"workers": cfg.workers, "requests": cfg.requests, "duplicates": cfg.duplicates,
-                   "repetitions": cfg.repetitions, "warmup": cfg.warmup, "memory_check": cfg.memory_check},
+                   "repetitions": cfg.repetitions, "warmup": cfg.warmup, "memory_check": cfg.memory_check,
+                   "added_latency_ms": cfg.added_latency_ms},
         "bare_effect": BARE_EFFECT,
-        "implicit_begin": implicit_begin(bench.store.engine),
+        "wire": about(bench.no_wire, cfg.added_latency_ms),
         "modes": modes,
         "exactly_once": {"verified": True, "checks": bench.checks, "effects": total_debits,
                          "distinct_keys": total_keys},

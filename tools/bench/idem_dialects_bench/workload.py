@@ -101,6 +101,12 @@ class Workload:
         self.retries: Counter[str] = Counter()  # retries of the bare effect (no `run` to count them)
         self._lock = threading.Lock()
 
+    def on(self, store: IdempotencyStore) -> Workload:
+        """The same workload (its tables, its PL/pgSQL schema) sent through another store on the same tables."""
+        twin = Workload(store)
+        twin.pg_schema = self.pg_schema
+        return twin
+
     # setup / teardown
 
     def create(self, accounts: Sequence[int], plpgsql: bool) -> None:
