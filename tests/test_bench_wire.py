@@ -107,16 +107,6 @@ def test_negative_latency_is_refused() -> None:
 # --- drivers on the machine's servers ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Iterator[Server]:
-    try:
-        found = engines.get(request.param).provide()
-    except engines.Unavailable as exc:
-        pytest.skip(f"{request.param} unavailable: {exc}")
-    yield found
-    found.stop()
-
-
 def connect(server: Server, wire: Wire) -> tuple[Any, Any]:
     """A DB-API connection of the server's default driver (psycopg, PyMySQL) through the proxy, in autocommit mode,
     and how to turn that off."""
@@ -134,13 +124,13 @@ def connect(server: Server, wire: Wire) -> tuple[Any, Any]:
     return conn, lambda: conn.autocommit(False)
 
 
-def test_driver_round_trips_on_the_wire(server: Server) -> None:
+def test_driver_round_trips_on_the_wire(db_server: Server) -> None:
     """SELECT 1 in autocommit is one round trip on both; in a transaction, psycopg sends BEGIN first (3 with the
     COMMIT), PyMySQL relies on the server's implicit transaction (2)."""
     from idem_dialects_bench.wire import through_proxy
 
-    with through_proxy(server.url) as wire:
-        conn, in_transactions = connect(server, wire)
+    with through_proxy(db_server.url) as wire:
+        conn, in_transactions = connect(db_server, wire)
         try:
             with wire.window() as alone:
                 with conn.cursor() as cursor:
@@ -154,7 +144,7 @@ def test_driver_round_trips_on_the_wire(server: Server) -> None:
                 conn.commit()
         finally:
             conn.close()
-    postgresql = server.url.get_backend_name() == "postgresql"
+    postgresql = db_server.url.get_backend_name() == "postgresql"
     assert (alone.counts.round_trips, transaction.counts.round_trips) == (1, 3 if postgresql else 2)
     assert alone.counts.connections == transaction.counts.connections == 0
 
@@ -177,13 +167,13 @@ WIRE = {"postgresql": {"bare": 4, "first": 6, "replay": 3, "contention": 4.5, "p
         "mariadb": {"bare": 3, "first": 5, "replay": 2, "contention": 3.5}}
 
 
-def test_sync_bench_counts_each_modes_round_trips_on_the_wire(server: Server, capsys: pytest.CaptureFixture[str],
-                                                            ) -> None:
-    report = bench(capsys, server.engine, "--requests", "12", "--repetitions", "1", "--warmup", "10")
+def test_sync_bench_counts_each_modes_round_trips_on_the_wire(db_server: Server,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    report = bench(capsys, db_server.engine, "--requests", "12", "--repetitions", "1", "--warmup", "10")
     assert report["schema"] == "idem-dialects-bench/2"
     assert report["wire"] == {"counted": True, "why_not": None, "added_latency_ms": 0.0}
     found = {mode: m["round_trips_per_request"] for mode, m in report["modes"].items()}
-    assert found == WIRE[server.url.get_backend_name()]
+    assert found == WIRE[db_server.url.get_backend_name()]
     assert not any("added_latency" in m for m in report["modes"].values())  # none asked for
 
 
