@@ -9,14 +9,18 @@ errors are (invalidating the connection on a disconnect may need to await).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+import contextlib
+import contextvars
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..steps import Statement
-from .plan import plan
+from ..sqla import raise_as_adapter, statement_lock
+from ..steps import Exec, Flow, Statement, Step, Stepper
+from .plan import Plan, plan, read
 from .sync import execute_sqlalchemy, raise_handled
 
 # In a connection's `info`: a native statement on it was cut off midway (`_interrupted`).
@@ -99,3 +103,167 @@ async def to_completion(work: Coroutine[Any, Any, T]) -> T:
     if cancelled is not None:
         raise cancelled
     return task.result()
+
+
+async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[None],
+                          exc: BaseException | None) -> None:
+    """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
+    back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
+    in an unknown state.
+
+    It runs to completion even if the task is cancelled meanwhile, as SQLAlchemy's own `AsyncConnection.close()`
+    does from 2.1 on: a ROLLBACK, or the pool's reset on check-in, cut off partway leaves a connection in an unknown
+    state (and an ERROR in the pool's log). The cancellation reaches the caller once the connection is back."""
+    def finish(sync: Connection) -> None:
+        interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
+        try:
+            ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+        finally:
+            if interrupted:
+                # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool
+                # (a reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
+                sync.invalidate()
+            sync.close()
+
+    async def run() -> None:
+        try:
+            await conn.run_sync(finish)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await conn.invalidate()
+            with contextlib.suppress(BaseException):
+                await conn.close()
+            if exc is None:
+                raise
+
+    await to_completion(run())
+
+
+async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Driver, body: Flow[T],
+                           hook: Callable[[str, bool], None] | None) -> T:
+    """Run a `Statements` step's `body` on a driver whose connection lives on a thread of its own: the flow is
+    stepped there, each statement run on the PEP 249 connection, all in one hop (`Driver.in_thread`), in the
+    transaction SQLAlchemy holds. A statement's error, or the task's cancellation, ends the hop: the error is wrapped
+    and classified here as `execute_async` does it, thrown into the flow, and the rest of the step runs statement by
+    statement. `hook` is told of the statements the hop ran once it is back (a hook is the caller's code: it runs on
+    the loop).
+
+    The flow's code runs in a copy of the task's context (whichever thread steps it), so what it sets and resets
+    between its statements pairs up; a cancelled task waits for its hop to end (interrupted at its statement), so the
+    flow is never stepped from two places and the connection is never left mid-statement."""
+    conn = aconn.sync_connection
+    assert conn is not None
+    if not conn.in_transaction():
+        conn.begin()  # SQLAlchemy's bookkeeping only, as for a native statement
+    adapted = conn.connection.dbapi_connection
+    hop = _Hop(Stepper(body), conn.dialect, contextvars.copy_context(), hook is not None)
+    async with statement_lock(adapted):
+        future = driver.in_thread(adapted, hop.work)
+        cancelled: asyncio.CancelledError | None = None
+        if future is not None:
+            while True:
+                try:
+                    await asyncio.shield(future)
+                    break
+                except asyncio.CancelledError as cancel:
+                    if not future.done():
+                        cancelled, hop.stop = cancel, True
+                        driver.interrupt(adapted)  # the statement running now fails at once; none runs after it
+                        continue
+                    if future.cancelled():  # the loop is closing
+                        raise
+                    cancelled = cancel
+                    break
+                except BaseException:
+                    break  # the flow's own error: raised below, once the hook has been told
+    if hook is not None:
+        hop.tell(hook)
+    if future is None:
+        return cast("T", await _one_by_one(aconn, backend, driver, hop, hook))
+    error = future.exception() if future.done() and not future.cancelled() else None
+    if error is not None:
+        if cancelled is not None:
+            raise cancelled from error
+        raise error
+    if hop.failed is not None and cancelled is None:
+        step, compiled, failure = hop.failed
+        try:
+            try:
+                raise_as_adapter(adapted, failure)
+            except Exception as translated:
+                await aconn.run_sync(_raise, backend, step.statement.tables, compiled.sql, translated, adapted)
+        except BaseException as wrapped:
+            hop.stepper.throw(wrapped)
+    elif cancelled is not None:
+        if hop.finished:
+            raise cancelled
+        hop.stepper.throw(cancelled)
+    elif hop.finished:
+        return cast("T", hop.stepper.value)
+    return cast("T", await _one_by_one(aconn, backend, driver, hop, hook))
+
+
+class _Hop:
+    """A `Statements` step's flow stepped on the driver's thread (`work`) until it ends or a statement fails."""
+
+    def __init__(self, stepper: Stepper[Any], dialect: Dialect, context: contextvars.Context, telling: bool) -> None:
+        self.stepper, self.dialect, self.context = stepper, dialect, context
+        self.told: list[str] | None = [] if telling else None  # the SQL of each statement sent, for the hook
+        self.ran = 0  # how many of them succeeded
+        self.failed: tuple[Exec, Plan, Exception] | None = None
+        self.stop = False  # set from the loop: the task was cancelled
+        self.finished = False  # the flow returned (its value is the stepper's)
+        self.pending: Step | None = None  # where the flow stands if the hop ended early
+
+    def work(self, dbapi: Any) -> None:
+        self.context.run(self._run, dbapi)
+
+    def _run(self, dbapi: Any) -> None:
+        stepper, told = self.stepper, self.told
+        while (step := stepper.next()) is not None:
+            if not isinstance(step, Exec):
+                raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
+            if self.stop:
+                self.pending = step
+                return
+            compiled = plan(step.statement, self.dialect)
+            if told is not None:
+                told.append(compiled.sql)
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(compiled.sql, compiled.parameters(step.params))
+                answer, description = read(cursor, compiled)
+            except Exception as error:
+                self.failed, self.pending = (step, compiled, error), step
+                return
+            finally:
+                cursor.close()
+            self.ran += 1
+            stepper.send(compiled.result(answer, description))
+        self.finished = True
+
+    def tell(self, hook: Callable[[str, bool], None]) -> None:
+        for i, sql in enumerate(self.told or ()):
+            hook(sql, False)
+            if i < self.ran:
+                hook(sql, True)
+
+
+async def _one_by_one(aconn: AsyncConnection, backend: Backend, driver: Driver, hop: _Hop,
+                      hook: Callable[[str, bool], None] | None) -> Any:
+    """The rest of a hop's step, statement by statement on the loop (after an error or a cancellation, or where the
+    driver has no thread), the flow still stepped in its context."""
+    stepper, context = hop.stepper, hop.context
+    while (step := context.run(stepper.next)) is not None:
+        try:
+            if not isinstance(step, Exec):
+                raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
+            sql = plan(step.statement, hop.dialect).sql if hook is not None else ""
+            if hook is not None:
+                hook(sql, False)
+            stepper.send(await execute_async(aconn, backend, driver, step.statement, step.params))
+            if hook is not None:
+                hook(sql, True)
+        except BaseException as exc:
+            stepper.throw(exc)
+    return stepper.value
