@@ -5,6 +5,7 @@ and a wrong password under PostgreSQL's password authentication is a configurati
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -43,6 +44,33 @@ class NoPytest:
 sys.meta_path.insert(0, NoPytest())
 sys.argv = ["idem-dialects", *sys.argv[1:]]
 runpy.run_module("idem_dialects.cli", run_name="__main__")
+"""
+
+# Runs several command lines (JSON on stdin), each in a child forked from one interpreter that imported the command
+# once: every command is still a process of its own (its own state, stderr and exit status), without paying the
+# interpreter's start and imports again. Prints each one's [status, stdout, stderr] as JSON.
+FORKED = """
+import json, os, sys, tempfile, traceback
+from idem_dialects.cli import main
+done = []
+for argv in json.load(sys.stdin):
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        sys.stdout.flush(); sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+            sys.argv = ["idem-dialects", *argv]
+            try:
+                status = main(argv)
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                traceback.print_exc(); status = 1
+            sys.stdout.flush(); sys.stderr.flush(); os._exit(status)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        out.seek(0); err.seek(0)
+        done.append([status, out.read(), err.read()])
+json.dump(done, sys.stdout)
 """
 
 
@@ -172,10 +200,20 @@ def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
     return cli, nullcontext()
 
 
-def run(prefix: list[str], args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def run(prefix: list[str], args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    return subprocess.run([*prefix, *args], input=stdin, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def run_each(prefix: list[str], commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Each command line run as `run` runs it (`prefix` ends in the interpreter's `-m idem_dialects.cli`), in one
+    interpreter's forked children (FORKED)."""
+    assert prefix[-3:] == [sys.executable, "-m", "idem_dialects.cli"], prefix
+    batch = run([*prefix[:-2], "-c", FORKED], [], cwd, stdin=json.dumps(commands))
+    assert batch.returncode == 0, batch.stderr
+    return [subprocess.CompletedProcess(command, status, out, err)
+            for command, (status, out, err) in zip(commands, json.loads(batch.stdout), strict=True)]
 
 
 def parsed(arg: str) -> Any:
@@ -212,21 +250,7 @@ def against_password_server(row: Row, request: pytest.FixtureRequest) -> list[st
             for arg in row.command]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.mistake for r in ROWS])
-def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    command = against_password_server(row, request)
-    prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
-    with context:
-        done = run(prefix, command, tmp_path)
-    printed = done.stderr.rstrip("\n").splitlines()
-    assert "Traceback" not in done.stderr, done.stderr
-    assert printed == row.lines, f"{row.mistake}: printed\n{done.stderr}"
-    assert done.returncode == row.status, f"{row.mistake}: exit {done.returncode}\n{done.stderr}"
-    for secret in passwords(row.command):
-        assert secret not in done.stdout + done.stderr
-
-
-# --- the same mistake, the same answer from every command -------------------------------------------------------------
+# --- each mistake as the table prints it; a connection mistake, the same from every command --------------------------
 
 
 def _commands(url: str) -> dict[str, list[str]]:
@@ -235,7 +259,7 @@ def _commands(url: str) -> dict[str, list[str]]:
             "bench": ["bench", url, "--requests", "5", "--repetitions", "1", "--quiet"]}
 
 
-SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
+SAME_EVERYWHERE = [r.mistake for r in ROWS if r.mistake in (
     "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "refused port (PostgreSQL)",
     "password with an unencoded `@`", "missing SQLite directory",
     "missing driver package", "missing system library (pyodbc without unixODBC)",
@@ -244,23 +268,31 @@ SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
     "unknown option (MariaDB)", "port out of range", "several hosts in the host part")]
 
 
-@pytest.mark.parametrize("row", SAME_EVERYWHERE, ids=[r.mistake for r in SAME_EVERYWHERE])
-def test_every_command_tells_a_connection_mistake_the_same_way(row: Row, tmp_path: Path,
-                                                              request: pytest.FixtureRequest) -> None:
-    """init, check, purge, matrix --url and bench: the row's lines (after the command's name) and exit status."""
+@pytest.mark.parametrize("row", ROWS, ids=[r.mistake for r in ROWS])
+def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The row's command prints the row's lines with the row's exit status. A connection mistake: so do init, check,
+    purge, matrix --url and bench (the lines after the command's name)."""
     command = against_password_server(row, request)
     prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
-    url = next(arg for arg in command if "://" in arg)
-    expected = [line.split(": ", 1)[1] if i == 0 else line for i, line in enumerate(row.lines)]
+    url = next((arg for arg in command if "://" in arg), "")
+    every = _commands(url) if row.mistake in SAME_EVERYWHERE else {}
     with context:
-        for name, args in _commands(url).items():
-            done = run(prefix, args, tmp_path)
-            printed = done.stderr.rstrip("\n").splitlines()
-            assert printed[:1] and printed[0].startswith(f"idem-dialects {name}: "), (name, done.stderr)
-            assert [printed[0].split(": ", 1)[1], *printed[1:]] == expected, (name, done.stderr)
-            assert done.returncode == row.status, (name, done.returncode, done.stderr)
-            for secret in passwords([url]):
-                assert secret not in done.stdout + done.stderr, name
+        runs = run_each(prefix, [command, *every.values()], tmp_path) if every else [run(prefix, command, tmp_path)]
+    done, *others = runs
+    printed = done.stderr.rstrip("\n").splitlines()
+    assert "Traceback" not in done.stderr, done.stderr
+    assert printed == row.lines, f"{row.mistake}: printed\n{done.stderr}"
+    assert done.returncode == row.status, f"{row.mistake}: exit {done.returncode}\n{done.stderr}"
+    for secret in passwords(row.command):
+        assert secret not in done.stdout + done.stderr
+    expected = [line.split(": ", 1)[1] if i == 0 else line for i, line in enumerate(row.lines)]
+    for name, done in zip(every, others, strict=True):
+        printed = done.stderr.rstrip("\n").splitlines()
+        assert printed[:1] and printed[0].startswith(f"idem-dialects {name}: "), (name, done.stderr)
+        assert [printed[0].split(": ", 1)[1], *printed[1:]] == expected, (name, done.stderr)
+        assert done.returncode == row.status, (name, done.returncode, done.stderr)
+        for secret in passwords([url]):
+            assert secret not in done.stdout + done.stderr, name
 
 
 @pytest.mark.parametrize("command", [["matrix", "--url", "target={url}"], ["init", "{url}", "--table-prefix", "{own}"]])
