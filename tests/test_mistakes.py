@@ -5,7 +5,7 @@ and a wrong password under PostgreSQL's password authentication is a configurati
 
 from __future__ import annotations
 
-import json
+import fcntl
 import logging
 import os
 import re
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_common import CLI, run, run_each
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import ArgumentError
 
@@ -46,32 +47,6 @@ sys.argv = ["idem-dialects", *sys.argv[1:]]
 runpy.run_module("idem_dialects.cli", run_name="__main__")
 """
 
-# Runs several command lines (JSON on stdin), each in a child forked from one interpreter that imported the command
-# once: every command is still a process of its own (its own state, stderr and exit status), without paying the
-# interpreter's start and imports again. Prints each one's [status, stdout, stderr] as JSON.
-FORKED = """
-import json, os, sys, tempfile, traceback
-from idem_dialects.cli import main
-done = []
-for argv in json.load(sys.stdin):
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        sys.stdout.flush(); sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
-            sys.argv = ["idem-dialects", *argv]
-            try:
-                status = main(argv)
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                traceback.print_exc(); status = 1
-            sys.stdout.flush(); sys.stderr.flush(); os._exit(status)
-        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        out.seek(0); err.seek(0)
-        done.append([status, out.read(), err.read()])
-json.dump(done, sys.stdout)
-"""
 
 
 @dataclass(frozen=True)
@@ -122,22 +97,32 @@ def needs(port: int, what: str) -> None:
 
 
 @contextmanager
+def alone(role: str) -> Iterator[None]:
+    """Held while a test creates, uses and drops the machine-wide `role`: other pytest workers' tests of the same role
+    wait (the table's rows and the tests after it use one role name)."""
+    with open(Path(tempfile.gettempdir()) / f"idem-test-{role}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextmanager
 def pg_role_without_create() -> Iterator[None]:
     """A real login role of the machine's PostgreSQL 15 that may not create in any schema of its search path: PostgreSQL
     15 grants PUBLIC no CREATE on schema public, and the role gets nothing else. Dropped afterwards."""
     needs(5432, "PostgreSQL")
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
-            conn.execute(text("CREATE ROLE idem_no_create LOGIN"))
-            if conn.execute(text("SELECT has_schema_privilege('idem_no_create', 'public', 'CREATE')")).scalar():
-                pytest.skip("PUBLIC may create in schema public on this server (granted before PostgreSQL 15)")
-        yield
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
-        admin.dispose()
+    with alone("idem_no_create"):
+        try:
+            with admin.connect() as conn:
+                conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
+                conn.execute(text("CREATE ROLE idem_no_create LOGIN"))
+                if conn.execute(text("SELECT has_schema_privilege('idem_no_create', 'public', 'CREATE')")).scalar():
+                    pytest.skip("PUBLIC may create in schema public on this server (granted before PostgreSQL 15)")
+            yield
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
+            admin.dispose()
 
 
 @contextmanager
@@ -145,16 +130,17 @@ def mariadb_select_only() -> Iterator[None]:
     """A real MariaDB user with SELECT on the test database only. Dropped afterwards."""
     needs(3306, "MariaDB")
     admin = create_engine(MARIADB)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
-            conn.execute(text("CREATE USER 'idem_select_only'@'%' IDENTIFIED BY 'Sel3ct-0nly'"))
-            conn.execute(text("GRANT SELECT ON test.* TO 'idem_select_only'@'%'"))
-        yield
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
-        admin.dispose()
+    with alone("idem_select_only"):
+        try:
+            with admin.begin() as conn:
+                conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
+                conn.execute(text("CREATE USER 'idem_select_only'@'%' IDENTIFIED BY 'Sel3ct-0nly'"))
+                conn.execute(text("GRANT SELECT ON test.* TO 'idem_select_only'@'%'"))
+            yield
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
+            admin.dispose()
 
 
 def hiding(soname: str) -> list[str]:
@@ -174,7 +160,7 @@ def hiding(soname: str) -> list[str]:
 
 def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
     """The command line that makes the row's mistake here, and what must exist while it runs."""
-    cli = [sys.executable, "-m", "idem_dialects.cli"]
+    cli = CLI
     url = next((arg for arg in row.command if "://" in arg), "")
     given = parsed(url)
     if given is not None and given.host == "127.0.0.1" and given.port in (5432, 3306):
@@ -198,22 +184,6 @@ def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
     if mistake.startswith("role without CREATE (MariaDB"):
         return cli, mariadb_select_only()
     return cli, nullcontext()
-
-
-def run(prefix: list[str], args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([*prefix, *args], input=stdin, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-
-
-def run_each(prefix: list[str], commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
-    """Each command line run as `run` runs it (`prefix` ends in the interpreter's `-m idem_dialects.cli`), in one
-    interpreter's forked children (FORKED)."""
-    assert prefix[-3:] == [sys.executable, "-m", "idem_dialects.cli"], prefix
-    batch = run([*prefix[:-2], "-c", FORKED], [], cwd, stdin=json.dumps(commands))
-    assert batch.returncode == 0, batch.stderr
-    return [subprocess.CompletedProcess(command, status, out, err)
-            for command, (status, out, err) in zip(commands, json.loads(batch.stdout), strict=True)]
 
 
 def parsed(arg: str) -> Any:
@@ -276,8 +246,9 @@ def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: py
     prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
     url = next((arg for arg in command if "://" in arg), "")
     every = _commands(url) if row.mistake in SAME_EVERYWHERE else {}
+    commands = [command, *every.values()]
     with context:
-        runs = run_each(prefix, [command, *every.values()], tmp_path) if every else [run(prefix, command, tmp_path)]
+        runs = run_each(commands, tmp_path, prefix[:-len(CLI)]) if every else [run(prefix, command, tmp_path)]
     done, *others = runs
     printed = done.stderr.rstrip("\n").splitlines()
     assert "Traceback" not in done.stderr, done.stderr
@@ -366,7 +337,7 @@ def test_wrong_password_under_password_auth_is_configuration_and_not_retried(scr
     with IdempotencyStore.from_url(base.set(password="Right-Pw-5150", database="idem_no_such_db")) as store:
         with pytest.raises(ConnectionConfigError, match="'idem_no_such_db' does not exist"):
             store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "never")
-    done = run([sys.executable, "-m", "idem_dialects.cli"],
+    done = run(CLI,
                ["init", wrong.render_as_string(hide_password=False)], tmp_path)
     assert done.returncode == 2 and done.stderr.splitlines() == [
         f"idem-dialects init: cannot connect to the postgresql database: authentication failed for user '{role}'"
@@ -490,7 +461,7 @@ def test_no_password_exits_2_at_once_naming_it(scram_server: str, command: str, 
     retried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
     assert retried == [], f"{command} retried the connection: {retried}"
     right = make_url(url).set(password="Right-Pw-5150").render_as_string(hide_password=False)
-    done = run([sys.executable, "-m", "idem_dialects.cli"], ["init", right], tmp_path)
+    done = run(CLI, ["init", right], tmp_path)
     assert done.returncode == 0 and "Right-Pw-5150" not in done.stdout + done.stderr and "***" in done.stdout, done
 
 
@@ -517,6 +488,6 @@ SECRET = "Wr0ng-Pw-7731"
     ["init", f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:5432/test?connect_timeout=abc"],
 ], ids=lambda args: " ".join(a.split("://")[0] if "://" in a else a for a in args))
 def test_no_command_prints_a_urls_password(args: list[str], tmp_path: Path) -> None:
-    done = run([sys.executable, "-m", "idem_dialects.cli"], args, tmp_path)
+    done = run(CLI, args, tmp_path)
     assert "Traceback" not in done.stderr, done.stderr
     assert SECRET not in done.stdout + done.stderr, done.stdout + done.stderr
