@@ -217,7 +217,8 @@ class AsyncStore(StoreBase, Generic[C]):
         return None
 
     async def _in_transaction(self, step: Transaction, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
-        async with self.begin(step.begin) as conn:
+        async with self.executor.transaction(step.begin) as conn:
+            await self.drive(self._core.begin(step.begin), conn)  # `begin` inlined: a context manager less
             return await self.drive(step.body, conn, effect)
 
     async def _check(self, conn: C) -> None:
@@ -251,8 +252,8 @@ class AsyncEngineExecutor:
                 raise
             await self._commit(conn, ending)
 
-    async def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Any:
-        return await execute_async(conn, self._backend, self.driver, statement, params)
+    def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Awaitable[Any]:
+        return execute_async(conn, self._backend, self.driver, statement, params)  # not a coroutine more to await
 
     async def catalog(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
         return await conn.run_sync(action)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import Delete, Update, bindparam, delete, update
 from sqlalchemy.exc import DBAPIError
@@ -112,8 +112,9 @@ class Claims:
         """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
-        # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so.
-        flow = cast("Flow[Outcome]", self._claim(req, wait, fresh and self.core.own_transactions))
+        # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so, nor
+        # a cast() call.
+        flow: Flow[Outcome] = self._claim(req, wait, fresh and self.core.own_transactions)  # type: ignore[assignment]
         return self.core.telemetry.claim(req.operation, flow)
 
     def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:
