@@ -225,7 +225,8 @@ class AsyncStore(StoreBase, Generic[C]):
         return None
 
     async def _in_transaction(self, step: Transaction, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
-        async with self.begin(step.begin) as conn:
+        async with self.executor.transaction(step.begin) as conn:
+            await self.drive(self._core.begin(step.begin), conn)  # `begin` inlined: a context manager less
             return await self.drive(step.body, conn, effect)
 
     async def _check(self, conn: C) -> None:
@@ -261,8 +262,8 @@ class AsyncEngineExecutor:
                 raise
             await self._commit(conn, ending)
 
-    async def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Any:
-        return await execute_async(conn, self._backend, self.driver, statement, params)
+    def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Awaitable[Any]:
+        return execute_async(conn, self._backend, self.driver, statement, params)  # not a coroutine more to await
 
     async def _in_thread(self, conn: AsyncConnection, body: Flow[T], hook: StatementHook | None) -> T:
         assert self.driver is not None

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import Delete, Update, bindparam, delete, update
 from sqlalchemy.exc import DBAPIError
@@ -112,9 +112,10 @@ class Claims:
         """Claim the key, or tell why not: Mismatch, Replayed, InFlight, or Claimed (possibly taken over). With
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
-        # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so.
-        # One `Statements` step: a loop may run the whole claim where the connection lives.
-        flow = cast("Flow[Outcome]", statements(self._claim(req, wait, fresh and self.core.own_transactions)))
+        # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so, nor
+        # a cast() call. One `Statements` step: a loop may run the whole claim where the connection lives.
+        flow: Flow[Outcome] = statements(
+            self._claim(req, wait, fresh and self.core.own_transactions))  # type: ignore[arg-type]
         return self.core.telemetry.claim(req.operation, flow)
 
     def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:

@@ -11,7 +11,9 @@ SQLAlchemy itself uses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -46,13 +48,18 @@ _UNLOCKED = nullcontext()
 # --- SQLAlchemy's async adapters (the DB-API connection an AsyncEngine's pool holds) ------------------------------
 
 
-def driver_connection(adapter: Any) -> Any:
-    """The async driver's own connection (asyncpg's, psycopg's, aiosqlite's, asyncmy's) under SQLAlchemy's adapter."""
-    return adapter._connection
+# Getters, not functions, where every statement reads them: no Python call per statement.
+
+driver_connection: Callable[[Any], Any] = attrgetter("_connection")
+"""The async driver's own connection (asyncpg's, psycopg's, aiosqlite's, asyncmy's) under SQLAlchemy's adapter."""
+
+execute_mutex: Callable[[Any], AbstractAsyncContextManager[Any]] = attrgetter("_execute_mutex")
+"""The lock of the adapters that always have one (asyncpg, asyncmy) keeping one statement at a time on its
+connection."""
 
 
 def statement_lock(adapter: Any) -> AbstractAsyncContextManager[Any]:
-    """The adapter's lock that keeps one statement at a time on its connection (asyncpg, asyncmy; aiosqlite's from
+    """The adapter's lock that keeps one statement at a time on its connection, if it has one (aiosqlite's from
     SQLAlchemy 2.1 on)."""
     return getattr(adapter, "_execute_mutex", None) or _UNLOCKED
 

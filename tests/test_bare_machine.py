@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "libodbc.so.2: cannot open shared object file: No such file or directory"
 
@@ -60,6 +62,7 @@ OPTIONAL = ("pymysql", "psycopg", "psycopg2", "pg8000", "asyncpg", "asyncmy", "a
             "mirakuru", "opentelemetry", "django", "rest_framework")
 
 
+@pytest.mark.slow  # collects the whole suite
 def test_collection_without_any_optional_package_skips_with_reasons(tmp_path: Path) -> None:
     """With every optional package's import failing as if it were not installed, collecting the whole test suite
     reports skips that name what to install, and no collection error (a module-level driver import would stop the

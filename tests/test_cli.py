@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cli_common import CLI, run_each
 from sqlalchemy import create_engine, inspect, text
 
 from idem_dialects import IdempotencyStore
@@ -90,7 +91,6 @@ def test_demo_on_a_named_database_drops_only_its_own_tables(tmp_path: Path,
 
 # --- the exit-code table, output options and papercuts ---------------------------------------------------------------
 
-CLI = [sys.executable, "-m", "idem_dialects.cli"]
 # The commands that print a report (or statements, or a list) on stdout: each takes -o/--output FILE and -q/--quiet.
 REPORTERS = ["matrix", "check", "bench", "report", "engines", "stats", "ddl", "consumers"]
 
@@ -135,9 +135,9 @@ def test_reports_go_to_the_file_given_with_o(tmp_path: Path) -> None:
         "stats.json": ["stats", url, "--format", "json", "-o", "stats.json", "-q"],
         "report.md": ["report", "check.json", "-o", "report.md", "-q"],
     }
-    assert subprocess.run([*CLI, "init", url, "-q"], cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
-    for out, args in runs.items():
-        done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    init, *done_runs = run_each([["init", url, "-q"], *runs.values()], tmp_path, timeout=600)
+    assert init.returncode == 0, init.stderr
+    for (out, args), done in zip(runs.items(), done_runs, strict=True):
         assert done.returncode == 0, (args, done.stderr)
         assert done.stdout == "" and done.stderr == "", (args, done.stdout, done.stderr)  # -q: nothing but the file
         assert (tmp_path / out).stat().st_size > 0, out

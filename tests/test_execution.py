@@ -160,3 +160,82 @@ def test_an_interrupted_native_statement_never_hands_its_connection_on(pg: Serve
 
     result, done = asyncio.run(main())
     assert interrupted and result.response == "done" and done == 1
+
+
+# --- to_completion: a transaction's end, carried through a cancellation of its task ------------------------------
+
+
+def test_an_end_with_nothing_to_wait_for_runs_in_the_callers_task() -> None:
+    """No task per request where the end never waits (the COMMIT already sent natively)."""
+    from idem_dialects.execution.aio import to_completion
+
+    async def work() -> asyncio.Task[Any] | None:
+        return asyncio.current_task()
+
+    async def main() -> None:
+        assert await to_completion(work()) is asyncio.current_task()
+
+    asyncio.run(main())
+
+
+def test_an_end_that_waits_is_finished_despite_a_cancellation_which_is_raised_after() -> None:
+    from idem_dialects.execution.aio import to_completion
+
+    steps: list[str] = []
+
+    async def work() -> str:
+        steps.append("before")
+        await asyncio.sleep(0.05)
+        steps.append("after")
+        return "done"
+
+    async def main() -> None:
+        task = asyncio.create_task(to_completion(work()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert steps == ["before", "after"]
+        assert await to_completion(work()) == "done"  # uncancelled: the value comes back from the task
+
+    asyncio.run(main())
+
+
+def test_a_cancellation_during_the_part_that_runs_inline_is_raised_once_it_is_done() -> None:
+    """The task cancelled while the end runs without waiting (a commit listener did so): the end finishes, then the
+    cancellation is raised from to_completion itself, as from a wait for the end's own task."""
+    from idem_dialects.execution.aio import to_completion
+
+    after: list[str] = []
+
+    async def work() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return "done"
+
+    async def main() -> None:
+        try:
+            await to_completion(work())
+        except asyncio.CancelledError:
+            after.append("cancelled")
+            raise
+        after.append("went on")  # pragma: no cover - what must not happen
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    assert after == ["cancelled"]
+
+
+def test_an_end_that_fails_after_waiting_raises_its_error() -> None:
+    from idem_dialects.execution.aio import to_completion
+
+    async def work() -> None:
+        await asyncio.sleep(0)
+        raise LookupError("the end failed")
+
+    async def main() -> None:
+        with pytest.raises(LookupError, match="the end failed"):
+            await to_completion(work())
+
+    asyncio.run(main())

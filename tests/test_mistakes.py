@@ -5,6 +5,7 @@ and a wrong password under PostgreSQL's password authentication is a configurati
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_common import CLI, run, run_each
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import ArgumentError
 
@@ -44,6 +46,7 @@ sys.meta_path.insert(0, NoPytest())
 sys.argv = ["idem-dialects", *sys.argv[1:]]
 runpy.run_module("idem_dialects.cli", run_name="__main__")
 """
+
 
 
 @dataclass(frozen=True)
@@ -94,22 +97,32 @@ def needs(port: int, what: str) -> None:
 
 
 @contextmanager
+def alone(role: str) -> Iterator[None]:
+    """Held while a test creates, uses and drops the machine-wide `role`: other pytest workers' tests of the same role
+    wait (the table's rows and the tests after it use one role name)."""
+    with open(Path(tempfile.gettempdir()) / f"idem-test-{role}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextmanager
 def pg_role_without_create() -> Iterator[None]:
     """A real login role of the machine's PostgreSQL 15 that may not create in any schema of its search path: PostgreSQL
     15 grants PUBLIC no CREATE on schema public, and the role gets nothing else. Dropped afterwards."""
     needs(5432, "PostgreSQL")
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
-            conn.execute(text("CREATE ROLE idem_no_create LOGIN"))
-            if conn.execute(text("SELECT has_schema_privilege('idem_no_create', 'public', 'CREATE')")).scalar():
-                pytest.skip("PUBLIC may create in schema public on this server (granted before PostgreSQL 15)")
-        yield
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
-        admin.dispose()
+    with alone("idem_no_create"):
+        try:
+            with admin.connect() as conn:
+                conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
+                conn.execute(text("CREATE ROLE idem_no_create LOGIN"))
+                if conn.execute(text("SELECT has_schema_privilege('idem_no_create', 'public', 'CREATE')")).scalar():
+                    pytest.skip("PUBLIC may create in schema public on this server (granted before PostgreSQL 15)")
+            yield
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text("DROP ROLE IF EXISTS idem_no_create"))
+            admin.dispose()
 
 
 @contextmanager
@@ -117,16 +130,17 @@ def mariadb_select_only() -> Iterator[None]:
     """A real MariaDB user with SELECT on the test database only. Dropped afterwards."""
     needs(3306, "MariaDB")
     admin = create_engine(MARIADB)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
-            conn.execute(text("CREATE USER 'idem_select_only'@'%' IDENTIFIED BY 'Sel3ct-0nly'"))
-            conn.execute(text("GRANT SELECT ON test.* TO 'idem_select_only'@'%'"))
-        yield
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
-        admin.dispose()
+    with alone("idem_select_only"):
+        try:
+            with admin.begin() as conn:
+                conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
+                conn.execute(text("CREATE USER 'idem_select_only'@'%' IDENTIFIED BY 'Sel3ct-0nly'"))
+                conn.execute(text("GRANT SELECT ON test.* TO 'idem_select_only'@'%'"))
+            yield
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text("DROP USER IF EXISTS 'idem_select_only'@'%'"))
+            admin.dispose()
 
 
 def hiding(soname: str) -> list[str]:
@@ -146,7 +160,7 @@ def hiding(soname: str) -> list[str]:
 
 def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
     """The command line that makes the row's mistake here, and what must exist while it runs."""
-    cli = [sys.executable, "-m", "idem_dialects.cli"]
+    cli = CLI
     url = next((arg for arg in row.command if "://" in arg), "")
     given = parsed(url)
     if given is not None and given.host == "127.0.0.1" and given.port in (5432, 3306):
@@ -170,12 +184,6 @@ def setup(row: Row, tmp: Path) -> tuple[list[str], AbstractContextManager[Any]]:
     if mistake.startswith("role without CREATE (MariaDB"):
         return cli, mariadb_select_only()
     return cli, nullcontext()
-
-
-def run(prefix: list[str], args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
 def parsed(arg: str) -> Any:
@@ -212,21 +220,7 @@ def against_password_server(row: Row, request: pytest.FixtureRequest) -> list[st
             for arg in row.command]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.mistake for r in ROWS])
-def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    command = against_password_server(row, request)
-    prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
-    with context:
-        done = run(prefix, command, tmp_path)
-    printed = done.stderr.rstrip("\n").splitlines()
-    assert "Traceback" not in done.stderr, done.stderr
-    assert printed == row.lines, f"{row.mistake}: printed\n{done.stderr}"
-    assert done.returncode == row.status, f"{row.mistake}: exit {done.returncode}\n{done.stderr}"
-    for secret in passwords(row.command):
-        assert secret not in done.stdout + done.stderr
-
-
-# --- the same mistake, the same answer from every command -------------------------------------------------------------
+# --- each mistake as the table prints it; a connection mistake, the same from every command --------------------------
 
 
 def _commands(url: str) -> dict[str, list[str]]:
@@ -235,7 +229,7 @@ def _commands(url: str) -> dict[str, list[str]]:
             "bench": ["bench", url, "--requests", "5", "--repetitions", "1", "--quiet"]}
 
 
-SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
+SAME_EVERYWHERE = [r.mistake for r in ROWS if r.mistake in (
     "wrong password", "unknown user", "unknown database", "unknown host", "refused port", "refused port (PostgreSQL)",
     "password with an unencoded `@`", "missing SQLite directory",
     "missing driver package", "missing system library (pyodbc without unixODBC)",
@@ -244,23 +238,32 @@ SAME_EVERYWHERE = [r for r in ROWS if r.mistake in (
     "unknown option (MariaDB)", "port out of range", "several hosts in the host part")]
 
 
-@pytest.mark.parametrize("row", SAME_EVERYWHERE, ids=[r.mistake for r in SAME_EVERYWHERE])
-def test_every_command_tells_a_connection_mistake_the_same_way(row: Row, tmp_path: Path,
-                                                              request: pytest.FixtureRequest) -> None:
-    """init, check, purge, matrix --url and bench: the row's lines (after the command's name) and exit status."""
+@pytest.mark.parametrize("row", ROWS, ids=[r.mistake for r in ROWS])
+def test_each_mistake_prints_its_table_row(row: Row, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The row's command prints the row's lines with the row's exit status. A connection mistake: so do init, check,
+    purge, matrix --url and bench (the lines after the command's name)."""
     command = against_password_server(row, request)
     prefix, context = setup(Row(row.mistake, command, row.lines, row.status), tmp_path)
-    url = next(arg for arg in command if "://" in arg)
-    expected = [line.split(": ", 1)[1] if i == 0 else line for i, line in enumerate(row.lines)]
+    url = next((arg for arg in command if "://" in arg), "")
+    every = _commands(url) if row.mistake in SAME_EVERYWHERE else {}
+    commands = [command, *every.values()]
     with context:
-        for name, args in _commands(url).items():
-            done = run(prefix, args, tmp_path)
-            printed = done.stderr.rstrip("\n").splitlines()
-            assert printed[:1] and printed[0].startswith(f"idem-dialects {name}: "), (name, done.stderr)
-            assert [printed[0].split(": ", 1)[1], *printed[1:]] == expected, (name, done.stderr)
-            assert done.returncode == row.status, (name, done.returncode, done.stderr)
-            for secret in passwords([url]):
-                assert secret not in done.stdout + done.stderr, name
+        runs = run_each(commands, tmp_path, prefix[:-len(CLI)]) if every else [run(prefix, command, tmp_path)]
+    done, *others = runs
+    printed = done.stderr.rstrip("\n").splitlines()
+    assert "Traceback" not in done.stderr, done.stderr
+    assert printed == row.lines, f"{row.mistake}: printed\n{done.stderr}"
+    assert done.returncode == row.status, f"{row.mistake}: exit {done.returncode}\n{done.stderr}"
+    for secret in passwords(row.command):
+        assert secret not in done.stdout + done.stderr
+    expected = [line.split(": ", 1)[1] if i == 0 else line for i, line in enumerate(row.lines)]
+    for name, done in zip(every, others, strict=True):
+        printed = done.stderr.rstrip("\n").splitlines()
+        assert printed[:1] and printed[0].startswith(f"idem-dialects {name}: "), (name, done.stderr)
+        assert [printed[0].split(": ", 1)[1], *printed[1:]] == expected, (name, done.stderr)
+        assert done.returncode == row.status, (name, done.returncode, done.stderr)
+        for secret in passwords([url]):
+            assert secret not in done.stdout + done.stderr, name
 
 
 @pytest.mark.parametrize("command", [["matrix", "--url", "target={url}"], ["init", "{url}", "--table-prefix", "{own}"]])
@@ -334,7 +337,7 @@ def test_wrong_password_under_password_auth_is_configuration_and_not_retried(scr
     with IdempotencyStore.from_url(base.set(password="Right-Pw-5150", database="idem_no_such_db")) as store:
         with pytest.raises(ConnectionConfigError, match="'idem_no_such_db' does not exist"):
             store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: "never")
-    done = run([sys.executable, "-m", "idem_dialects.cli"],
+    done = run(CLI,
                ["init", wrong.render_as_string(hide_password=False)], tmp_path)
     assert done.returncode == 2 and done.stderr.splitlines() == [
         f"idem-dialects init: cannot connect to the postgresql database: authentication failed for user '{role}'"
@@ -458,7 +461,7 @@ def test_no_password_exits_2_at_once_naming_it(scram_server: str, command: str, 
     retried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
     assert retried == [], f"{command} retried the connection: {retried}"
     right = make_url(url).set(password="Right-Pw-5150").render_as_string(hide_password=False)
-    done = run([sys.executable, "-m", "idem_dialects.cli"], ["init", right], tmp_path)
+    done = run(CLI, ["init", right], tmp_path)
     assert done.returncode == 0 and "Right-Pw-5150" not in done.stdout + done.stderr and "***" in done.stdout, done
 
 
@@ -485,6 +488,6 @@ SECRET = "Wr0ng-Pw-7731"
     ["init", f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:5432/test?connect_timeout=abc"],
 ], ids=lambda args: " ".join(a.split("://")[0] if "://" in a else a for a in args))
 def test_no_command_prints_a_urls_password(args: list[str], tmp_path: Path) -> None:
-    done = run([sys.executable, "-m", "idem_dialects.cli"], args, tmp_path)
+    done = run(CLI, args, tmp_path)
     assert "Traceback" not in done.stderr, done.stderr
     assert SECRET not in done.stdout + done.stderr, done.stdout + done.stderr

@@ -83,6 +83,7 @@ def test_development_page_lists_every_check_the_stacks_leave_to_their_base_engin
     assert listed == {name.removeprefix("test_") for name in CHECKS if not _stack_check(name)}
 
 
+@pytest.mark.slow  # collects the quick run's suite
 def test_the_quick_command_runs_the_suite_on_sqlite_and_builds_nothing() -> None:
     """README's quick command, collected: the conformance checks on SQLite's columns only, no wheel or site build."""
     args = readme_command("quick-command")

@@ -40,6 +40,7 @@ def implementation(protocol: str, without: str | None) -> str:
     return ast.unparse(ast.fix_missing_locations(module)).replace("from .", "from idem_dialects.")
 
 
+@pytest.mark.slow  # mypy on the library and SQLAlchemy from a cold cache
 def test_a_store_missing_one_member_fails_the_surface_check(tmp_path: Path) -> None:
     cases = {"sync_whole": ("StoreAPI", None), "sync_no_stats": ("StoreAPI", "stats"),
              "async_whole": ("AsyncStoreAPI", None), "async_no_add_command": ("AsyncStoreAPI", "add_command")}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
@@ -65,29 +64,34 @@ class _Held:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._keys: Counter[tuple[Any, ...]] = Counter()
+        # A plain dict, not a Counter: every first-time request notes a key and lets it go, and Counter's methods
+        # are Python calls (its subtract, __missing__, __delitem__).
+        self._keys: dict[tuple[Any, ...], int] = {}
 
     def note(self, noted: list[tuple[Any, ...]], key: tuple[Any, ...]) -> bool:
         """Note `key` for the transaction whose list is `noted`; True if another transaction had noted it."""
         with self._lock:
-            held = self._keys[key] > 0
-            self._keys[key] += 1
+            count = self._keys.get(key, 0)
+            self._keys[key] = count + 1
         noted.append(key)
-        return held
+        return count > 0
 
     def let_go(self, noted: list[tuple[Any, ...]]) -> None:
+        keys = self._keys
         with self._lock:
-            self._keys.subtract(noted)
             for key in noted:
-                if self._keys[key] <= 0:
-                    del self._keys[key]
+                count = keys[key] - 1
+                if count > 0:
+                    keys[key] = count
+                else:
+                    del keys[key]
 
     def __contains__(self, key: tuple[Any, ...]) -> bool:
         return key in self._keys
 
     def noted(self, key: tuple[Any, ...]) -> int:
         """How many transactions noted `key`."""
-        return self._keys[key]
+        return self._keys.get(key, 0)
 
 
 _HELD = _Held()
@@ -192,8 +196,10 @@ class SQLiteBackend(Backend):
             finally:
                 if noted:
                     _HELD.let_go(noted)  # committed or rolled back: no longer in flight
-                with suppress(ValueError):  # the async store ends a transaction in another greenlet of its task
+                try:  # not suppress(): three calls more per transaction
                     _NOTED.reset(token)
+                except ValueError:  # the async store ends a transaction in another greenlet of its task
+                    pass
                 conn.info.pop(_USER_ISOLATION, None)
                 if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
                     _restore_isolation(conn, dbapi, previous)
@@ -252,16 +258,20 @@ class SQLiteBackend(Backend):
             else:  # another key's writer may hold the lock: wait for it, unless a duplicate noted since takes it
                 yield from self._busy_timeout(_SLICE_MS, lambda ms: self._restart(held, monotonic() + ms / 1000))
         inserted, row = yield from super().claim(table, values, clock, key, fresh=False)
-        noted = _NOTED.get()
-        if inserted and noted is not None and self._held_key(table, key) not in noted:
-            _HELD.note(noted, self._held_key(table, key))
+        if inserted and not fresh:  # a claim that did not restart above notes its key once it holds it
+            noted = _NOTED.get()
+            if noted is not None:
+                held = self._held_key(table, key)
+                if held not in noted:
+                    _HELD.note(noted, held)
         return inserted, row
 
     def _restart(self, held: tuple[Any, ...] | None = None, deadline: float = 0.0) -> Flow[None]:
         """ROLLBACK, BEGIN IMMEDIATE. With `held` (the key, noted by this transaction), the lock is asked for in
         slices of the busy timeout until `deadline`; busy after a slice in which another transaction noted the key
         too, it stops waiting (busy: answered in flight)."""
-        rollback, begin = (self.prepared(verb, partial(statement, text(verb), Shape.NOTHING)) for verb in _RESTART)
+        rollback = self.prepared(_RESTART[0], partial(statement, text(_RESTART[0]), Shape.NOTHING))
+        begin = self.prepared(_RESTART[1], partial(statement, text(_RESTART[1]), Shape.NOTHING))
         yield from execute(rollback)
         while True:
             try:
@@ -291,8 +301,10 @@ class SQLiteBackend(Backend):
         try:
             return (yield from claim)
         finally:
-            with suppress(ValueError):  # the async store may end the flow in another greenlet of its task
+            try:
                 _NOT_WAITING.reset(token)
+            except ValueError:  # the async store may end the flow in another greenlet of its task
+                pass
 
     def _busy_timeout(self, ms: int, flow: Callable[[int], Flow[S]]) -> Flow[S]:
         """`flow(previous)` run with the connection's busy timeout at `ms` (`previous`: its own, put back after)."""

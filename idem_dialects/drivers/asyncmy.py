@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sqla import driver_connection, raise_as_adapter, statement_lock
+from ..sqla import driver_connection, execute_mutex, raise_as_adapter
 from ..steps import Shape
 from . import Driver, read_async
 from .pymysql import AUTOCOMMIT, escaped_size
@@ -16,7 +16,7 @@ class Asyncmy(Driver):
         return escaped_size(value)  # an escaped string literal in the statement's text
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
-        async with statement_lock(connection):
+        async with execute_mutex(connection):
             try:
                 async with driver_connection(connection).cursor() as cursor:
                     await cursor.execute(sql, parameters)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sqla import asyncpg_begin, asyncpg_take_transaction, driver_connection, raise_as_adapter, statement_lock
+from ..sqla import asyncpg_begin, asyncpg_take_transaction, driver_connection, execute_mutex, raise_as_adapter
 from ..steps import Shape
 from . import Driver
 from .psycopg import session_id_is_pooled
@@ -31,7 +31,7 @@ class Asyncpg(Driver):
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
         # `connection` is SQLAlchemy's adapter: its lock keeps one statement at a time on the connection, and its
         # transaction (BEGIN sent on first use) is the one SQLAlchemy commits.
-        async with statement_lock(connection):
+        async with execute_mutex(connection):
             try:
                 await asyncpg_begin(connection)
                 raw = driver_connection(connection)
