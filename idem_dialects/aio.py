@@ -56,8 +56,9 @@ class AsyncStore(StoreBase, Generic[C]):
         self.executor = executor
         self._hook = statement_hook
         self._execute_statement = executor.execute  # bound once: the loop's hottest call
-        # An executor may run a `Statements` step whole (`AsyncEngineExecutor.statements`); else one by one here.
-        self._statements: Callable[[C, Flow[Any], StatementHook | None], Awaitable[Any]] | None = getattr(
+        # An executor may run a `Statements` step where the connection lives (`AsyncEngineExecutor.statements`),
+        # handing back what is left of it; else, or for that rest, statement by statement here.
+        self._statements: Callable[[C, Flow[Any], StatementHook | None], Awaitable[Flow[Any]]] | None = getattr(
             executor, "statements", None)
 
     # --- schema --------------------------------------------------------------------------------------------------
@@ -200,8 +201,8 @@ class AsyncStore(StoreBase, Generic[C]):
                 elif isinstance(step, Statements):
                     assert conn is not None, "a statement step needs a transaction"
                     run = self._statements
-                    body = step.body
-                    stepper.send(await (self.drive(body, conn) if run is None else run(conn, body, self._hook)))
+                    rest = step.body if run is None else await run(conn, step.body, self._hook)
+                    stepper.send(await self.drive(rest, conn))  # this loop alone runs statements one by one
                 else:
                     stepper.send(await self._execute(step, conn, effect))
             except BaseException as exc:
@@ -265,9 +266,9 @@ class AsyncEngineExecutor:
     def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Awaitable[Any]:
         return execute_async(conn, self._backend, self.driver, statement, params)  # not a coroutine more to await
 
-    async def _in_thread(self, conn: AsyncConnection, body: Flow[T], hook: StatementHook | None) -> T:
+    def _in_thread(self, conn: AsyncConnection, body: Flow[T], hook: StatementHook | None) -> Awaitable[Flow[T]]:
         assert self.driver is not None
-        return await statements_async(conn, self._backend, self.driver, body, hook)
+        return statements_async(conn, self._backend, self.driver, body, hook)  # not a coroutine more to await
 
     async def catalog(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
         return await conn.run_sync(action)

@@ -8,16 +8,19 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from idem_dialects.aio import AsyncIdempotencyStore
 from idem_dialects.drivers.aiosqlite import PINNED
+from idem_dialects.steps import Exec, Flow, Shape, Statement, statements
 
 
 def test_aiosqlite_names_the_store_uses_exist(tmp_path: Path) -> None:
@@ -145,3 +148,39 @@ def test_task_cancelled_while_its_hop_waits_for_the_lock(url: str, tmp_path: Pat
         await store.close()
 
     asyncio.run(main())
+
+
+def test_a_failing_statement_ends_the_hop_and_the_loop_runs_the_rest(url: str) -> None:
+    """A statement failing in the hop comes back wrapped as SQLAlchemy wraps a statement's error, thrown into the flow
+    where it yielded that statement, in the flow's context; what the flow does after it runs statement by statement
+    in the store's own loop (`drive`), told to the hook in order, and what the flow set in its context stays there."""
+    seen: ContextVar[str] = ContextVar("seen", default="")
+    bad = Statement(text("INSERT INTO missing VALUES (1)"), Shape.NOTHING)
+    good = Statement(text("SELECT 1"), Shape.ROW)
+
+    def body() -> Flow[tuple[str, tuple[Any, ...], str]]:
+        token = seen.set("in the flow")
+        try:
+            try:
+                yield Exec(bad, {})
+                raise AssertionError("the INSERT into a missing table went through")
+            except DBAPIError as error:
+                caught = type(error).__name__
+            row = yield Exec(good, {})
+            return caught, tuple(row), seen.get()
+        finally:
+            seen.reset(token)
+
+    async def main() -> tuple[tuple[str, tuple[Any, ...], str], list[tuple[str, bool]], str]:
+        store = await _store(url)
+        told: list[tuple[str, bool]] = []
+        async with store.transaction() as conn:
+            store._hook = lambda sql, done: told.append((sql.split()[0], done))
+            result = await store.drive(statements(body()), conn)
+        await store.close()
+        return result, told, seen.get()
+
+    result, told, after = asyncio.run(main())
+    assert result == ("OperationalError", (1,), "in the flow")
+    assert told == [("INSERT", False), ("SELECT", False), ("SELECT", True)]
+    assert after == ""

@@ -14,13 +14,13 @@ import contextvars
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..sqla import raise_as_adapter, statement_lock
-from ..steps import Exec, Flow, Statement, Step, Stepper
+from ..steps import Exec, Flow, Statement, Stepper
 from .plan import Plan, plan, read
 from .sync import execute_sqlalchemy, raise_handled
 
@@ -205,17 +205,18 @@ async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[
 
 
 async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Driver, body: Flow[T],
-                           hook: Callable[[str, bool], None] | None) -> T:
+                           hook: Callable[[str, bool], None] | None) -> Flow[T]:
     """Run a `Statements` step's `body` on a driver whose connection lives on a thread of its own: the flow is
     stepped there, each statement run on the PEP 249 connection, all in one hop (`Driver.in_thread`), in the
     transaction SQLAlchemy holds. A statement's error, or the task's cancellation, ends the hop: the error is wrapped
-    and classified here as `execute_async` does it, thrown into the flow, and the rest of the step runs statement by
-    statement. `hook` is told of the statements the hop ran once it is back (a hook is the caller's code: it runs on
-    the loop).
+    and classified here as `execute_async` does it. What is left of the flow comes back as a flow for the store's
+    loop to drive statement by statement (the one loop that does), the error or cancellation thrown into it first;
+    a flow that ended in the hop comes back as one with no step left. `hook` is told of the statements the hop ran
+    once it is back (a hook is the caller's code: it runs on the loop).
 
-    The flow's code runs in a copy of the task's context (whichever thread steps it), so what it sets and resets
-    between its statements pairs up; a cancelled task waits for its hop to end (interrupted at its statement), so the
-    flow is never stepped from two places and the connection is never left mid-statement."""
+    The flow's code runs in a copy of the task's context (whichever thread steps it, `_rest` included), so what it
+    sets and resets between its statements pairs up; a cancelled task waits for its hop to end (interrupted at its
+    statement), so the flow is never stepped from two places and the connection is never left mid-statement."""
     conn = aconn.sync_connection
     assert conn is not None
     if not conn.in_transaction():
@@ -244,7 +245,7 @@ async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Dri
     if hook is not None:
         hop.tell(hook)
     if future is None:
-        return cast("T", await _one_by_one(aconn, backend, driver, hop, hook))
+        return _rest(hop)
     error = future.exception() if future.done() and not future.cancelled() else None
     if error is not None:
         if cancelled is not None:
@@ -258,14 +259,12 @@ async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Dri
             except Exception as translated:
                 await aconn.run_sync(_raise, backend, step.statement.tables, compiled.sql, translated, adapted)
         except BaseException as wrapped:
-            hop.stepper.throw(wrapped)
+            hop.stepper.throw(wrapped)  # the flow's next step sees it: SQLite's busy retries happen there
     elif cancelled is not None:
         if hop.finished:
             raise cancelled
         hop.stepper.throw(cancelled)
-    elif hop.finished:
-        return cast("T", hop.stepper.value)
-    return cast("T", await _one_by_one(aconn, backend, driver, hop, hook))
+    return _rest(hop)
 
 
 class _Hop:
@@ -278,19 +277,19 @@ class _Hop:
         self.failed: tuple[Exec, Plan, Exception] | None = None
         self.stop = False  # set from the loop: the task was cancelled
         self.finished = False  # the flow returned (its value is the stepper's)
-        self.pending: Step | None = None  # where the flow stands if the hop ended early
 
     def work(self, dbapi: Any) -> None:
         self.context.run(self._run, dbapi)
 
     def _run(self, dbapi: Any) -> None:
+        # Not sync.execute_native, though the statement is run alike (`plan`, `read`): that one hands a failing
+        # cursor to SQLAlchemy's error handling, which cannot run on this thread (the error is wrapped on the loop).
         stepper, told = self.stepper, self.told
         while (step := stepper.next()) is not None:
             if not isinstance(step, Exec):
                 raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
             if self.stop:
-                self.pending = step
-                return
+                return  # `step` not sent: the cancellation is thrown into the flow where it yielded it
             compiled = plan(step.statement, self.dialect)
             if told is not None:
                 told.append(compiled.sql)
@@ -299,7 +298,7 @@ class _Hop:
                 cursor.execute(compiled.sql, compiled.parameters(step.params))
                 answer, description = read(cursor, compiled)
             except Exception as error:
-                self.failed, self.pending = (step, compiled, error), step
+                self.failed = (step, compiled, error)
                 return
             finally:
                 cursor.close()
@@ -314,21 +313,16 @@ class _Hop:
                 hook(sql, True)
 
 
-async def _one_by_one(aconn: AsyncConnection, backend: Backend, driver: Driver, hop: _Hop,
-                      hook: Callable[[str, bool], None] | None) -> Any:
-    """The rest of a hop's step, statement by statement on the loop (after an error or a cancellation, or where the
-    driver has no thread), the flow still stepped in its context."""
+def _rest(hop: _Hop) -> Flow[Any]:
+    """What is left of a hop's flow as a flow of its own, for the store's loop: each statement the flow yields next
+    (stepped in its context, the hop's error or cancellation first) handed on, its result or error handed back."""
     stepper, context = hop.stepper, hop.context
-    while (step := context.run(stepper.next)) is not None:
-        try:
-            if not isinstance(step, Exec):
-                raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
-            sql = plan(step.statement, hop.dialect).sql if hook is not None else ""
-            if hook is not None:
-                hook(sql, False)
-            stepper.send(await execute_async(aconn, backend, driver, step.statement, step.params))
-            if hook is not None:
-                hook(sql, True)
-        except BaseException as exc:
-            stepper.throw(exc)
+    if not hop.finished:
+        while (step := context.run(stepper.next)) is not None:
+            try:
+                if not isinstance(step, Exec):
+                    raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
+                stepper.send((yield step))
+            except BaseException as exc:
+                stepper.throw(exc)
     return stepper.value
