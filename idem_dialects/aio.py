@@ -24,7 +24,7 @@ from . import dialects
 from .api import AsyncExecutor, AsyncStoreAPI
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
-from .execution.aio import INTERRUPTED, commit_async, execute_async, to_completion
+from .execution.aio import commit_async, end_transaction, execute_async, statements_async, to_completion
 from .fingerprint import Encoder
 from .heartbeat import beating_async
 from .ids import Identity, Origin
@@ -32,7 +32,7 @@ from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
+from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Statements, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
@@ -56,6 +56,10 @@ class AsyncStore(StoreBase, Generic[C]):
         self.executor = executor
         self._hook = statement_hook
         self._execute_statement = executor.execute  # bound once: the loop's hottest call
+        # An executor may run a `Statements` step where the connection lives (`AsyncEngineExecutor.statements`),
+        # handing back what is left of it; else, or for that rest, statement by statement here.
+        self._statements: Callable[[C, Flow[Any], StatementHook | None], Awaitable[Flow[Any]]] | None = getattr(
+            executor, "statements", None)
 
     # --- schema --------------------------------------------------------------------------------------------------
 
@@ -194,6 +198,11 @@ class AsyncStore(StoreBase, Generic[C]):
                     hook(sql, False)
                     stepper.send(await self._execute_statement(conn, step.statement, step.params))
                     hook(sql, True)
+                elif isinstance(step, Statements):
+                    assert conn is not None, "a statement step needs a transaction"
+                    run = self._statements
+                    rest = step.body if run is None else await run(conn, step.body, self._hook)
+                    stepper.send(await self.drive(rest, conn))  # this loop alone runs statements one by one
                 else:
                     stepper.send(await self._execute(step, conn, effect))
             except BaseException as exc:
@@ -212,7 +221,7 @@ class AsyncStore(StoreBase, Generic[C]):
         if isinstance(step, Catalog):
             assert conn is not None, "a schema step needs a transaction"
             return await self.executor.catalog(conn, step.action)
-        assert not isinstance(step, Exec)
+        assert not isinstance(step, Exec | Statements)
         await asyncio.sleep(step.seconds)
         return None
 
@@ -237,6 +246,8 @@ class AsyncEngineExecutor:
         self.engine, self._core, self._backend = engine, core, core.backend
         self.driver = driver  # None: statements through SQLAlchemy (`run_sync`)
         self.owns_engine = owns_engine
+        # A driver whose connection lives on a thread of its own (aiosqlite) runs a `Statements` step there whole.
+        self.statements = self._in_thread if driver is not None and driver.threaded else None
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if core.features.concurrent_connections else asyncio.Lock()
 
@@ -248,12 +259,16 @@ class AsyncEngineExecutor:
             try:
                 yield conn
             except BaseException as exc:
-                await _end(conn, ending, exc)
+                await end_transaction(conn, ending, exc)
                 raise
             await self._commit(conn, ending)
 
     def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Awaitable[Any]:
         return execute_async(conn, self._backend, self.driver, statement, params)  # not a coroutine more to await
+
+    def _in_thread(self, conn: AsyncConnection, body: Flow[T], hook: StatementHook | None) -> Awaitable[Flow[T]]:
+        assert self.driver is not None
+        return statements_async(conn, self._backend, self.driver, body, hook)  # not a coroutine more to await
 
     async def catalog(self, conn: AsyncConnection, action: Callable[[Connection], T]) -> T:
         return await conn.run_sync(action)
@@ -294,9 +309,9 @@ class AsyncEngineExecutor:
             try:
                 await commit_async(conn, self._backend, self.driver)
             except BaseException as exc:
-                await _end(conn, ending, exc)
+                await end_transaction(conn, ending, exc)
                 raise
-        await _end(conn, ending, None)
+        await end_transaction(conn, ending, None)
 
     def _turn(self) -> AbstractAsyncContextManager[Any]:
         return self._turns if self._turns is not None else contextlib.nullcontext()
@@ -357,39 +372,6 @@ def _own(conn: object) -> AsyncConnection:
         raise AsyncMisuse(f"AsyncIdempotencyStore needs the AsyncConnection of `async with store.transaction()`, got"
                           f" {type(conn).__name__}; a sync Connection belongs to IdempotencyStore")
     return conn
-
-
-async def _end(conn: AsyncConnection, ending: AbstractContextManager[None], exc: BaseException | None) -> None:
-    """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
-    back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
-    in an unknown state.
-
-    It runs to completion even if the task is cancelled meanwhile, as SQLAlchemy's own `AsyncConnection.close()`
-    does from 2.1 on: a ROLLBACK, or the pool's reset on check-in, cut off partway leaves a connection in an unknown
-    state (and an ERROR in the pool's log). The cancellation reaches the caller once the connection is back."""
-    def finish(sync: Connection) -> None:
-        interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
-        try:
-            ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
-        finally:
-            if interrupted:
-                # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool
-                # (a reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
-                sync.invalidate()
-            sync.close()
-
-    async def run() -> None:
-        try:
-            await conn.run_sync(finish)
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                await conn.invalidate()
-            with contextlib.suppress(BaseException):
-                await conn.close()
-            if exc is None:
-                raise
-
-    await to_completion(run())
 
 
 if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)

@@ -27,7 +27,7 @@ from .limits import OnInFlight, check_on_in_flight, check_status
 from .outcomes import Claimed, InFlight, Mismatch, Outcome, Replayed, Result
 from .retry import EffectFailed, RetryPolicy, effect_failure
 from .schema import KEY_COLUMNS
-from .steps import Begin, Effect, Flow, Heartbeat, Shape, Statement, rowcount, transaction
+from .steps import Begin, Effect, Flow, Heartbeat, Shape, Statement, rowcount, statements, transaction
 
 T = TypeVar("T")
 _Fenceable = TypeVar("_Fenceable", Update, Delete)
@@ -113,8 +113,9 @@ class Claims:
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
         # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so, nor
-        # a cast() call.
-        flow: Flow[Outcome] = self._claim(req, wait, fresh and self.core.own_transactions)  # type: ignore[assignment]
+        # a cast() call. One `Statements` step: a loop may run the whole claim where the connection lives.
+        flow: Flow[Outcome] = statements(
+            self._claim(req, wait, fresh and self.core.own_transactions))  # type: ignore[arg-type]
         return self.core.telemetry.claim(req.operation, flow)
 
     def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:
@@ -218,7 +219,7 @@ class Claims:
         body = encode_response(response, self.core.encoder)
         check_status(status)
         self.core.check_response(body)
-        return self._complete(claimed, body, status)
+        return statements(self._complete(claimed, body, status))
 
     def _complete(self, claimed: Claimed, body: bytes, status: int) -> Flow[None]:
         t, backend = self.core.tables.records, self.core.backend

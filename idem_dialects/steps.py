@@ -97,13 +97,23 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class Statements:
+    """Run `body`, a flow that yields only `Exec` steps (a claim, a completion), to its end as one step: what the
+    protocol does between two of the loop's other steps. A loop may send it whole to where the connection lives (the
+    async SQLite store: one hop to aiosqlite's thread instead of one per statement), so its code between statements
+    must not leave a context variable set for the caller's code after it (it may run in a copy of the context)."""
+
+    body: Flow[Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait between retries (`time.sleep` or `asyncio.sleep`)."""
 
     seconds: float
 
 
-Step: TypeAlias = "Exec | Catalog[Any] | Effect | Transaction | Sleep"
+Step: TypeAlias = "Exec | Statements | Catalog[Any] | Effect | Transaction | Sleep"
 Flow: TypeAlias = Generator[Step, Any, T]
 
 
@@ -145,6 +155,11 @@ def execute(statement: Statement, params: Mapping[str, Any] | None = None) -> Fl
 def rowcount(statement: Statement, params: Mapping[str, Any] | None = None) -> Flow[int]:
     """A flow of one statement whose shape is ROWCOUNT: how many rows it touched."""
     return (yield Exec(statement, params or {}))  # type: ignore[no-any-return]
+
+
+def statements(body: Flow[T]) -> Flow[T]:
+    """`body` (statements only) as one `Statements` step."""
+    return (yield Statements(body))  # type: ignore[no-any-return]
 
 
 def catalog(action: Callable[[Connection], T]) -> Flow[T]:

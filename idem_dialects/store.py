@@ -32,7 +32,7 @@ from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Step, Stepper, Transaction
+from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Statements, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, owning_engine, refuse_async_effect, refuse_awaitable, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import target
@@ -230,6 +230,8 @@ class SyncStore(StoreBase, Generic[C]):
             with self.executor.transaction(step.begin) as c:
                 self.drive(self._core.begin(step.begin), c)
                 return self.drive(step.body, c, effect)
+        if isinstance(step, Statements):
+            return self.drive(step.body, conn)
         if isinstance(step, Catalog):
             return self.executor.catalog(conn, step.action)  # type: ignore[arg-type]
         assert not isinstance(step, Exec)

@@ -8,8 +8,9 @@ with a `Driver` (or a subclass overriding what differs), listed in its backend's
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
@@ -148,6 +149,21 @@ class Driver:
             await driver_connection(connection).commit()
         except Exception as error:
             raise_as_adapter(connection, error)
+
+    def in_thread(self, connection: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any] | None:
+        """For an async driver that runs its connection on a thread of its own: `work(dbapi)` queued to that thread in
+        one hop (`dbapi` the PEP 249 connection there), its value or error the awaitable's; None where the driver
+        has no such thread (the store then sends a `Statements` step's statements one by one). The work runs to its
+        end whatever happens to the awaiting task: `interrupt` asks it to stop early."""
+        return None
+
+    def interrupt(self, connection: Any) -> None:
+        """Ask the statement `in_thread` work runs now, if any, to stop (from the event loop's thread)."""
+
+    @property
+    def threaded(self) -> bool:
+        """This async driver runs its connection on a thread of its own, where `in_thread` sends work."""
+        return type(self).in_thread is not Driver.in_thread
 
     @property
     def native_async(self) -> bool:

@@ -1,15 +1,23 @@
-"""aiosqlite (``sqlite+aiosqlite://``): sqlite3 on a thread of its own; the store's statements go straight to its
-queue. Its logger at DEBUG records every statement with its parameters."""
+"""aiosqlite (``sqlite+aiosqlite://``): sqlite3 on a thread of its own; the store's statements go straight to it, each
+in one hop to that thread, and a `Statements` step (a claim, a completion) whole in one hop (`in_thread`). Its logger
+at DEBUG records every statement with its parameters."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver, read_async
+from . import Driver
 from .pysqlite import AUTOCOMMIT
+
+# aiosqlite's private names the store uses, as SQLAlchemy's adapter does for its isolation_level setter: the queue of
+# (future, function) its thread runs in order, and the sqlite3 connection there (ValueError once closed). Pinned by
+# tests/test_aiosqlite_hops.py.
+PINNED = ("_tx", "_conn")
 
 
 class Aiosqlite(Driver):
@@ -21,15 +29,56 @@ class Aiosqlite(Driver):
                 " logging.getLogger('aiosqlite').setLevel(logging.INFO) to keep them out")
 
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+        # One hop: aiosqlite's own execute, fetch and close would be three, each a wake-up of both threads.
         async with statement_lock(connection):
             try:
-                cursor = await driver_connection(connection).execute(sql, parameters)
-                try:
-                    return await read_async(cursor, shape)
-                finally:
-                    await cursor.close()
+                return await _queue(driver_connection(connection), lambda raw: _statement(raw, sql, parameters, shape))
             except Exception as error:
                 raise_as_adapter(connection, error)
+
+    async def commit(self, connection: Any) -> None:
+        # Nothing here: SQLAlchemy's adapter sends its own COMMIT, a hop of its own, whatever went before it, so a
+        # native one would cost a second hop for nothing. Its errors are then SQLAlchemy's commit's, wrapped as the
+        # sync store's are and classified for `run`'s retries alike.
+        return
+
+    def in_thread(self, connection: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        return _queue(driver_connection(connection), work)
+
+    def interrupt(self, connection: Any) -> None:
+        try:
+            raw = driver_connection(connection)._conn
+        except ValueError:  # closed: nothing runs on it
+            return
+        else:
+            # sqlite3's one call meant for another thread: a statement running fails "interrupted" (a wait for the
+            # write lock does not heed it: that ends within the busy timeout).
+            raw.interrupt()
+
+
+def _queue(aconn: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any]:
+    """`work(sqlite3 connection)` on aiosqlite's thread, as aiosqlite's `_execute` queues it, without its coroutine and
+    partial. The future is the loop's: a cancelled await leaves the work queued or running to its end."""
+    future = asyncio.get_running_loop().create_future()
+
+    def run() -> Any:
+        return work(aconn._conn)  # closed: aiosqlite's ValueError, which SQLAlchemy's adapter translates
+
+    aconn._tx.put_nowait((future, run))
+    return future
+
+
+def _statement(raw: Any, sql: str, parameters: Any, shape: Shape) -> tuple[Any, Any]:
+    cursor = raw.cursor()
+    try:
+        cursor.execute(sql, parameters)
+        if shape is Shape.ROW:
+            return cursor.fetchone(), cursor.description
+        if shape is Shape.ROWS:
+            return cursor.fetchall(), cursor.description
+        return (cursor.rowcount if shape is Shape.ROWCOUNT else None), None
+    finally:
+        cursor.close()
 
 
 DRIVER = Aiosqlite("aiosqlite", "aiosqlite", "idem-dialects[aiosqlite]", sync=False, asynchronous=True,

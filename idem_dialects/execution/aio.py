@@ -9,15 +9,19 @@ errors are (invalidating the connection on a disconnect may need to await).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator, Mapping
+import contextlib
+import contextvars
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..steps import Statement
-from .plan import plan
+from ..sqla import raise_as_adapter, statement_lock
+from ..steps import Exec, Flow, Statement, Stepper
+from .plan import Plan, plan, read
 from .sync import execute_sqlalchemy, raise_handled
 
 # In a connection's `info`: a native statement on it was cut off midway (`_interrupted`).
@@ -164,3 +168,161 @@ class _Resumed(Coroutine[Any, Any, T]):
 
 
 _HANDED: Any = object()  # _Resumed's `waiting` once handed to its task
+
+
+async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[None],
+                          exc: BaseException | None) -> None:
+    """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
+    back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
+    in an unknown state.
+
+    It runs to completion even if the task is cancelled meanwhile, as SQLAlchemy's own `AsyncConnection.close()`
+    does from 2.1 on: a ROLLBACK, or the pool's reset on check-in, cut off partway leaves a connection in an unknown
+    state (and an ERROR in the pool's log). The cancellation reaches the caller once the connection is back."""
+    def finish(sync: Connection) -> None:
+        interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
+        try:
+            ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+        finally:
+            if interrupted:
+                # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool
+                # (a reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
+                sync.invalidate()
+            sync.close()
+
+    async def run() -> None:
+        try:
+            await conn.run_sync(finish)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await conn.invalidate()
+            with contextlib.suppress(BaseException):
+                await conn.close()
+            if exc is None:
+                raise
+
+    await to_completion(run())
+
+
+async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Driver, body: Flow[T],
+                           hook: Callable[[str, bool], None] | None) -> Flow[T]:
+    """Run a `Statements` step's `body` on a driver whose connection lives on a thread of its own: the flow is
+    stepped there, each statement run on the PEP 249 connection, all in one hop (`Driver.in_thread`), in the
+    transaction SQLAlchemy holds. A statement's error, or the task's cancellation, ends the hop: the error is wrapped
+    and classified here as `execute_async` does it. What is left of the flow comes back as a flow for the store's
+    loop to drive statement by statement (the one loop that does), the error or cancellation thrown into it first;
+    a flow that ended in the hop comes back as one with no step left. `hook` is told of the statements the hop ran
+    once it is back (a hook is the caller's code: it runs on the loop).
+
+    The flow's code runs in a copy of the task's context (whichever thread steps it, `_rest` included), so what it
+    sets and resets between its statements pairs up; a cancelled task waits for its hop to end (interrupted at its
+    statement), so the flow is never stepped from two places and the connection is never left mid-statement."""
+    conn = aconn.sync_connection
+    assert conn is not None
+    if not conn.in_transaction():
+        conn.begin()  # SQLAlchemy's bookkeeping only, as for a native statement
+    adapted = conn.connection.dbapi_connection
+    hop = _Hop(Stepper(body), conn.dialect, contextvars.copy_context(), hook is not None)
+    async with statement_lock(adapted):
+        future = driver.in_thread(adapted, hop.work)
+        cancelled: asyncio.CancelledError | None = None
+        if future is not None:
+            while True:
+                try:
+                    await asyncio.shield(future)
+                    break
+                except asyncio.CancelledError as cancel:
+                    if not future.done():
+                        cancelled, hop.stop = cancel, True
+                        driver.interrupt(adapted)  # the statement running now fails at once; none runs after it
+                        continue
+                    if future.cancelled():  # the loop is closing
+                        raise
+                    cancelled = cancel
+                    break
+                except BaseException:
+                    break  # the flow's own error: raised below, once the hook has been told
+    if hook is not None:
+        hop.tell(hook)
+    if future is None:
+        return _rest(hop)
+    error = future.exception() if future.done() and not future.cancelled() else None
+    if error is not None:
+        if cancelled is not None:
+            raise cancelled from error
+        raise error
+    if hop.failed is not None and cancelled is None:
+        step, compiled, failure = hop.failed
+        try:
+            try:
+                raise_as_adapter(adapted, failure)
+            except Exception as translated:
+                await aconn.run_sync(_raise, backend, step.statement.tables, compiled.sql, translated, adapted)
+        except BaseException as wrapped:
+            hop.stepper.throw(wrapped)  # the flow's next step sees it: SQLite's busy retries happen there
+    elif cancelled is not None:
+        if hop.finished:
+            raise cancelled
+        hop.stepper.throw(cancelled)
+    return _rest(hop)
+
+
+class _Hop:
+    """A `Statements` step's flow stepped on the driver's thread (`work`) until it ends or a statement fails."""
+
+    def __init__(self, stepper: Stepper[Any], dialect: Dialect, context: contextvars.Context, telling: bool) -> None:
+        self.stepper, self.dialect, self.context = stepper, dialect, context
+        self.told: list[str] | None = [] if telling else None  # the SQL of each statement sent, for the hook
+        self.ran = 0  # how many of them succeeded
+        self.failed: tuple[Exec, Plan, Exception] | None = None
+        self.stop = False  # set from the loop: the task was cancelled
+        self.finished = False  # the flow returned (its value is the stepper's)
+
+    def work(self, dbapi: Any) -> None:
+        self.context.run(self._run, dbapi)
+
+    def _run(self, dbapi: Any) -> None:
+        # Not sync.execute_native, though the statement is run alike (`plan`, `read`): that one hands a failing
+        # cursor to SQLAlchemy's error handling, which cannot run on this thread (the error is wrapped on the loop).
+        stepper, told = self.stepper, self.told
+        while (step := stepper.next()) is not None:
+            if not isinstance(step, Exec):
+                raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
+            if self.stop:
+                return  # `step` not sent: the cancellation is thrown into the flow where it yielded it
+            compiled = plan(step.statement, self.dialect)
+            if told is not None:
+                told.append(compiled.sql)
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(compiled.sql, compiled.parameters(step.params))
+                answer, description = read(cursor, compiled)
+            except Exception as error:
+                self.failed = (step, compiled, error)
+                return
+            finally:
+                cursor.close()
+            self.ran += 1
+            stepper.send(compiled.result(answer, description))
+        self.finished = True
+
+    def tell(self, hook: Callable[[str, bool], None]) -> None:
+        for i, sql in enumerate(self.told or ()):
+            hook(sql, False)
+            if i < self.ran:
+                hook(sql, True)
+
+
+def _rest(hop: _Hop) -> Flow[Any]:
+    """What is left of a hop's flow as a flow of its own, for the store's loop: each statement the flow yields next
+    (stepped in its context, the hop's error or cancellation first) handed on, its result or error handed back."""
+    stepper, context = hop.stepper, hop.context
+    if not hop.finished:
+        while (step := context.run(stepper.next)) is not None:
+            try:
+                if not isinstance(step, Exec):
+                    raise TypeError(f"a Statements step yields statements only, not {type(step).__name__}")
+                stepper.send((yield step))
+            except BaseException as exc:
+                stepper.throw(exc)
+    return stepper.value

@@ -1,0 +1,186 @@
+"""The async SQLite store runs a claim and a completion each in one hop to aiosqlite's thread (`Statements` steps,
+`execution.aio.statements_async`), on a real aiosqlite connection: hops counted, effects counted in the database, and
+a task cancelled while its hop waits for the write lock leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from idem_dialects.aio import AsyncIdempotencyStore
+from idem_dialects.drivers.aiosqlite import PINNED
+from idem_dialects.steps import Exec, Flow, Shape, Statement, statements
+
+
+def test_aiosqlite_names_the_store_uses_exist(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with aiosqlite.connect(tmp_path / "pin.db") as conn:
+            for name in PINNED:
+                assert hasattr(conn, name), f"aiosqlite.Connection has no {name} any more"
+
+    asyncio.run(main())
+
+
+class Hops:
+    """Results aiosqlite's thread hands back to the loop (each one hop), counted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.count = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> Iterator[str]:
+    yield f"sqlite+aiosqlite:///{tmp_path / 'hops.db'}"
+
+
+async def _store(url: str) -> AsyncIdempotencyStore:
+    store = AsyncIdempotencyStore.from_url(url, table_prefix="hop_")
+    await store.create_tables()
+    async with store.engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE IF NOT EXISTS effects (k TEXT)"))
+    return store
+
+
+async def _effects(store: AsyncIdempotencyStore) -> dict[str, int]:
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT k, count(*) FROM effects GROUP BY k"))).all()
+    return {str(k): int(n) for k, n in rows}
+
+
+@pytest.mark.parametrize("one_hop", [True, False], ids=["one-hop", "per-statement"])
+def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None:
+    """Hops before the effect and after it, first-time runs: the claim's four statements (the read, ROLLBACK, BEGIN
+    IMMEDIATE, the INSERT; the BEGIN before them is the transaction's own) take one hop, the completion one; sent one
+    by one (the same store with its `Statements` steps off) each takes its own."""
+
+    async def main() -> tuple[list[int], list[int], list[str]]:
+        store = await _store(url)
+        statements: list[str] = []
+        store._hook = lambda sql, done: None if done else statements.append(sql.split()[0])
+        if not one_hop:
+            store._statements = None
+        hops = Hops(asyncio.get_running_loop())
+        before: list[int] = []
+        after: list[int] = []
+        for i in range(3):
+            start = hops.count
+            ended = [0]
+
+            async def effect(conn: AsyncConnection, key: str = f"k{i}", start: int = start,
+                             ended: list[int] = ended) -> Any:
+                before.append(hops.count - start)
+                await conn.execute(text("INSERT INTO effects VALUES (:k)"), {"k": key})
+                ended[0] = hops.count
+                return {"key": key}
+
+            result = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
+            assert not result.replayed
+            after.append(hops.count - ended[0])
+            replay = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
+            assert replay.replayed and replay.response == {"key": f"k{i}"}
+        assert await _effects(store) == {"k0": 1, "k1": 1, "k2": 1}
+        await store.close()
+        return before, after, statements
+
+    before, after, statements = asyncio.run(main())
+    assert statements[:6] == ["BEGIN", "SELECT", "ROLLBACK", "BEGIN", "INSERT", "UPDATE"]  # told to the hook alike
+    # Before the effect: SQLAlchemy's isolation_level set, BEGIN, the claim. After it: the completion, SQLAlchemy's
+    # COMMIT, its isolation_level put back, the pool's reset.
+    claim = 1 if one_hop else 4
+    assert before == [1 + 1 + claim] * 3
+    assert after == [1 + 3] * 3
+
+
+def test_task_cancelled_while_its_hop_waits_for_the_lock(url: str, tmp_path: Path) -> None:
+    """Another connection holds SQLite's write lock, so the claim's BEGIN IMMEDIATE waits in aiosqlite's thread
+    (busy timeout 5 s). Cancelled, the task ends once the hop is back (SQLite's busy wait does not heed
+    sqlite3_interrupt: the busy timeout at most, as when each statement was its own hop), the connection goes back to
+    the pool outside any transaction, and the key, re-sent once the lock is free, runs its effect once."""
+
+    async def main() -> None:
+        store = await _store(url)
+        effect_calls = 0
+
+        async def effect(conn: AsyncConnection) -> Any:
+            nonlocal effect_calls
+            effect_calls += 1
+            await conn.execute(text("INSERT INTO effects VALUES ('k')"))
+            return {"ok": True}
+
+        await store.run(scope="s", operation="op", key="warm", request={}, effect=effect)
+        holder = sqlite3.connect(tmp_path / "hops.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        task = asyncio.create_task(store.run(scope="s", operation="op", key="k", request={}, effect=effect))
+        await asyncio.sleep(0.3)  # the claim's hop is waiting for the lock by now
+        assert not task.done()
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - cancelled_at < 10.0, "the cancellation waited beyond the busy timeout"
+        assert store.engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        holder.execute("ROLLBACK")
+        holder.close()
+        result = await store.run(scope="s", operation="op", key="k", request={}, effect=effect)
+        assert not result.replayed and effect_calls == 2
+        assert await _effects(store) == {"k": 2}  # the warm-up's row and k's one
+        async with store.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None and not raw.in_transaction  # type: ignore[attr-defined]
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_failing_statement_ends_the_hop_and_the_loop_runs_the_rest(url: str) -> None:
+    """A statement failing in the hop comes back wrapped as SQLAlchemy wraps a statement's error, thrown into the flow
+    where it yielded that statement, in the flow's context; what the flow does after it runs statement by statement
+    in the store's own loop (`drive`), told to the hook in order, and what the flow set in its context stays there."""
+    seen: ContextVar[str] = ContextVar("seen", default="")
+    bad = Statement(text("INSERT INTO missing VALUES (1)"), Shape.NOTHING)
+    good = Statement(text("SELECT 1"), Shape.ROW)
+
+    def body() -> Flow[tuple[str, tuple[Any, ...], str]]:
+        token = seen.set("in the flow")
+        try:
+            try:
+                yield Exec(bad, {})
+                raise AssertionError("the INSERT into a missing table went through")
+            except DBAPIError as error:
+                caught = type(error).__name__
+            row = yield Exec(good, {})
+            return caught, tuple(row), seen.get()
+        finally:
+            seen.reset(token)
+
+    async def main() -> tuple[tuple[str, tuple[Any, ...], str], list[tuple[str, bool]], str]:
+        store = await _store(url)
+        told: list[tuple[str, bool]] = []
+        async with store.transaction() as conn:
+            store._hook = lambda sql, done: told.append((sql.split()[0], done))
+            result = await store.drive(statements(body()), conn)
+        await store.close()
+        return result, told, seen.get()
+
+    result, told, after = asyncio.run(main())
+    assert result == ("OperationalError", (1,), "in the flow")
+    assert told == [("INSERT", False), ("SELECT", False), ("SELECT", True)]
+    assert after == ""
