@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from idem_dialects.steps import Exec, Flow, Shape, Stepper
+from idem_dialects.steps import Exec, Flow, Shape, Statements, Stepper
 
 T = TypeVar("T")
 
@@ -28,10 +28,12 @@ def run(flow: Flow[T], conn: Any) -> T:
     A flow that yields anything but a statement (a transaction, an effect) is not one these tests drive."""
     stepper = Stepper(flow)
     while (step := stepper.next()) is not None:
-        assert isinstance(step, Exec), f"an offline flow yields only statements, not {step!r}"
+        assert isinstance(step, Exec | Statements), f"an offline flow yields only statements, not {step!r}"
         try:
-            result = conn.execute(step.statement.clause, dict(step.params))
-            stepper.send(answer(result, step.statement.shape))
+            if isinstance(step, Statements):  # a run of statements: driven in turn, as the sync store does
+                stepper.send(run(step.body, conn))
+            else:
+                stepper.send(answer(conn.execute(step.statement.clause, dict(step.params)), step.statement.shape))
         except Exception as exc:
             stepper.throw(exc)
     return stepper.value

@@ -1,11 +1,12 @@
 """aiosqlite (``sqlite+aiosqlite://``): sqlite3 on a thread of its own; the store's statements go straight to it, each
 in one hop to that thread, and a `Statements` step (a claim, a completion) whole in one hop (`in_thread`). Its logger
-at DEBUG records every statement with its parameters."""
+at DEBUG records each function its thread runs: its own `execute` with the statement's parameters, the store's as a
+closure that shows none of them (so the store's statements keep their values out of that log, as out of
+SQLAlchemy's)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +22,6 @@ PINNED = ("_tx", "_conn")
 
 
 class Aiosqlite(Driver):
-    def log_exposure(self) -> str | None:
-        if not logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG):
-            return None
-        return ("the 'aiosqlite' logger is at DEBUG: it records every statement with its parameters, so the store's"
-                " claim tokens, request fingerprints and stored responses would appear in your logs; set"
-                " logging.getLogger('aiosqlite').setLevel(logging.INFO) to keep them out")
-
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
         # One hop: aiosqlite's own execute, fetch and close would be three, each a wake-up of both threads.
         async with statement_lock(connection):
