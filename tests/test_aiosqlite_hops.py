@@ -12,10 +12,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+
+# SQLAlchemy's asyncio layer needs greenlet; these tests run on aiosqlite: the [async] and [aiosqlite] extras.
+pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
+pytest.importorskip("aiosqlite", reason="aiosqlite is not installed (pip install 'idem-dialects[aiosqlite]')")
+
+import aiosqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from idem_dialects.aio import AsyncIdempotencyStore
