@@ -9,7 +9,8 @@ page uses (dropped after); virtual environments are shared per set of extras wit
 the run's wheel and wheelhouse (tests/wheel_common.py).
 
 Sybil runs the same blocks in the development environment on SQLite (docs/conftest.py), once; this adds the fresh
-environments, the server engines, the second run and README, which Sybil does not read.
+environments, the server engines, the second run and README, which Sybil does not read. A page that takes a database
+URL runs here on the servers only (on SQLite it is Sybil's); one that takes none, and README, run here on SQLite.
 """
 
 from __future__ import annotations
@@ -164,6 +165,10 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     page: Page = request.getfixturevalue("page")
     if name == "sqlite" and page.name in ON_SERVER:
         pytest.skip(f"{page.name} runs on the servers only: {ON_SERVER[page.name][1]}")
+    if name == "sqlite" and page.files and page.name != "README":
+        # Sybil runs the page's blocks on SQLite (docs/conftest.py); the fresh environment and the second run are
+        # proved here on the servers, with only the URL changed.
+        pytest.skip(f"{page.name}: on SQLite under Sybil; in a fresh environment, twice, on the servers")
     if name == "sqlite":
         yield Target(name, {})
         return
