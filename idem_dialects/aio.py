@@ -33,7 +33,7 @@ from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Resul
 from .retention import Stats
 from .retry import RetryPolicy
 from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Statements, Step, Stepper, Transaction
-from .storebase import StatementHook, StoreBase, owning_engine, refuse_sync_effect, statement_sql
+from .storebase import StatementHook, StoreBase, connect, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
 
@@ -60,6 +60,7 @@ class AsyncStore(StoreBase, Generic[C]):
         # handing back what is left of it; else, or for that rest, statement by statement here.
         self._statements: Callable[[C, Flow[Any], StatementHook | None], Awaitable[Flow[Any]]] | None = getattr(
             executor, "statements", None)
+        core.statement_steps = self._statements is not None
 
     # --- schema --------------------------------------------------------------------------------------------------
 
@@ -282,17 +283,10 @@ class AsyncEngineExecutor:
         if self.owns_engine:
             await self.engine.dispose()
 
-    def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[None]]:
-        """In SQLAlchemy's greenlet: a connection (failing to get one raises what the backend's classifier makes of
-        it, PoolExhausted included, as the sync store's `connect` does), checked, in a transaction begun the backend's
-        way."""
-        try:
-            conn = self.engine.sync_engine.connect()
-        except Exception as exc:  # asyncpg raises OSError and its own errors unwrapped: classified all the same
-            problem = self._backend.errors.checkout_error(exc)
-            if problem is None:
-                raise
-            raise problem from exc
+    def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[object]]:
+        """In SQLAlchemy's greenlet: a connection (`connect`: failing to get one raises what the backend's classifier
+        makes of it), checked, in a transaction begun the backend's way."""
+        conn = connect(self.engine.sync_engine, self._backend)  # asyncpg's OSError and own errors classified alike
         try:
             self._core.ready(conn)
             ending = self._backend.transaction(conn, begin)
@@ -302,7 +296,7 @@ class AsyncEngineExecutor:
             raise
         return conn, ending
 
-    async def _commit(self, conn: AsyncConnection, ending: AbstractContextManager[None]) -> None:
+    async def _commit(self, conn: AsyncConnection, ending: AbstractContextManager[object]) -> None:
         """Commit and give the connection back: the COMMIT on the driver's own API where it has one (no greenlet
         switch to send it), then SQLAlchemy's commit, with nothing left to send, and the pool's check-in."""
         if self.driver is not None:

@@ -113,9 +113,10 @@ class Claims:
         `wait=False`, a claim that would wait for another transaction's uncommitted claim of the key is InFlight.
         `fresh`: the claim is the first statement of a transaction this store began with `Begin.CLAIM`."""
         # Only a forwarding claim (`forward`, with a mark) answers None: no generator more per claim to say so, nor
-        # a cast() call. One `Statements` step: a loop may run the whole claim where the connection lives.
-        flow: Flow[Outcome] = statements(
-            self._claim(req, wait, fresh and self.core.own_transactions))  # type: ignore[arg-type]
+        # a cast() call.
+        flow: Flow[Outcome] = self._claim(req, wait, fresh and self.core.own_transactions)  # type: ignore[assignment]
+        if self.core.statement_steps:
+            flow = statements(flow)
         return self.core.telemetry.claim(req.operation, flow)
 
     def forward(self, req: Request, hold: float, *, fresh: bool = False) -> Flow[Outcome | None]:
@@ -219,7 +220,8 @@ class Claims:
         body = encode_response(response, self.core.encoder)
         check_status(status)
         self.core.check_response(body)
-        return statements(self._complete(claimed, body, status))
+        flow = self._complete(claimed, body, status)
+        return statements(flow) if self.core.statement_steps else flow
 
     def _complete(self, claimed: Claimed, body: bytes, status: int) -> Flow[None]:
         t, backend = self.core.tables.records, self.core.backend

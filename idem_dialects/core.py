@@ -40,7 +40,6 @@ NO_PAYLOAD: Any = object()
 # A statement that keeps meeting something in flux (a CREATE racing another, a claim changing under us) this many
 # times in a row is contention to back off from, not a loop to spin in.
 ROUNDS = 5
-_warned: set[str] = set()  # what driver logging would expose, warned of once per process
 _READY = "idem_dialects.ready"  # in a pooled connection's info: its driver does not commit every statement alone
 
 
@@ -106,8 +105,10 @@ class Core:
         self.own_transactions = own_transactions
         self.retry_filter = retry_filter
         self.refined = False
-        driver = dialects.driver(type(self.backend), engine.dialect.driver)
-        self._sent_size = len if driver is None else driver.sent_size
+        # A loop that runs a claim or a completion whole where the connection lives (the async SQLite store) asks
+        # for them as one `Statements` step; every other loop steps their statements itself, a generator less.
+        self.statement_steps = False
+        self._sent_size = len if self._driver is None else self._driver.sent_size
         # The previous generation of records (dialects/maintenance.py), found when the store first meets the server:
         # claims read it before they insert. None: this database keeps one table, purged row by row.
         self.previous: Table | None = None
@@ -157,10 +158,6 @@ class Core:
             if setting is not None:
                 raise UnsupportedIsolation(self.backend.name, "AUTOCOMMIT", self.features.isolation_levels, setting)
             info[_READY] = True
-        exposure = self._driver.log_exposure() if self._driver is not None else None  # logging changes any time
-        if exposure is not None and exposure not in _warned:
-            _warned.add(exposure)
-            warnings.warn(exposure, IdemWarning, stacklevel=2)
 
     def refine(self) -> Flow[None]:
         """The features refined from the live server, once per store (a benign race: every caller computes the

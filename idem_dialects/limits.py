@@ -103,7 +103,8 @@ def check_on_in_flight(value: object) -> bool:
 
 
 def _int_within(field: str, value: object, low: int, high: int, expected: str) -> int:
-    # bool is an int subclass, but True is never a deliberate batch size or status.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    # bool is an int subclass, but True is never a deliberate batch size or status; an IntEnum (HTTPStatus) is one.
+    # A plain int, the usual value, is told by its type alone (no call).
+    if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, int))) or not low <= value <= high:
         raise InvalidPayload(field, f"must be {expected}, got {value!r}")
     return value

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, final
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -51,6 +51,7 @@ class Statement:
     compiled: dict[Any, Any] = field(default_factory=dict, repr=False)  # dialect -> its plan
 
 
+@final  # every step class: the loops tell steps apart by `type(step) is`, which is no call
 @dataclass(frozen=True, slots=True)
 class Exec:
     """Execute `statement` with `params` (bind parameter name -> Python value) in the flow's transaction."""
@@ -59,6 +60,7 @@ class Exec:
     params: Mapping[str, Any]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Catalog(Generic[T]):
     """Run `action` on SQLAlchemy's `Connection` of the flow's transaction: work on the database's catalog that
@@ -78,6 +80,7 @@ class Heartbeat:
     beat: Callable[[], Flow[bool]]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Effect:
     """Call the caller's effect with the flow's connection (None outside a transaction); its value is sent back.
@@ -86,6 +89,7 @@ class Effect:
     heartbeat: Heartbeat | None = None
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Transaction:
     """Run `body` on a new connection, in a transaction begun as `begin` says: committed if the body returns,
@@ -96,16 +100,19 @@ class Transaction:
     shielded: bool = False
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Statements:
     """Run `body`, a flow that yields only `Exec` steps (a claim, a completion), to its end as one step: what the
     protocol does between two of the loop's other steps. A loop may send it whole to where the connection lives (the
     async SQLite store: one hop to aiosqlite's thread instead of one per statement), so its code between statements
-    must not leave a context variable set for the caller's code after it (it may run in a copy of the context)."""
+    must not leave a context variable set for the caller's code after it (it may run in a copy of the context).
+    Claims come as this step only to a loop that asks (`Core.statement_steps`)."""
 
     body: Flow[Any]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait between retries (`time.sleep` or `asyncio.sleep`)."""

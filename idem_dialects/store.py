@@ -21,7 +21,6 @@ from . import dialects
 from .api import Executor, StoreAPI
 from .claims import Reply as Reply  # re-exported: its home before the flows were split by job
 from .core import NO_PAYLOAD, Core
-from .dialects.base import Backend
 from .drivers import Driver
 from .errors import AsyncMisuse
 from .execution.sync import execute_native, execute_sqlalchemy
@@ -32,8 +31,16 @@ from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Statements, Step, Stepper, Transaction
-from .storebase import StatementHook, StoreBase, owning_engine, refuse_async_effect, refuse_awaitable, statement_sql
+from .steps import Begin, Catalog, Effect, Exec, Flow, Sleep, Statement, Statements, Step, Stepper, Transaction
+from .storebase import (
+    StatementHook,
+    StoreBase,
+    connect,
+    owning_engine,
+    refuse_async_effect,
+    refuse_awaitable,
+    statement_sql,
+)
 from .telemetry import MeterProvider, TracerProvider
 from .url import target
 
@@ -202,7 +209,7 @@ class SyncStore(StoreBase, Generic[C]):
         stepper = Stepper(flow)
         while (step := stepper.next()) is not None:
             try:
-                if isinstance(step, Exec):
+                if type(step) is Exec:
                     hook = self._hook
                     if hook is None:
                         stepper.send(self._execute_statement(conn, step.statement, step.params))  # type: ignore[arg-type]
@@ -218,23 +225,23 @@ class SyncStore(StoreBase, Generic[C]):
         return stepper.value
 
     def _execute(self, step: Step, conn: C | None, effect: Callable[[C], Any] | None) -> Any:
-        if isinstance(step, Effect):
+        if type(step) is Effect:
             assert effect is not None, "a flow with an Effect step needs an effect"
             with beating(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
                 response = effect(conn)  # type: ignore[arg-type]
             refuse_awaitable(response)
             return response
-        if isinstance(step, Transaction):
+        if type(step) is Transaction:
             # `begin`, inlined: its context manager is a dozen calls more per request. Nothing to shield from: a sync
             # call is not cancelled.
             with self.executor.transaction(step.begin) as c:
                 self.drive(self._core.begin(step.begin), c)
                 return self.drive(step.body, c, effect)
-        if isinstance(step, Statements):
+        if type(step) is Statements:
             return self.drive(step.body, conn)
-        if isinstance(step, Catalog):
+        if type(step) is Catalog:
             return self.executor.catalog(conn, step.action)  # type: ignore[arg-type]
-        assert not isinstance(step, Exec)
+        assert type(step) is Sleep
         time.sleep(step.seconds)
         return None
 
@@ -331,22 +338,6 @@ class IdempotencyStore(SyncStore[Connection]):
 
     def __repr__(self) -> str:
         return f"IdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
-
-
-@contextmanager
-def connect(engine: Engine, backend: Backend) -> Iterator[Connection]:
-    """A connection from `engine`. Failing to open one raises what the backend's classifier makes of it: CannotConnect
-    (no statement ran, so `run` retries it within its budget) or a ConnectionConfigError naming the fix; a pool whose
-    every connection stayed in use for its pool_timeout raises PoolExhausted (retried too: contention)."""
-    try:
-        conn = engine.connect()
-    except Exception as exc:
-        problem = backend.errors.checkout_error(exc)
-        if problem is None:
-            raise
-        raise problem from exc
-    with conn:
-        yield conn
 
 
 if TYPE_CHECKING:  # mypy holds each class against its declared surface (api.py)

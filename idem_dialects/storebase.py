@@ -8,9 +8,11 @@ import inspect
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
+from inspect import CO_COROUTINE
+from types import FunctionType
 from typing import TypeVar
 
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Connection, Dialect, Engine
 
 from .claims import Claims
 from .core import Core
@@ -131,10 +133,28 @@ def owning_engine(make: Callable[[], _Store], dispose: Callable[[], object]) -> 
         raise
 
 
+def connect(engine: Engine, backend: Backend) -> Connection:
+    """A connection from `engine` (closed by leaving its `with` block). Failing to open one raises what the backend's
+    classifier makes of it: CannotConnect (no statement ran, so `run` retries it within its budget) or a
+    ConnectionConfigError naming the fix; a pool whose every connection stayed in use for its pool_timeout raises
+    PoolExhausted (retried too: contention). A plain function, not a context manager of its own: one per request."""
+    try:
+        return engine.connect()
+    except Exception as exc:
+        problem = backend.errors.checkout_error(exc)
+        if problem is None:
+            raise
+        raise problem from exc
+
+
 # --- keeping sync and async apart ----------------------------------------------------------------------------------
 
 def is_async_callable(fn: object) -> bool:
     """An `async def` function, a partial of one, or an object whose `__call__` is one."""
+    if type(fn) is FunctionType and "_is_coroutine_marker" not in fn.__dict__:
+        # The usual effect, a plain function or lambda: its code's flag is inspect's answer, without inspect's dozen
+        # calls per request (a function marked by `inspect.markcoroutinefunction` goes the long way).
+        return bool(fn.__code__.co_flags & CO_COROUTINE)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
@@ -160,8 +180,13 @@ def _not_callable(effect: object, name: str, rule: str) -> InvalidPayload:
     return InvalidPayload(name, f"{rule}, got {type(effect).__name__}")
 
 
+_NEVER_AWAITABLE = frozenset({dict, list, tuple, str, bytes, int, float, bool, type(None)})
+
+
 def refuse_awaitable(response: object) -> None:
     """A sync effect that returned an awaitable (e.g. a lambda calling an async function) never ran its body."""
+    if type(response) in _NEVER_AWAITABLE:  # the usual response: no ABC check per request
+        return
     if inspect.isawaitable(response):
         close = getattr(response, "close", None)
         if callable(close):

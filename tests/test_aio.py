@@ -98,6 +98,10 @@ def test_sync_effect_returning_a_coroutine_is_refused_and_rolled_back(tmp_path: 
 
     with pytest.raises(AsyncMisuse, match="awaitable"):
         store.run(scope="s", operation="o", key="k", request={}, effect=lambda conn: body())
+    future: asyncio.Future[int] = asyncio.Future(loop=asyncio.new_event_loop())  # an awaitable but no coroutine
+    with pytest.raises(AsyncMisuse, match="awaitable"):
+        store.run(scope="s", operation="o", key="k", request={}, effect=lambda conn: future)
+    future.get_loop().close()
     assert store.run(scope="s", operation="o", key="k", request={}, effect=lambda conn: 2).response == 2
     store.close()
 

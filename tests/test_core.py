@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import subprocess
 import sys
 import textwrap
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from idem_dialects import (
 from idem_dialects.conformance.support import StatementLog
 from idem_dialects.dialects.sqlite import SQLiteBackend
 from idem_dialects.fingerprint import decode_response, encode_response, fingerprint
+from idem_dialects.storebase import is_async_callable, refuse_awaitable
 
 # --- RFC 8785 ---------------------------------------------------------------------------------------------------
 
@@ -135,6 +139,14 @@ def test_bad_status_rejected_before_sql(sqlite_store: Any, status: Any) -> None:
     with pytest.raises(InvalidPayload, match="status"):
         store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1, status=status)
     assert statements == []
+
+
+def test_an_int_enum_status_is_stored_as_its_number(sqlite_store: Any) -> None:
+    """HTTPStatus (an IntEnum) is an int status; only bool, of the int subclasses, is refused."""
+    store, _ = sqlite_store
+    done = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 1, status=HTTPStatus.CREATED)
+    replay = store.run(scope="s", operation="op", key="k", request={}, effect=lambda conn: 2)
+    assert replay.replayed and replay.status == 201 and type(replay.status) is int and done.status == 201
 
 
 def test_bad_status_from_effect_writes_nothing(sqlite_store: Any) -> None:
@@ -282,3 +294,48 @@ def test_bare_mysql_url_uses_installed_pymysql(name: str) -> None:
         pytest.skip("needs PyMySQL without mysqlclient")
     store = IdempotencyStore.from_url(f"{name}://root@127.0.0.1:1/test")
     assert store.engine.url.drivername == f"{name}+pymysql" and type(store.backend) is dialects.load(name)
+
+
+# --- the sync / async guards' fast paths answer as inspect does ---------------------------------------------------
+
+class _AsyncCall:
+    async def __call__(self, conn: Any) -> int:
+        return 1
+
+
+class _SyncCall:
+    def __call__(self, conn: Any) -> int:
+        return 1
+
+
+def _marked(conn: Any) -> Any:  # a sync function that says it is a coroutine function (Python 3.12+)
+    return None
+
+
+if hasattr(inspect, "markcoroutinefunction"):
+    inspect.markcoroutinefunction(_marked)
+
+
+async def _async_effect(conn: Any) -> int:
+    return 1
+
+
+def _sync_effect(conn: Any) -> int:
+    return 1
+
+
+@pytest.mark.parametrize(("effect", "is_async"), [
+    (_async_effect, True), (functools.partial(_async_effect), True), (_AsyncCall(), True),
+    (_AsyncCall().__call__, True), (_marked, hasattr(inspect, "markcoroutinefunction")),
+    (_sync_effect, False), (lambda conn: 1, False), (functools.partial(_sync_effect), False), (_SyncCall(), False),
+    (print, False),
+])
+def test_an_effect_is_async_exactly_when_inspect_says_so(effect: Any, is_async: bool) -> None:
+    """The stores' check (a fast path for plain functions) answers as inspect does, for every kind of callable."""
+    assert is_async_callable(effect) is is_async
+    assert is_async is (inspect.iscoroutinefunction(effect) or inspect.iscoroutinefunction(effect.__call__))
+
+
+@pytest.mark.parametrize("response", [1, {"a": 1}, None, "x", b"x", [1], (1,), 1.5, True, Reply(1, 201)])
+def test_what_is_not_awaitable_is_accepted(response: Any) -> None:
+    refuse_awaitable(response)

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 def reached(url: str, *, existing: bool = False, **options: Any) -> Iterator[IdempotencyStore]:
     """The store at `url` (`options` go to `IdempotencyStore.from_url`), once one connection opened without retries.
     `existing`: never create the database (a mistyped SQLite path is an error, not a new empty file)."""
-    from ..store import IdempotencyStore, connect
+    from ..store import IdempotencyStore
+    from ..storebase import connect
     from ..url import existing_database
 
     with IdempotencyStore.from_url(existing_database(url) if existing else url, **options) as store:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -191,12 +191,11 @@ class Backend(ABC):
 
     # --- transactions and the clock --------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self, conn: Connection, begin: Begin) -> Iterator[None]:
+    def transaction(self, conn: Connection, begin: Begin) -> AbstractContextManager[object]:
         """SQLAlchemy's transaction on `conn`, with what the engine needs around it (a driver setting for its
-        duration, a flag a pool hook reads after the COMMIT); the statements that begin it are `begin`'s."""
-        with conn.begin():
-            yield
+        duration, a flag a pool hook reads after the COMMIT); the statements that begin it are `begin`'s. The default:
+        SQLAlchemy's own, no generator around it (one per request)."""
+        return conn.begin()
 
     def begin(self, begin: Begin) -> Flow[None]:
         """The statements that begin a transaction the store opens, run as its other statements are (e.g. taking the

@@ -130,10 +130,6 @@ class Driver:
         trip; None: ask SQLAlchemy's dialect."""
         return None
 
-    def log_exposure(self) -> str | None:
-        """What this driver's own logging, as configured now, would record of stored values, or None."""
-        return None
-
     async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
         """Run one statement natively on an async driver's own connection (`connection` is SQLAlchemy's adapter of
         it, whose transaction this joins): (answer, description), the answer being the rowcount, the first row, every

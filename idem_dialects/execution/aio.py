@@ -170,7 +170,7 @@ class _Resumed(Coroutine[Any, Any, T]):
 _HANDED: Any = object()  # _Resumed's `waiting` once handed to its task
 
 
-async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[None],
+async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[object],
                           exc: BaseException | None) -> None:
     """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
     back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one

@@ -24,7 +24,8 @@ from sqlalchemy.engine import URL
 from ...conformance.results import FAILED, Collector, build_report, run_suite
 from ...engines import ENGINES, EngineStatus, env_var, expand, parse_named_urls, provision, version_text
 from ...errors import ConfigurationError
-from ...store import IdempotencyStore, connect
+from ...store import IdempotencyStore
+from ...storebase import connect
 from ..output import add_output, add_quiet, write
 from ..reporting import render, render_html
 from . import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
