@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -191,12 +191,12 @@ class Backend(ABC):
 
     # --- transactions and the clock --------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self, conn: Connection, begin: Begin) -> Iterator[None]:
+    def transaction(self, conn: Connection, begin: Begin) -> AbstractContextManager[Any]:
         """SQLAlchemy's transaction on `conn`, with what the engine needs around it (a driver setting for its
-        duration, a flag a pool hook reads after the COMMIT); the statements that begin it are `begin`'s."""
-        with conn.begin():
-            yield
+        duration, a flag a pool hook reads after the COMMIT); the statements that begin it are `begin`'s. Entered at
+        once. The default is SQLAlchemy's transaction itself (a context manager that commits or rolls back): no
+        generator around it, a dozen calls less per transaction."""
+        return conn.begin()
 
     def begin(self, begin: Begin) -> Flow[None]:
         """The statements that begin a transaction the store opens, run as its other statements are (e.g. taking the
