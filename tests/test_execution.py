@@ -126,7 +126,9 @@ def test_an_interrupted_native_statement_never_hands_its_connection_on(pg: Serve
             interrupted.append("COMMIT")
             connection._transaction = None  # as the driver forgets it, before the COMMIT's reply
             raise asyncio.CancelledError
-        await real_commit(self, connection)
+        committing = real_commit(self, connection)
+        if committing is not None:
+            await committing
 
     async def main() -> tuple[Any, int]:
         async with AsyncIdempotencyStore.from_url(url, table_prefix=f"ex{uuid.uuid4().hex[:6]}_",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ..sqla import driver_connection, raise_as_adapter
+from ..sqla import driver_connection
 from ..steps import Shape
 
 if TYPE_CHECKING:
@@ -160,14 +160,12 @@ class Driver:
         NotImplementedError: the store runs their statements through SQLAlchemy instead."""
         raise NotImplementedError
 
-    async def commit(self, connection: Any) -> None:
-        """Commit the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to commit):
-        its own connection's `commit()` here; errors as the adapter raises them. A driver whose adapter sends the
-        COMMIT anyway sets `commits_natively` False instead: the store then leaves the COMMIT to SQLAlchemy."""
-        try:
-            await driver_connection(connection).commit()
-        except Exception as error:
-            raise_as_adapter(connection, error)
+    def commit(self, connection: Any) -> Awaitable[Any] | None:
+        """What commits the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to
+        commit), to await (the driver's own, no coroutine around it: the store raises its errors as the adapter
+        does); None if there is nothing to commit. Here its own connection's `commit()`. A driver whose adapter sends
+        the COMMIT anyway sets `commits_natively` False instead: the store then leaves the COMMIT to SQLAlchemy."""
+        return driver_connection(connection).commit()  # type: ignore[no-any-return]
 
     def in_thread(self, connection: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any] | None:
         """For an async driver that runs its connection on a thread of its own: `work(dbapi)` queued to that thread in

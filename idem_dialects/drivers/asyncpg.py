@@ -3,6 +3,7 @@ by asyncpg per connection (none behind a transaction-mode pooler), without SQLAl
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from ..sqla import asyncpg_begin, asyncpg_take_transaction, driver_connection, execute_mutex, raise_as_adapter
@@ -50,15 +51,10 @@ class Asyncpg(Driver):
             lock.release()
         return (int(status.rpartition(" ")[2]) if shape is Shape.ROWCOUNT else None), None
 
-    async def commit(self, connection: Any) -> None:
+    def commit(self, connection: Any) -> Awaitable[Any] | None:
         # The adapter's transaction object, as its own commit() ends it (and forgets it whatever the outcome).
         transaction = asyncpg_take_transaction(connection)
-        if transaction is None:
-            return
-        try:
-            await transaction.commit()
-        except Exception as error:
-            raise_as_adapter(connection, error)
+        return None if transaction is None else transaction.commit()
 
 
 DRIVER = Asyncpg("asyncpg", "asyncpg", "idem-dialects[asyncpg]", sync=False, asynchronous=True)

@@ -63,15 +63,20 @@ async def execute_async(aconn: AsyncConnection, backend: Backend, driver: Driver
 
 async def commit_async(aconn: AsyncConnection, backend: Backend, driver: Driver) -> None:
     """Commit the store's transaction on `aconn` on the driver's own API: SQLAlchemy's commit, which follows for its
-    bookkeeping (and the backend's `transaction` hook), finds nothing left to send. An error is wrapped and
-    classified as a statement's is."""
+    bookkeeping (and the backend's `transaction` hook), finds nothing left to send. An error is raised as the adapter
+    raises it, then wrapped and classified as a statement's is."""
     conn = aconn.sync_connection
     assert conn is not None
     adapted = conn.connection.dbapi_connection
     try:
-        await driver.commit(adapted)
+        committing = driver.commit(adapted)
+        if committing is not None:
+            await committing
     except Exception as error:
-        await aconn.run_sync(_raise, backend, (), "COMMIT", error, adapted)
+        try:
+            raise_as_adapter(adapted, error)
+        except Exception as translated:
+            await aconn.run_sync(_raise, backend, (), "COMMIT", translated, adapted)
     except BaseException:
         _interrupted(conn)
         raise
