@@ -9,22 +9,21 @@ where SQLAlchemy's pool and transaction live.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import timedelta
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.util import greenlet_spawn
 
-from . import dialects
+from . import dialects, steps
 from .api import AsyncExecutor, AsyncStoreAPI
 from .core import NO_PAYLOAD, Core
 from .errors import AsyncMisuse
-from .execution.aio import commit_async, end_transaction, execute_async, statements_async, to_completion
+from .execution.aio import InTransaction, execute_async, statements_async, to_completion
 from .fingerprint import Encoder
 from .heartbeat import beating_async
 from .ids import Identity, Origin
@@ -32,7 +31,7 @@ from .limits import DEFAULT_PACE, DEFAULT_RETENTION, OnInFlight
 from .outcomes import Claimed, Delivery, Disposition, OnMismatch, Outcome, Result
 from .retention import Stats
 from .retry import RetryPolicy
-from .steps import Begin, Catalog, Effect, Exec, Flow, Statement, Statements, Step, Stepper, Transaction
+from .steps import Begin, Catalog, Effect, Exec, Flow, Sleep, Statement, Statements, Step, Stepper, Transaction
 from .storebase import StatementHook, StoreBase, connect, owning_engine, refuse_sync_effect, statement_sql
 from .telemetry import MeterProvider, TracerProvider
 from .url import async_drivers_hint, target
@@ -186,10 +185,13 @@ class AsyncStore(StoreBase, Generic[C]):
     async def drive(self, flow: Flow[T], conn: C | None = None,
                     effect: Callable[[C], Awaitable[Any]] | None = None) -> T:
         """Run `flow` to its end, each step awaited here (how adapters such as the HTTP runner run their flows)."""
+        # The request path's steps are handled here, tested by exact type (no subclass of a step exists; an isinstance
+        # chain is a call per test) and awaited without a coroutine between: each coroutine on the chain is a call
+        # more whenever a statement waits for the server.
         stepper = Stepper(flow)
         while (step := stepper.next()) is not None:
             try:
-                if isinstance(step, Exec):
+                if type(step) is Exec:
                     assert conn is not None, "a statement step needs a transaction"
                     hook = self._hook
                     if hook is None:
@@ -199,37 +201,43 @@ class AsyncStore(StoreBase, Generic[C]):
                     hook(sql, False)
                     stepper.send(await self._execute_statement(conn, step.statement, step.params))
                     hook(sql, True)
-                elif isinstance(step, Statements):
+                elif type(step) is Transaction:
+                    if step.shielded:
+                        # A release must finish even if the task is cancelled again meanwhile (the lease holds the
+                        # key): the transaction, unshielded, in a drive of its own that to_completion carries through.
+                        alone = steps.transaction(step.body, step.begin)
+                        stepper.send(await to_completion(self.drive(alone, conn, effect)))
+                        continue
+                    async with self.executor.transaction(step.begin) as held:
+                        await self.drive(self._core.begin(step.begin), held)  # `begin` inlined: a context manager less
+                        value = await self.drive(step.body, held, effect)
+                    stepper.send(value)
+                elif type(step) is Effect:
+                    assert effect is not None, "a flow with an Effect step needs an effect"
+                    if step.heartbeat is None:
+                        stepper.send(await effect(conn))  # type: ignore[arg-type]
+                    else:
+                        async with beating_async(step.heartbeat, self.drive):  # renews the leased claim meanwhile
+                            stepper.send(await effect(conn))  # type: ignore[arg-type]
+                elif type(step) is Statements:
                     assert conn is not None, "a statement step needs a transaction"
                     run = self._statements
                     rest = step.body if run is None else await run(conn, step.body, self._hook)
                     stepper.send(await self.drive(rest, conn))  # this loop alone runs statements one by one
                 else:
-                    stepper.send(await self._execute(step, conn, effect))
+                    stepper.send(await self._execute(step, conn))
             except BaseException as exc:
                 stepper.throw(exc)
         return stepper.value
 
-    async def _execute(self, step: Step, conn: C | None, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
-        if isinstance(step, Effect):
-            assert effect is not None, "a flow with an Effect step needs an effect"
-            async with beating_async(step.heartbeat, self.drive):  # renews a leased claim while the effect runs
-                return await effect(conn)  # type: ignore[arg-type]
-        if isinstance(step, Transaction):
-            body = self._in_transaction(step, effect)
-            # A release must finish even if the task is cancelled again meanwhile (the lease would hold the key).
-            return await (to_completion(body) if step.shielded else body)
+    async def _execute(self, step: Step, conn: C | None) -> Any:
+        """The steps off the request path."""
         if isinstance(step, Catalog):
             assert conn is not None, "a schema step needs a transaction"
             return await self.executor.catalog(conn, step.action)
-        assert not isinstance(step, Exec | Statements)
+        assert isinstance(step, Sleep), f"not a step: {step!r}"
         await asyncio.sleep(step.seconds)
         return None
-
-    async def _in_transaction(self, step: Transaction, effect: Callable[[C], Awaitable[Any]] | None) -> Any:
-        async with self.executor.transaction(step.begin) as conn:
-            await self.drive(self._core.begin(step.begin), conn)  # `begin` inlined: a context manager less
-            return await self.drive(step.body, conn, effect)
 
     async def _check(self, conn: C) -> None:
         """A caller's connection for the step-by-step API: allowed, and the features refined on first use."""
@@ -247,22 +255,15 @@ class AsyncEngineExecutor:
         self.engine, self._core, self._backend = engine, core, core.backend
         self.driver = driver  # None: statements through SQLAlchemy (`run_sync`)
         self.owns_engine = owns_engine
+        # The driver whose COMMIT the store sends on its own API (none: SQLAlchemy's commit sends it).
+        self._committer = driver if driver is not None and driver.commits_natively else None
         # A driver whose connection lives on a thread of its own (aiosqlite) runs a `Statements` step there whole.
         self.statements = self._in_thread if driver is not None and driver.threaded else None
         # One shared connection (SQLite :memory:): transactions take turns on the event loop instead of a thread lock.
         self._turns = None if core.features.concurrent_connections else asyncio.Lock()
 
-    @asynccontextmanager
-    async def transaction(self, begin: Begin) -> AsyncIterator[AsyncConnection]:
-        async with self._turn():
-            sync, ending = await greenlet_spawn(self._begin, begin)
-            conn = AsyncConnection(self.engine, sync)
-            try:
-                yield conn
-            except BaseException as exc:
-                await end_transaction(conn, ending, exc)
-                raise
-            await self._commit(conn, ending)
+    def transaction(self, begin: Begin) -> AbstractAsyncContextManager[AsyncConnection]:
+        return InTransaction(self.engine, partial(self._begin, begin), self._backend, self._committer, self._turns)
 
     def execute(self, conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]) -> Awaitable[Any]:
         return execute_async(conn, self._backend, self.driver, statement, params)  # not a coroutine more to await
@@ -283,7 +284,7 @@ class AsyncEngineExecutor:
         if self.owns_engine:
             await self.engine.dispose()
 
-    def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[object]]:
+    def _begin(self, begin: Begin) -> tuple[Connection, AbstractContextManager[Any]]:
         """In SQLAlchemy's greenlet: a connection (`connect`: failing to get one raises what the backend's classifier
         makes of it), checked, in a transaction begun the backend's way."""
         conn = connect(self.engine.sync_engine, self._backend)  # asyncpg's OSError and own errors classified alike
@@ -295,20 +296,6 @@ class AsyncEngineExecutor:
             conn.close()
             raise
         return conn, ending
-
-    async def _commit(self, conn: AsyncConnection, ending: AbstractContextManager[object]) -> None:
-        """Commit and give the connection back: the COMMIT on the driver's own API where it has one (no greenlet
-        switch to send it), then SQLAlchemy's commit, with nothing left to send, and the pool's check-in."""
-        if self.driver is not None:
-            try:
-                await commit_async(conn, self._backend, self.driver)
-            except BaseException as exc:
-                await end_transaction(conn, ending, exc)
-                raise
-        await end_transaction(conn, ending, None)
-
-    def _turn(self) -> AbstractAsyncContextManager[Any]:
-        return self._turns if self._turns is not None else contextlib.nullcontext()
 
 
 class AsyncIdempotencyStore(AsyncStore[AsyncConnection]):

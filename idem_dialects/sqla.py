@@ -11,7 +11,8 @@ SQLAlchemy itself uses it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -53,7 +54,7 @@ _UNLOCKED = nullcontext()
 driver_connection: Callable[[Any], Any] = attrgetter("_connection")
 """The async driver's own connection (asyncpg's, psycopg's, aiosqlite's, asyncmy's) under SQLAlchemy's adapter."""
 
-execute_mutex: Callable[[Any], AbstractAsyncContextManager[Any]] = attrgetter("_execute_mutex")
+execute_mutex: Callable[[Any], asyncio.Lock] = attrgetter("_execute_mutex")
 """The lock of the adapters that always have one (asyncpg, asyncmy) keeping one statement at a time on its
 connection."""
 
@@ -73,11 +74,13 @@ def raise_as_adapter(adapter: Any, error: Exception) -> NoReturn:
     raise error
 
 
-async def asyncpg_begin(adapter: Any) -> None:
-    """Begin the asyncpg adapter's transaction, as its first statement would (BEGIN on first use). SQLAlchemy 2.0's
-    adapter keeps a `_started` flag beside the transaction; 2.1's the transaction alone."""
-    if not getattr(adapter, "_started", adapter._transaction is not None):
-        await adapter._start_transaction()
+def asyncpg_begin(adapter: Any) -> Awaitable[None] | None:
+    """What begins the asyncpg adapter's transaction, as its first statement would (BEGIN on first use), to await;
+    None once begun (an awaitable rather than a coroutine: nothing in between to resume after the BEGIN). SQLAlchemy
+    2.0's adapter keeps a `_started` flag beside the transaction; 2.1's the transaction alone."""
+    if getattr(adapter, "_started", adapter._transaction is not None):
+        return None
+    return adapter._start_transaction()  # type: ignore[no-any-return]
 
 
 def asyncpg_take_transaction(adapter: Any) -> Any:

@@ -114,19 +114,21 @@ def test_an_interrupted_native_statement_never_hands_its_connection_on(pg: Serve
     real_execute, real_commit = Asyncpg.execute, Asyncpg.commit
     interrupted: list[str] = []
 
-    async def begin_then_cancelled(self: Asyncpg, connection: Any, sql: str, parameters: Any, shape: Any) -> Any:
+    async def begin_then_cancelled(self: Asyncpg, connection: Any, plan: Any, parameters: Any) -> Any:
         if not interrupted:
-            interrupted.append(sql)
+            interrupted.append(plan.sql)
             await connection._connection.execute("BEGIN")  # the server began; asyncpg's caller never heard back
             raise asyncio.CancelledError
-        return await real_execute(self, connection, sql, parameters, shape)
+        return await real_execute(self, connection, plan, parameters)
 
     async def commit_cancelled(self: Asyncpg, connection: Any) -> None:
         if not interrupted:
             interrupted.append("COMMIT")
             connection._transaction = None  # as the driver forgets it, before the COMMIT's reply
             raise asyncio.CancelledError
-        await real_commit(self, connection)
+        committing = real_commit(self, connection)
+        if committing is not None:
+            await committing
 
     async def main() -> tuple[Any, int]:
         async with AsyncIdempotencyStore.from_url(url, table_prefix=f"ex{uuid.uuid4().hex[:6]}_",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ..sqla import driver_connection, raise_as_adapter
+from ..sqla import driver_connection
 from ..steps import Shape
 
 if TYPE_CHECKING:
@@ -49,6 +49,20 @@ LIBLTDL = SystemLibrary("libltdl.so.7", "libltdl7",
                         "GNU libtool's runtime library: libltdl, or libtool-ltdl, on other OSes")
 
 
+class Compiled(Protocol):
+    """What an async driver reads of a statement compiled for it (`execution.plan.Plan`)."""
+
+    @property
+    def sql(self) -> str: ...
+
+    @property
+    def shape(self) -> Shape: ...
+
+    @property
+    def wants_description(self) -> bool:
+        """The cursor's description is still needed (for the result processors, read once)."""
+
+
 @dataclass(frozen=True)
 class Driver:
     """One DBAPI driver, as a URL names it (``<backend>+<name>://``). Subclasses override the quirk hooks."""
@@ -70,6 +84,9 @@ class Driver:
     # The connect_args that open its connections in autocommit mode (every statement commits alone), which the store
     # refuses: named in that error, and tried by the conformance suite. None: only as an attribute, if at all.
     autocommit_args: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    # An async driver's COMMIT goes on its own API (`commit`); False where SQLAlchemy's commit, which follows it when
+    # the connection goes back, would send one all the same: the store leaves the COMMIT to that one.
+    commits_natively: ClassVar[bool] = True
 
     # --- installation --------------------------------------------------------------------------------------------
 
@@ -130,21 +147,21 @@ class Driver:
         trip; None: ask SQLAlchemy's dialect."""
         return None
 
-    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+    async def execute(self, connection: Any, plan: Compiled, parameters: Any) -> Any:
         """Run one statement natively on an async driver's own connection (`connection` is SQLAlchemy's adapter of
-        it, whose transaction this joins): (answer, description), the answer being the rowcount, the first row, every
-        row, or None, as `shape` asks (`execution.plan.read` for a PEP 249 cursor). Driver errors
-        come out as SQLAlchemy's adapter raises them (its emulation of PEP 249's classes). Drivers without a native
-        form raise NotImplementedError: the store runs their statements through SQLAlchemy instead."""
+        it, whose transaction this joins): `plan.sql` with `parameters`, answered (answer, description), the answer
+        being the rowcount, the first row, every row, or None, as `plan.shape` asks, the description only while
+        `plan.wants_description` (`read_async`; `execution.plan.read` for a PEP 249 cursor). Driver errors come out
+        as SQLAlchemy's adapter raises them (its emulation of PEP 249's classes). Drivers without a native form raise
+        NotImplementedError: the store runs their statements through SQLAlchemy instead."""
         raise NotImplementedError
 
-    async def commit(self, connection: Any) -> None:
-        """Commit the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to commit):
-        its own connection's `commit()` here; errors as the adapter raises them."""
-        try:
-            await driver_connection(connection).commit()
-        except Exception as error:
-            raise_as_adapter(connection, error)
+    def commit(self, connection: Any) -> Awaitable[Any] | None:
+        """What commits the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to
+        commit), to await (the driver's own, no coroutine around it: the store raises its errors as the adapter
+        does); None if there is nothing to commit. Here its own connection's `commit()`. A driver whose adapter sends
+        the COMMIT anyway sets `commits_natively` False instead: the store then leaves the COMMIT to SQLAlchemy."""
+        return driver_connection(connection).commit()  # type: ignore[no-any-return]
 
     def in_thread(self, connection: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any] | None:
         """For an async driver that runs its connection on a thread of its own: `work(dbapi)` queued to that thread in
@@ -173,10 +190,11 @@ def hex_size(value: bytes) -> int:
     return 2 * len(value) + 2
 
 
-async def read_async(cursor: Any, shape: Shape) -> tuple[Any, Any]:
-    """An async DBAPI-like cursor's answer for `shape` (awaited fetches; see `Driver.execute`)."""
-    if shape is Shape.ROW:
-        return await cursor.fetchone(), cursor.description
-    if shape is Shape.ROWS:
-        return await cursor.fetchall(), cursor.description
+async def read_async(cursor: Any, plan: Compiled) -> tuple[Any, Any]:
+    """An async DBAPI-like cursor's answer for `plan` (awaited fetches; see `Driver.execute`): as `read` for a PEP 249
+    cursor, the description only while the plan still wants it (a psycopg cursor builds one per access)."""
+    shape = plan.shape
+    if shape is Shape.ROW or shape is Shape.ROWS:
+        description = cursor.description if plan.wants_description else None
+        return (await cursor.fetchone() if shape is Shape.ROW else await cursor.fetchall()), description
     return (cursor.rowcount if shape is Shape.ROWCOUNT else None), None

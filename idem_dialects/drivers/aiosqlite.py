@@ -12,7 +12,7 @@ from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Driver
+from . import Compiled, Driver
 from .pysqlite import AUTOCOMMIT
 
 # aiosqlite's private names the store uses, as SQLAlchemy's adapter does for its isolation_level setter: the queue of
@@ -22,19 +22,18 @@ PINNED = ("_tx", "_conn")
 
 
 class Aiosqlite(Driver):
-    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+    # SQLAlchemy's adapter sends its own COMMIT, a hop of its own, whatever went before it, so a native one would
+    # cost a second hop for nothing. Its errors are then SQLAlchemy's commit's, wrapped as the sync store's are and
+    # classified for `run`'s retries alike.
+    commits_natively = False
+
+    async def execute(self, connection: Any, plan: Compiled, parameters: Any) -> Any:
         # One hop: aiosqlite's own execute, fetch and close would be three, each a wake-up of both threads.
         async with statement_lock(connection):
             try:
-                return await _queue(driver_connection(connection), lambda raw: _statement(raw, sql, parameters, shape))
+                return await _queue(driver_connection(connection), lambda raw: _statement(raw, plan, parameters))
             except Exception as error:
                 raise_as_adapter(connection, error)
-
-    async def commit(self, connection: Any) -> None:
-        # Nothing here: SQLAlchemy's adapter sends its own COMMIT, a hop of its own, whatever went before it, so a
-        # native one would cost a second hop for nothing. Its errors are then SQLAlchemy's commit's, wrapped as the
-        # sync store's are and classified for `run`'s retries alike.
-        return
 
     def in_thread(self, connection: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any]:
         return _queue(driver_connection(connection), work)
@@ -62,10 +61,11 @@ def _queue(aconn: Any, work: Callable[[Any], Any]) -> asyncio.Future[Any]:
     return future
 
 
-def _statement(raw: Any, sql: str, parameters: Any, shape: Shape) -> tuple[Any, Any]:
+def _statement(raw: Any, plan: Compiled, parameters: Any) -> tuple[Any, Any]:
     cursor = raw.cursor()
     try:
-        cursor.execute(sql, parameters)
+        cursor.execute(plan.sql, parameters)
+        shape = plan.shape
         if shape is Shape.ROW:
             return cursor.fetchone(), cursor.description
         if shape is Shape.ROWS:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..sqla import driver_connection, raise_as_adapter
-from ..steps import Shape
-from . import Driver, read_async
+from . import Compiled, Driver, read_async
 
 
 def session_id_is_pooled(dbapi_connection: Any, told: int) -> bool:
@@ -32,13 +31,13 @@ class Psycopg(Driver):
     def behind_pooler(self, dbapi_connection: Any, driver_connection: Any) -> bool | None:
         return session_id_is_pooled(dbapi_connection, driver_connection.info.backend_pid)
 
-    async def execute(self, connection: Any, sql: str, parameters: Any, shape: Shape) -> Any:
+    async def execute(self, connection: Any, plan: Compiled, parameters: Any) -> Any:
         # psycopg's own connection lock serializes statements (SQLAlchemy's adapter takes no mutex for it either).
         raw = driver_connection(connection)
         try:
             async with raw.cursor() as cursor:
-                await cursor.execute(sql, parameters)
-                return await read_async(cursor, shape)
+                await cursor.execute(plan.sql, parameters)
+                return await read_async(cursor, plan)
         except Exception as error:
             raise_as_adapter(connection, error)
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractContextManager
 from functools import partial
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from ..sqla import raise_as_adapter, statement_lock
 from ..steps import Exec, Flow, Statement, Stepper
@@ -41,12 +43,15 @@ async def execute_async(aconn: AsyncConnection, backend: Backend, driver: Driver
         return await aconn.run_sync(execute_sqlalchemy, statement, params)
     conn = aconn.sync_connection
     assert conn is not None
-    compiled = plan(statement, conn.dialect)
+    try:
+        compiled: Plan = statement.compiled[conn.dialect]  # `plan`'s cache, without its call once filled
+    except KeyError:
+        compiled = plan(statement, conn.dialect)
     if not conn.in_transaction():
         conn.begin()  # SQLAlchemy's bookkeeping only: nothing awaits (the adapter begins on first use)
     adapted = conn.connection.dbapi_connection
     try:
-        answer, description = await driver.execute(adapted, compiled.sql, compiled.parameters(params), compiled.shape)
+        answer, description = await driver.execute(adapted, compiled, compiled.parameters(params))
     except Exception as error:
         await aconn.run_sync(_raise, backend, statement.tables, compiled.sql, error, adapted)
         raise  # pragma: no cover - _raise always raises
@@ -58,15 +63,20 @@ async def execute_async(aconn: AsyncConnection, backend: Backend, driver: Driver
 
 async def commit_async(aconn: AsyncConnection, backend: Backend, driver: Driver) -> None:
     """Commit the store's transaction on `aconn` on the driver's own API: SQLAlchemy's commit, which follows for its
-    bookkeeping (and the backend's `transaction` hook), finds nothing left to send. An error is wrapped and
-    classified as a statement's is."""
+    bookkeeping (and the backend's `transaction` hook), finds nothing left to send. An error is raised as the adapter
+    raises it, then wrapped and classified as a statement's is."""
     conn = aconn.sync_connection
     assert conn is not None
     adapted = conn.connection.dbapi_connection
     try:
-        await driver.commit(adapted)
+        committing = driver.commit(adapted)
+        if committing is not None:
+            await committing
     except Exception as error:
-        await aconn.run_sync(_raise, backend, (), "COMMIT", error, adapted)
+        try:
+            raise_as_adapter(adapted, error)
+        except Exception as translated:
+            await aconn.run_sync(_raise, backend, (), "COMMIT", translated, adapted)
     except BaseException:
         _interrupted(conn)
         raise
@@ -170,8 +180,54 @@ class _Resumed(Coroutine[Any, Any, T]):
 _HANDED: Any = object()  # _Resumed's `waiting` once handed to its task
 
 
-async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[object],
-                          exc: BaseException | None) -> None:
+class InTransaction:
+    """An async executor's transaction (`AsyncEngineExecutor.transaction`): `open()`, run in SQLAlchemy's greenlet,
+    checks a connection out in a transaction begun the backend's way (after taking its turn on `turns`, a shared
+    connection's lock, if any); the block gets it as an AsyncConnection. Leaving commits - the COMMIT on
+    `committer`'s own API where it has one (no greenlet switch to send it), then SQLAlchemy's commit, with nothing
+    left to send - or rolls back, and gives the connection back (`end_transaction`). A class rather than an
+    `asynccontextmanager`: a generator and its context manager cost a dozen calls per transaction."""
+
+    __slots__ = ("_backend", "_committer", "_conn", "_ending", "_engine", "_open", "_turns")
+
+    _conn: AsyncConnection
+    _ending: AbstractContextManager[Any]
+
+    def __init__(self, engine: AsyncEngine, open: Callable[[], tuple[Connection, AbstractContextManager[Any]]],
+                 backend: Backend, committer: Driver | None, turns: asyncio.Lock | None) -> None:
+        self._engine, self._open, self._backend, self._committer, self._turns = engine, open, backend, committer, turns
+
+    async def __aenter__(self) -> AsyncConnection:
+        turns = self._turns
+        if turns is not None:
+            await turns.acquire()
+        try:
+            sync, self._ending = await greenlet_spawn(self._open)
+        except BaseException:
+            if turns is not None:
+                turns.release()
+            raise
+        self._conn = AsyncConnection(self._engine, sync)
+        return self._conn
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        conn, ending = self._conn, self._ending
+        try:
+            if exc is None and self._committer is not None:
+                try:
+                    await commit_async(conn, self._backend, self._committer)
+                except BaseException as failed:
+                    await end_transaction(conn, ending, failed)
+                    raise
+            await end_transaction(conn, ending, exc)
+        finally:
+            if self._turns is not None:
+                self._turns.release()
+
+
+def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[Any],
+                    exc: BaseException | None) -> Awaitable[None]:
     """Commit (`exc` None) or roll back after `exc` (an error, or the task's cancellation), and give the connection
     back, in one greenlet; if that fails or is interrupted, discard the connection so the pool never hands out one
     in an unknown state.
@@ -179,29 +235,32 @@ async def end_transaction(conn: AsyncConnection, ending: AbstractContextManager[
     It runs to completion even if the task is cancelled meanwhile, as SQLAlchemy's own `AsyncConnection.close()`
     does from 2.1 on: a ROLLBACK, or the pool's reset on check-in, cut off partway leaves a connection in an unknown
     state (and an ERROR in the pool's log). The cancellation reaches the caller once the connection is back."""
-    def finish(sync: Connection) -> None:
-        interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
-        try:
-            ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
-        finally:
-            if interrupted:
-                # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool
-                # (a reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
-                sync.invalidate()
-            sync.close()
+    return to_completion(_end(conn, ending, exc))  # not a coroutine more to await
 
-    async def run() -> None:
-        try:
-            await conn.run_sync(finish)
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                await conn.invalidate()
-            with contextlib.suppress(BaseException):
-                await conn.close()
-            if exc is None:
-                raise
 
-    await to_completion(run())
+async def _end(conn: AsyncConnection, ending: AbstractContextManager[Any], exc: BaseException | None) -> None:
+    try:
+        # `run_sync` without its lookups: the connection is the one the store checked out.
+        await greenlet_spawn(_finish, conn.sync_connection, ending, exc)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            await conn.invalidate()
+        with contextlib.suppress(BaseException):
+            await conn.close()
+        if exc is None:
+            raise
+
+
+def _finish(sync: Connection, ending: AbstractContextManager[Any], exc: BaseException | None) -> None:
+    interrupted = exc is not None and not sync.invalidated and sync.info.pop(INTERRUPTED, False)
+    try:
+        ending.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+    finally:
+        if interrupted:
+            # Cut off mid-statement, the connection's state is unknown: discarded rather than reset by the pool (a
+            # reset's ROLLBACK failing there is the pool's ERROR log). The server ends its transaction.
+            sync.invalidate()
+        sync.close()
 
 
 async def statements_async(aconn: AsyncConnection, backend: Backend, driver: Driver, body: Flow[T],
