@@ -376,6 +376,10 @@ class AsyncBenchmark:
             try:
                 await bench.run()
                 if bench.why_no_wire is None:
+                    # The measured stores' pools let go of their connections first: beside the proxy's two pools,
+                    # four pools of n + 2 pass a server's connection limit (PostgreSQL's default 100 at 32 tasks).
+                    await store.engine.dispose()
+                    sync_store.engine.dispose()
                     await self._on_the_wire(bench, url, sync_store)
                 await bench.check_exactly_once()
             finally:
