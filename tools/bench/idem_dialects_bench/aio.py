@@ -39,7 +39,8 @@ from idem_dialects.aio import AsyncIdempotencyStore
 from idem_dialects.cli.output import Log
 from idem_dialects.dialects.base import Backend
 from idem_dialects.errors import MissingDriver
-from idem_dialects.store import IdempotencyStore, connect
+from idem_dialects.store import IdempotencyStore
+from idem_dialects.storebase import connect
 from idem_dialects.url import async_url as url_async_url
 from idem_dialects.url import target
 

@@ -94,7 +94,8 @@ def pool_options(url: URL, connections: int, overflow: int) -> dict[str, Any]:
 def scratch_store(url: URL, connections: int) -> Iterator[tuple[IdempotencyStore, dict[str, Any]]]:
     """A sync store on tables of a new prefix at `url`, and the report's "engine" entry; the tables are dropped and
     the engine disposed of at the end. Failing to reach the database raises CannotMeasure."""
-    from idem_dialects.store import IdempotencyStore, connect
+    from idem_dialects.store import IdempotencyStore
+    from idem_dialects.storebase import connect
 
     from .report import engine_info, new_prefix
 

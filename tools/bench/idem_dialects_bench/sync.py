@@ -28,7 +28,8 @@ from sqlalchemy.engine import URL
 from idem_dialects.cli.output import Log
 from idem_dialects.dialects.base import Backend
 from idem_dialects.engines.entry import provisioning
-from idem_dialects.store import IdempotencyStore, connect
+from idem_dialects.store import IdempotencyStore
+from idem_dialects.storebase import connect
 
 from .plan import ACCOUNT_BASE, IDEM_MODES, PLPGSQL_MODES, Config, Slice, Task, plan
 from .report import engine_info, new_prefix
