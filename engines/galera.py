@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import URL
 
 from .entry import Unavailable
-from .local import LocalNode, chown_tree, free_ports, run_as, spawn, stop_group
+from .local import LocalNode, chown_tree, free_ports, kill_group, run_as, spawn, stop_group
 from .local import wait_until as _wait_until
 
 MARIADBD = Path("/usr/sbin/mariadbd")
@@ -141,8 +141,7 @@ class GaleraCluster:
         first.proc = spawn(self.args(first, bootstrap=True), first.log, ports=(first.port, first.gcomm))
         self.wait_synced(first, 60)
         for node in self.nodes[1:]:  # one state transfer at a time: two at once from one donor can abort on a busy host
-            node.proc = spawn(self.args(node, bootstrap=False), node.log, ports=(node.port, node.gcomm))
-            self.wait_synced(node, 120)
+            self.join(node)
         self.started_in = time.monotonic() - started
         conn = _client(first.port)  # the database the URLs name
         try:
@@ -184,9 +183,22 @@ class GaleraCluster:
 
     def restart(self, node: Node) -> None:
         """Start a killed node again on its data dir: it rejoins the primary component (IST from a donor)."""
-        node.proc = spawn(self.args(node, bootstrap=False), node.log, ports=(node.port, node.gcomm))
         node.killed = False
-        self.wait_synced(node, 120)
+        self.join(node)
+
+    def join(self, node: Node) -> None:
+        """Start `node` as a joiner and wait until it is Synced. On a saturated host a state transfer can fail (the
+        donor's transfer gives up, and the joiner aborts: "Will never receive state. Need to abort."); the node's next
+        start asks for the state again, as an operator would restart it: one more start, then Unavailable."""
+        for attempt in (1, 2):
+            node.proc = spawn(self.args(node, bootstrap=False), node.log, ports=(node.port, node.gcomm))
+            try:
+                self.wait_synced(node, 120)
+                return
+            except Unavailable:
+                if attempt == 2 or node.proc.poll() is None:  # still running: a timeout, which a restart won't fix
+                    raise
+                kill_group(node.proc)  # what the aborted node left (its rsync daemon) goes with its group
 
     def certification_failures(self) -> int | str:
         try:

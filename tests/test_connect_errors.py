@@ -7,6 +7,7 @@ drivers' real exception objects; live tests reach the servers this machine runs.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 import idem_dialects
-from idem_dialects import IdempotencyStore, RetriesExhausted, RetryCause, RetryPolicy
+from idem_dialects import IdempotencyStore, Result, RetriesExhausted, RetryCause, RetryPolicy
 from idem_dialects.dialects import install_hint
 from idem_dialects.dialects.base import Backend
 from idem_dialects.dialects.mssql import MSSQLBackend
@@ -314,7 +315,8 @@ LIVE_DRIVERS = [("postgresql", d, a, 5432, "postgres") for d, a in
                          ids=[f"{b}+{d}{'-async' if a else ''}" for b, d, a, _, _ in LIVE_DRIVERS])
 def test_live_connect_failures(backend: str, driver: str, asynchronous: bool, port: int, user: str) -> None:
     """On the machine's PostgreSQL 15 and MariaDB: an unknown database, an unknown user and a host name that does not
-    resolve fail at once with ConnectionConfigError; a port nothing listens on is retried as connect until the
+    resolve fail at once with ConnectionConfigError, as does a libpq option the server's answer cannot meet (GSSAPI
+    encryption without credentials); a port nothing listens on is retried as connect until the
     budget ends (RetriesExhausted whose last error is CannotConnect), never a raw driver error."""
     module = {"mysqlconnector": "mysql.connector"}.get(driver, driver)
     pytest.importorskip(module)
@@ -328,6 +330,8 @@ def test_live_connect_failures(backend: str, driver: str, asynchronous: bool, po
     ]
     if backend == "mariadb":
         cases.append((f"{base}{user}:wrong-password@127.0.0.1:{port}/test", _config("password")))
+    if driver in ("psycopg", "psycopg2"):  # libpq itself refuses what the server would accept: no Kerberos here
+        cases.append((f"{base}{user}@127.0.0.1:{port}/test?gssencmode=require", _config("gssencmode")))
     for url, ok in cases:
         exc = _live(url, asynchronous)
         assert ok(exc), f"{url}: {type(exc).__name__}: {exc}"
@@ -347,3 +351,68 @@ def test_live_sqlite_missing_directory(driver: str, tmp_path: Path) -> None:
         pytest.importorskip("aiosqlite")
     exc = _live(f"sqlite+{driver}:///{tmp_path}/missing/x.db", driver == "aiosqlite")
     assert isinstance(exc, ConnectionConfigError) and "directory exists" in str(exc)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["psycopg", "psycopg-async"])
+def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq reports "too many connections" (53300) without its SQLSTATE, so the backend asks the server again; when a
+    slot frees in between, the server accepts that probe. With a driver option in the URL (sslmode) this once read as
+    libpq refusing the options: a ConnectionConfigError, never retried, for a transient overload. Real role with
+    CONNECTION LIMIT 1 on the machine's PostgreSQL 15, its one slot held, freed just before the probe: the request
+    is retried and its effect applied exactly once."""
+    pytest.importorskip("psycopg")
+    _service(5432)
+    from sqlalchemy import text
+
+    from idem_dialects.dialects import postgresql_errors
+
+    role = f"idem_one_slot_{os.getpid()}"
+    admin = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", isolation_level="AUTOCOMMIT")
+    prefix = f"{role}_"
+    url = f"postgresql+psycopg://{role}@127.0.0.1:5432/test?sslmode=prefer"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
+        with IdempotencyStore.from_url(admin.url.render_as_string(hide_password=False),
+                                       table_prefix=prefix) as owner:
+            owner.create_tables()
+        with admin.connect() as conn:
+            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
+        filler = psycopg.connect(host="127.0.0.1", dbname="test", user=role)  # the role's one slot
+        probe = postgresql_errors.startup_sqlstate
+        probed: list[object] = []
+
+        def slot_freed_first(target: Any) -> Any:
+            filler.close()  # the session holding the slot ends between libpq's refusal and the probe
+            probed.append(answer := probe(target))
+            return answer
+
+        monkeypatch.setattr(postgresql_errors, "startup_sqlstate", slot_freed_first)
+        applied: list[int] = []
+        policy = RetryPolicy(total=10)
+        if asynchronous:
+            async def go() -> Result:
+                async with idem_dialects.AsyncIdempotencyStore.from_url(url, table_prefix=prefix,
+                                                                        retry=policy) as store:
+                    async def effect(conn: Any) -> str:
+                        applied.append(1)
+                        return "done"
+
+                    return await store.run(scope="s", operation="op", key="k", request=REQ, effect=effect)
+
+            outcome = asyncio.run(go())
+        else:
+            with IdempotencyStore.from_url(url, table_prefix=prefix, retry=policy) as store:
+                outcome = store.run(scope="s", operation="op", key="k", request=REQ,
+                                    effect=lambda conn: applied.append(1) or "done")
+        assert probed == [postgresql_errors.ACCEPTED]  # the race this test is about happened
+        assert outcome == Result(response="done", status=200, replayed=False) and applied == [1]
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"))
+            for table in [r[0] for r in conn.execute(text("SELECT tablename FROM pg_tables WHERE tablename LIKE"
+                                                          f" '{prefix}%'"))]:
+                conn.execute(text(f'DROP TABLE "{table}" CASCADE'))
+            conn.execute(text(f"DROP ROLE IF EXISTS {role}"))  # its grants went with the tables
+        admin.dispose()

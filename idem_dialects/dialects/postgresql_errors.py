@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import CannotConnect, ConnectionConfigError, IdemError, RetryCause
@@ -74,6 +75,19 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+def _connects_now(engine: Engine) -> bool:
+    """Whether one new connection, made exactly as `engine` makes its own (its creator and connect events, in a
+    throwaway pool: the engine's own may hand back an idle one), opens now."""
+    pool = engine.pool.recreate()
+    try:
+        pool.connect().close()
+    except Exception:
+        return False
+    finally:
+        pool.dispose()
+    return True
+
+
 class PostgreSQLErrors(ErrorClassifier):
     def is_duplicate(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == UNIQUE_VIOLATION
@@ -123,10 +137,15 @@ class PostgreSQLErrors(ErrorClassifier):
                 return no_password
             if not libpq:
                 return super().connect_error(exc)
-            if probe == ACCEPTED:  # the server takes this user and database: libpq refused the URL's own options
-                if url.query.get("target_session_attrs") in _SESSION_KINDS:  # or this server's kind
+            if probe == ACCEPTED:  # the server takes this user and database: libpq refused the URL's own options,
+                if url.query.get("target_session_attrs") in _SESSION_KINDS:  # or this server's kind,
                     return CannotConnect(self.backend.name, exc)
-                return options.refused(self.backend.name, url, exc) or super().connect_error(exc)
+                refused = options.refused(self.backend.name, url, exc)
+                # or what refused it has passed since (a slot freed after "too many clients"): then the same
+                # connect succeeds now, and the failure was the transient one the store retries.
+                if refused is None or _connects_now(self.backend.engine):
+                    return super().connect_error(exc)
+                return refused
             if isinstance(probe, OSError):  # told in words, whatever libpq said
                 return socket_problem(self.backend.name, probe)
             code = probe
