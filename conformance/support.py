@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
@@ -121,6 +123,18 @@ def effects_table(store: IdempotencyStore) -> Iterator[Effects]:
         yield fx
     finally:
         fx.drop()
+
+
+def fresh_processes() -> ForkServerContext | SpawnContext:
+    """Where the multi-process checks start their processes: fresh interpreters, inheriting no engine, connection or
+    socket of the check's (not `fork`), each forked from one server process that imported the library once (POSIX's
+    `forkserver`, this module preloaded): a spawned interpreter per process re-imports SQLAlchemy and the library,
+    half a second of CPU each, for dozens of processes per engine. `spawn` where there is no forkserver."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # takes effect when the server starts: the first check that needs it
+    return ctx
 
 
 def run_processes(procs: list[Any], out: Any, timeout: float = 300) -> list[Any]:

@@ -3,7 +3,6 @@ levels, and a duplicate claim inside a caller's own transaction."""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -139,10 +138,10 @@ def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effect
                               idem_observe: Callable[[str, object], None]) -> None:
     """4 processes run the same 200 keys in different orders: exactly one effect per key, one response per key."""
     keys = [f"p-{i}" for i in range(200)]
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or socket inherited by fork
+    ctx = support.fresh_processes()
     out = ctx.Queue()
     url = idem_store.engine.url.render_as_string(hide_password=False)
-    # The worker is named by its installed module path, which a spawned interpreter can always import (a test
+    # The worker is named by its installed module path, which a fresh interpreter can always import.(a test
     # module collected by path may carry a name only the collecting process knows).
     procs = [ctx.Process(target=support.process_worker, args=(url, idem_store.table_prefix, list(keys), seed, out))
              for seed in range(4)]

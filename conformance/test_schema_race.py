@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from collections.abc import Callable
 
@@ -26,10 +25,10 @@ def test_create_tables_from_many_processes_at_once(idem_engine: EngineUnderTest,
     """create_tables() called by 8 processes at once on a fresh table prefix succeeds in every one, and the tables
     and their index exist once, ready for use (3 rounds); the sync or async store as the column says."""
     prefixes = [unique_prefix() for _ in range(ROUNDS)]
-    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no engine or socket inherited
+    ctx = support.fresh_processes()
     barrier, out = ctx.Barrier(PROCESSES), ctx.Queue()
     url = idem_engine.url.render_as_string(hide_password=False)
-    # The worker is named by its installed module path, which a spawned interpreter can always import.
+    # The worker is named by its installed module path, which a fresh interpreter can always import.
     procs = [ctx.Process(target=support.create_tables_worker,
                          args=(url, idem_engine.driver is not None, prefixes, barrier, out))
              for _ in range(PROCESSES)]

@@ -368,6 +368,10 @@ def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bo
     from idem_dialects.dialects import postgresql_errors
 
     role = f"idem_one_slot_{os.getpid()}"
+
+    def tables(conn: Any) -> list[str]:  # this test's own: other tests' tables share the database
+        return [r[0] for r in conn.execute(text(f"SELECT tablename FROM pg_tables WHERE tablename LIKE '{role}\\_%'"))]
+
     admin = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", isolation_level="AUTOCOMMIT")
     prefix = f"{role}_"
     url = f"postgresql+psycopg://{role}@127.0.0.1:5432/test?sslmode=prefer"
@@ -378,7 +382,8 @@ def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bo
                                        table_prefix=prefix) as owner:
             owner.create_tables()
         with admin.connect() as conn:
-            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
+            for table in tables(conn):
+                conn.execute(text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}" TO {role}'))
         filler = psycopg.connect(host="127.0.0.1", dbname="test", user=role)  # the role's one slot
         probe = postgresql_errors.startup_sqlstate
         probed: list[object] = []
@@ -411,8 +416,7 @@ def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bo
     finally:
         with admin.connect() as conn:
             conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"))
-            for table in [r[0] for r in conn.execute(text("SELECT tablename FROM pg_tables WHERE tablename LIKE"
-                                                          f" '{prefix}%'"))]:
+            for table in tables(conn):
                 conn.execute(text(f'DROP TABLE "{table}" CASCADE'))
             conn.execute(text(f"DROP ROLE IF EXISTS {role}"))  # its grants went with the tables
         admin.dispose()
