@@ -141,7 +141,7 @@ def test_processes_share_keys(idem_store: IdempotencyStore, idem_effects: Effect
     ctx = support.fresh_processes()
     out = ctx.Queue()
     url = idem_store.engine.url.render_as_string(hide_password=False)
-    # The worker is named by its installed module path, which a fresh interpreter can always import.(a test
+    # The worker is named by its installed module path, which a fresh interpreter can always import (a test
     # module collected by path may carry a name only the collecting process knows).
     procs = [ctx.Process(target=support.process_worker, args=(url, idem_store.table_prefix, list(keys), seed, out))
              for seed in range(4)]

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 import idem_dialects
 from idem_dialects import IdempotencyStore, Result, RetriesExhausted, RetryCause, RetryPolicy
-from idem_dialects.dialects import install_hint
+from idem_dialects.dialects import install_hint, postgresql_errors
 from idem_dialects.dialects.base import Backend
 from idem_dialects.dialects.mssql import MSSQLBackend
 from idem_dialects.dialects.mysql import MariaDBBackend, MySQLBackend
@@ -361,12 +361,7 @@ def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bo
     libpq refusing the options: a ConnectionConfigError, never retried, for a transient overload. Real role with
     CONNECTION LIMIT 1 on the machine's PostgreSQL 15, its one slot held, freed just before the probe: the request
     is retried and its effect applied exactly once."""
-    pytest.importorskip("psycopg")
     _service(5432)
-    from sqlalchemy import text
-
-    from idem_dialects.dialects import postgresql_errors
-
     role = f"idem_one_slot_{os.getpid()}"
 
     def tables(conn: Any) -> list[str]:  # this test's own: other tests' tables share the database
