@@ -88,6 +88,13 @@ class Node(LocalNode):
     def title(self) -> str:
         return f"node {self.index}"
 
+    @property
+    def tmpdir(self) -> Path:
+        """The node's own tmpdir: a starting mariadbd deletes every `#sql*` file in its tmpdir as left over from
+        its last run, so in the default /tmp it would delete the temporary tables of the machine's own MariaDB
+        (which then fails statements with "Error on delete of '/tmp/#sql-temptable-...'")."""
+        return self.datadir.with_name(f"{self.datadir.name}-tmp")
+
 
 @dataclass
 class GaleraCluster:
@@ -102,12 +109,12 @@ class GaleraCluster:
     def args(self, node: Node, bootstrap: bool) -> list[str]:
         peers = ",".join(f"127.0.0.1:{n.gcomm}" for n in self.nodes)
         args = [
-            str(MARIADBD), "--no-defaults", f"--datadir={node.datadir}", f"--port={node.port}",
-            "--bind-address=127.0.0.1", f"--socket={node.datadir}/mysqld.sock", f"--pid-file={node.datadir}/pid",
-            f"--log-error={node.log}", "--skip-name-resolve", "--performance-schema=OFF",
-            "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M", "--max-connections=200",
-            "--character-set-server=utf8mb4", "--binlog-format=ROW", "--default-storage-engine=InnoDB",
-            "--innodb-autoinc-lock-mode=2", "--innodb-flush-log-at-trx-commit=2",
+            str(MARIADBD), "--no-defaults", f"--datadir={node.datadir}", f"--tmpdir={node.tmpdir}",
+            f"--port={node.port}", "--bind-address=127.0.0.1", f"--socket={node.datadir}/mysqld.sock",
+            f"--pid-file={node.datadir}/pid", f"--log-error={node.log}", "--skip-name-resolve",
+            "--performance-schema=OFF", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
+            "--max-connections=200", "--character-set-server=utf8mb4", "--binlog-format=ROW",
+            "--default-storage-engine=InnoDB", "--innodb-autoinc-lock-mode=2", "--innodb-flush-log-at-trx-commit=2",
             "--wsrep-on=ON", f"--wsrep-provider={self.provider}", "--wsrep-cluster-name=idem-dialects",
             f"--wsrep-cluster-address=gcomm://{peers}", f"--wsrep-node-name=node{node.index}",
             f"--wsrep-node-address=127.0.0.1:{node.gcomm}", "--wsrep-sst-method=rsync",
@@ -126,16 +133,18 @@ class GaleraCluster:
         self.root.chmod(0o755)
         ports = free_ports(4 * NODES)
         for i in range(NODES):
-            datadir = self.root / f"node{i + 1}"
-            datadir.mkdir()
             port, gcomm, ist, sst = ports[4 * i:4 * i + 4]
-            self.nodes.append(Node(i + 1, port, gcomm, ist, sst, datadir=datadir))
+            node = Node(i + 1, port, gcomm, ist, sst, datadir=self.root / f"node{i + 1}")
+            node.datadir.mkdir()
+            node.tmpdir.mkdir()
+            self.nodes.append(node)
         first = self.nodes[0]
         install = next(shutil.which(t) for t in INSTALL_DB if shutil.which(t))
         assert install is not None
         chown_tree(self.root, self.user)
-        run_as([install, "--no-defaults", f"--datadir={first.datadir}", "--auth-root-authentication-method=normal",
-                "--skip-test-db", *([f"--user={self.user}"] if self.user else [])], None,
+        run_as([install, "--no-defaults", f"--datadir={first.datadir}", f"--tmpdir={first.tmpdir}",
+                "--auth-root-authentication-method=normal", "--skip-test-db",
+                *([f"--user={self.user}"] if self.user else [])], None,
                "mariadb-install-db for Galera node 1")
         chown_tree(self.root, self.user)
         first.proc = spawn(self.args(first, bootstrap=True), first.log, ports=(first.port, first.gcomm))
