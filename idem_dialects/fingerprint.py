@@ -35,6 +35,8 @@ _INT_BOUND = 10**MAX_INT_DIGITS
 _ENCODER_HINT = ("pass encoder=idem_dialects.default_encoder (or your own) to IdempotencyStore / from_url,"
                  " or convert it to JSON yourself")
 
+# Made once: json.dumps with options builds an encoder per call.
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False)
 _JSON_TAG = b"j"
 _BYTES_TAG = b"b"
 _JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
@@ -80,6 +82,12 @@ def to_json(field: str, value: object, encoder: Encoder | None = None, *, reques
     type -- subclasses of JSON types included, which would replay as their base type -- that `encoder` does not turn
     into JSON. Iterative: a value nested 100,000 deep is refused without recursion.
     """
+    return _to_json(field, value, encoder, request)[0]
+
+
+def _to_json(field: str, value: object, encoder: Encoder | None, request: bool) -> tuple[Any, bool]:
+    """`to_json`, and whether the value is plain: no float and only ASCII object keys (see `fingerprint`)."""
+    plain = True
     holder: list[Any] = [None]
     # (value, container to store the result in, slot in it, nesting depth of value, path to value)
     stack: list[tuple[Any, Any, Any, int, tuple[object, ...]]] = [(value, holder, 0, 0, ())]
@@ -103,35 +111,44 @@ def to_json(field: str, value: object, encoder: Encoder | None = None, *, reques
                 for k in node:
                     if type(k) is not str:
                         raise InvalidPayload(field, f"object key {type(k).__name__} at {_where(path)} is not a str")
-                    _check_str(field, k, (*path, "<key>"))
+                    if not k.isascii():
+                        plain = False
+                        _check_unicode(field, k, (*path, "<key>"))
                     out_dict[k] = None  # keep the caller's key order
                 stack.extend((item, out_dict, k, depth + 1, (*path, k)) for k, item in reversed(node.items()))
             continue
         if kind is str:
-            _check_str(field, node, path)
+            if not node.isascii():
+                _check_unicode(field, node, path)
         elif kind is int:
             if request and not -MAX_SAFE_INTEGER <= node <= MAX_SAFE_INTEGER:
                 raise InvalidPayload(field, f"integer at {_where(path)} is beyond +-(2**53 - 1), which RFC 8785"
                                             " canonical JSON cannot represent exactly; send it as a string")
             if node.bit_length() > 13_000 and abs(node) >= _INT_BOUND:
                 raise InvalidPayload(field, f"integer at {_where(path)} has more than {MAX_INT_DIGITS} digits")
-        elif kind is float and not math.isfinite(node):
-            raise InvalidPayload(field, f"{node!r} at {_where(path)} is not representable in JSON")
+        elif kind is float:
+            plain = False
+            if not math.isfinite(node):
+                raise InvalidPayload(field, f"{node!r} at {_where(path)} is not representable in JSON")
         parent[slot] = node
-    return holder[0]
+    return holder[0], plain
 
 
-def _check_str(field: str, value: str, path: tuple[object, ...]) -> None:
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidPayload(field, f"string at {_where(path)} is not valid Unicode (lone surrogate)") from None
+def _check_unicode(field: str, value: str, path: tuple[object, ...]) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(field, f"string at {_where(path)} is not valid Unicode (lone surrogate)") from None
 
 
 def fingerprint(request: object, field: str = "request", encoder: Encoder | None = None) -> str:
     """SHA-256 hex digest of the request's RFC 8785 canonical JSON."""
-    value = to_json(field, request, encoder, request=True)
+    value, plain = _to_json(field, request, encoder, True)
+    if plain:
+        # No float and only ASCII keys: RFC 8785's form is exactly the standard library's sorted, compact encoding
+        # (the same escapes, integers within 2**53 as their digits, keys in code point order, which for ASCII is
+        # RFC 8785's UTF-16 order), made in C rather than by rfc8785's Python. tests/test_fingerprint.py compares.
+        return hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
     try:
         canonical = rfc8785.dumps(value)
     except rfc8785.CanonicalizationError as exc:  # to_json refuses what rfc8785 would; kept as a safety net

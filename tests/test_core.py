@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import json
+import random
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rfc8785
 from sqlalchemy import create_engine
 
 from idem_dialects import (
@@ -57,6 +59,36 @@ RFC_OUTPUT = (
 )
 def test_fingerprint_is_sha256_of_rfc8785(value: Any, canonical: str) -> None:
     assert fingerprint(value) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def test_random_values_fingerprint_as_rfc8785_does() -> None:
+    """Values without floats and with ASCII keys take the standard library's encoder, the rest rfc8785: either way the
+    digest is SHA-256 of rfc8785's own output, compared here on random values of every kind."""
+    rnd = random.Random(8785)
+    chars = ["a", "Z", "0", " ", '"', "\\", "/", "\n", "\t", "\x00", "\x01", "\x1f", "\x7f", "é", "中", "\u2028",
+             "\ue000", "\uffff", "😀", "\U0010ffff"]
+
+    def text(ascii_only: bool) -> str:
+        pool = chars[:13] if ascii_only else chars
+        return "".join(rnd.choice(pool) for _ in range(rnd.randrange(6)))
+
+    def value(depth: int) -> Any:
+        kind = rnd.randrange(9 if depth < 4 else 6)
+        if kind == 0:
+            return rnd.choice([None, True, False])
+        if kind in (1, 2):
+            return rnd.choice([0, -1, 7, 2**31, 2**53 - 1, -(2**53 - 1), rnd.randrange(-10**9, 10**9)])
+        if kind == 3:
+            return rnd.choice([0.5, -0.0, 1e21, 1e-7, 333333333.3333333]) if rnd.random() < 0.2 else text(False)
+        if kind in (4, 5):
+            return text(rnd.random() < 0.5)
+        if kind == 6:
+            return [value(depth + 1) for _ in range(rnd.randrange(4))]
+        return {text(rnd.random() < 0.8): value(depth + 1) for _ in range(rnd.randrange(5))}
+
+    for _ in range(3000):
+        v = value(0)
+        assert fingerprint(v) == hashlib.sha256(rfc8785.dumps(v)).hexdigest(), v
 
 
 def test_equal_json_means_equal_fingerprint() -> None:
