@@ -147,7 +147,7 @@ def fingerprint(request: object, field: str = "request", encoder: Encoder | None
     if plain:
         # No float and only ASCII keys: RFC 8785's form is exactly the standard library's sorted, compact encoding
         # (the same escapes, integers within 2**53 as their digits, keys in code point order, which for ASCII is
-        # RFC 8785's UTF-16 order), made in C rather than by rfc8785's Python. tests/test_fingerprint.py compares.
+        # RFC 8785's UTF-16 order), made in C rather than by rfc8785's Python (tests/test_core.py compares the two).
         return hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
     try:
         canonical = rfc8785.dumps(value)
