@@ -136,3 +136,29 @@ def test_engines_lists_the_catalogue_without_providing_anything(monkeypatch: pyt
     assert main(["engines"]) == 0
     out = capsys.readouterr().out
     assert "postgresql-patroni" in out and "engines --probe" in out and ran == []
+
+
+def test_servers_the_project_starts_keep_out_of_the_machines_tmpdir() -> None:
+    """A starting mariadbd deletes every `#sql*` file in its tmpdir as its own leftovers. A private MariaDB (or a
+    Galera node) started with /tmp, the machine MariaDB's tmpdir too, deleted that server's temporary tables under a
+    test on another xdist worker ("Error on delete of '/tmp/#sql-temptable-...'"). A temporary table of the machine's
+    MariaDB outlives a private server's start."""
+    pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'idem-dialects[mysql]')")
+    from idem_dialects.engines import provisioning
+
+    try:
+        machine = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
+    except pymysql.err.OperationalError as exc:
+        pytest.skip(f"MariaDB does not answer on 127.0.0.1:3306 here: {exc}")
+    try:
+        with machine.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE idem_outlives_a_start (a INT) ENGINE=Aria")  # files in its tmpdir
+            try:
+                server = provisioning("mariadb").private_server("mariadb")
+            except Unavailable as exc:
+                pytest.skip(f"no private MariaDB server: {exc}")
+            server.stop()
+            cursor.execute("INSERT INTO idem_outlives_a_start VALUES (1)")
+            cursor.execute("DROP TEMPORARY TABLE idem_outlives_a_start")
+    finally:
+        machine.close()

@@ -75,7 +75,8 @@ def private_mariadb(name: str) -> Server:
     mariadbd = _binary("mariadbd", "/usr/sbin/mariadbd")
     install = _binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
     directory = Path(tempfile.mkdtemp(prefix="idem-mariadb-"))
-    data, (port,) = directory / "data", free_ports(1)
+    data, tmp, (port,) = directory / "data", directory / "tmp", free_ports(1)
+    tmp.mkdir()  # its own: a starting mariadbd deletes every `#sql*` file in its tmpdir, in /tmp the machine's server's
     server: Any = None
 
     def remove() -> None:
@@ -86,7 +87,7 @@ def private_mariadb(name: str) -> Server:
     stop = track(f"private mariadbd in {directory}", remove)
     as_root = ["--user=root"] if os.geteuid() == 0 else []
     try:
-        subprocess.run([install, "--no-defaults", f"--datadir={data}", "--skip-test-db",
+        subprocess.run([install, "--no-defaults", f"--datadir={data}", f"--tmpdir={tmp}", "--skip-test-db",
                         "--auth-root-authentication-method=normal", *as_root],
                        check=True, capture_output=True, timeout=180)
     except BaseException as exc:
@@ -94,9 +95,10 @@ def private_mariadb(name: str) -> Server:
         if not isinstance(exc, subprocess.SubprocessError | OSError):
             raise
         raise Unavailable(f"mariadb-install-db failed: {exc}") from exc
-    args = [mariadbd, "--no-defaults", f"--datadir={data}", f"--port={port}", "--bind-address=127.0.0.1",
-            f"--socket={directory / 'mysqld.sock'}", f"--pid-file={directory / 'mysqld.pid'}",
-            f"--log-error={directory / 'error.log'}", "--skip-grant-tables", "--skip-log-bin",
+    args = [mariadbd, "--no-defaults", f"--datadir={data}", f"--tmpdir={tmp}", f"--port={port}",
+            "--bind-address=127.0.0.1", f"--socket={directory / 'mysqld.sock'}",
+            f"--pid-file={directory / 'mysqld.pid'}", f"--log-error={directory / 'error.log'}", "--skip-grant-tables",
+            "--skip-log-bin",
             "--innodb-buffer-pool-size=64M", "--performance-schema=OFF", *as_root]
     server = TCPExecutor(args, host="127.0.0.1", port=port, timeout=_START_TIMEOUT, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
