@@ -384,7 +384,11 @@ def test_too_many_connections_freed_before_the_probe_is_retried(asynchronous: bo
         probed: list[object] = []
 
         def slot_freed_first(target: Any) -> Any:
-            filler.close()  # the session holding the slot ends between libpq's refusal and the probe
+            # The session holding the slot ends between libpq's refusal and the probe; with a timeout,
+            # pg_terminate_backend returns once that backend is gone, its slot free for the probe.
+            with admin.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": filler.info.backend_pid})
+            filler.close()
             probed.append(answer := probe(target))
             return answer
 

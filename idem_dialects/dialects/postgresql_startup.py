@@ -70,6 +70,18 @@ def _read(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+def _leave(sock: socket.socket) -> None:
+    """End an accepted session and wait for the server to close its side: the backend leaves the server's process
+    array (its connection slot free again) before it closes the socket, so whoever connects next, such as the
+    check that follows an accepted probe, does not meet "too many connections" caused by this probe's session."""
+    try:
+        sock.sendall(_message(b"X", b""))
+        while sock.recv(4096):
+            pass
+    except OSError:  # closed without TLS's close_notify, or not within the timeout: the answer stands
+        pass
+
+
 def _message(kind: bytes, body: bytes) -> bytes:
     return kind + struct.pack("!i", len(body) + 4) + body
 
@@ -151,6 +163,7 @@ def startup_sqlstate(url: URL) -> str | OSError | None:
                 fields = body.split(b"\0")
                 return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
             if kind == b"Z":  # in: the startup itself is accepted
+                _leave(sock)
                 return ACCEPTED
             if kind == b"R":
                 request = struct.unpack("!i", body[:4])[0]
