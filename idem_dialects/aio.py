@@ -209,8 +209,14 @@ class AsyncStore(StoreBase, Generic[C]):
                         stepper.send(await to_completion(self.drive(alone, conn, effect)))
                         continue
                     async with self.executor.transaction(step.begin) as held:
-                        await self.drive(self._core.begin(step.begin), held)  # `begin` inlined: a context manager less
-                        value = await self.drive(step.body, held, effect)
+                        begin = self._core.begin(step.begin)  # `begin` inlined: a context manager less
+                        if step.begin is Begin.CLAIM and self._statements is not None and self._core.refined:
+                            # The request path's transaction on aiosqlite: its BEGIN (which takes no lock) goes
+                            # in the claim's hop. Refined: `begin` then holds statements only, as a hop takes.
+                            value = await self.drive(_begun(begin, step.body), held, effect)
+                        else:
+                            await self.drive(begin, held)
+                            value = await self.drive(step.body, held, effect)
                     stepper.send(value)
                 elif type(step) is Effect:
                     assert effect is not None, "a flow with an Effect step needs an effect"
@@ -346,6 +352,33 @@ class AsyncIdempotencyStore(AsyncStore[AsyncConnection]):
 
     def __repr__(self) -> str:
         return f"AsyncIdempotencyStore({self.engine.url.render_as_string()!r}, table_prefix={self.table_prefix!r})"
+
+
+def _begun(begin: Flow[None], body: Flow[T]) -> Flow[T]:
+    """`body` after `begin`, the statements that begin its transaction: sent in the same step as the body's first if
+    that is a `Statements` step (one hop where the executor runs such steps whole), else before that step."""
+    stepper = Stepper(body)
+    step = stepper.next()
+    if type(step) is Statements:
+        step = Statements(_after(begin, step.body))
+    else:
+        try:
+            yield from begin
+        except BaseException:
+            body.close()
+            raise
+    while step is not None:
+        try:
+            stepper.send((yield step))
+        except BaseException as exc:
+            stepper.throw(exc)
+        step = stepper.next()
+    return stepper.value
+
+
+def _after(first: Flow[None], then: Flow[T]) -> Flow[T]:
+    yield from first
+    return (yield from then)
 
 
 def _own(conn: object) -> AsyncConnection:

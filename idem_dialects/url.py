@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, create_mock_engine, make_url
 from sqlalchemy.engine import URL
@@ -32,6 +33,8 @@ _HOST_PART = re.compile(r"^[\w+.-]+://(?:[^@/?#]*@)?([^/?#]*)")
 # A URL's text read as its writer meant it when the user name or password holds an "@": what comes before its last
 # "@" is USER[:PASSWORD], what follows is the host and the rest.
 _LAST_AT = re.compile(r"^(?P<scheme>[\w+.-]+://)(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
+E = TypeVar("E")
+
 ENCODE_COMMAND = """python3 -c 'import getpass, urllib.parse; print(urllib.parse.quote(getpass.getpass(), safe=""))'"""
 
 
@@ -107,6 +110,10 @@ class Target:
         ``echo`` included), then what the backend needs."""
         return self.backend.engine_options(self.url, {"hide_parameters": True, **options})
 
+    def _own(self, create: Callable[..., E], options: dict[str, Any]) -> E:
+        known = dialects.driver(self.backend, self.driver)
+        return create(self.url, **options) if known is None else known.own_engine(partial(create, self.url), options)
+
     def install_hint(self) -> str:
         return dialects.install_hint(self.backend.name, self.driver)
 
@@ -120,7 +127,7 @@ class Target:
         """A sync engine with the store's options; MissingDriver (saying what to install) if the driver cannot load,
         ConnectionConfigError if SQLAlchemy's dialect already refuses a query option's value (PyMySQL's int())."""
         try:
-            return create_engine(self.url, **self.engine_options(options))
+            return self._own(create_engine, self.engine_options(options))
         except ImportError as exc:
             raise self.missing_driver(exc) from exc
         except (TypeError, ValueError) as exc:
@@ -134,7 +141,7 @@ class Target:
         from sqlalchemy.ext.asyncio import create_async_engine
 
         try:
-            return create_async_engine(self.url, **self.engine_options(options))
+            return self._own(create_async_engine, self.engine_options(options))
         except ImportError as exc:
             raise self.missing_driver(exc) from exc
         except (TypeError, ValueError) as exc:

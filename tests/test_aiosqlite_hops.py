@@ -71,11 +71,11 @@ async def _effects(store: AsyncIdempotencyStore) -> dict[str, int]:
 
 @pytest.mark.parametrize("one_hop", [True, False], ids=["one-hop", "per-statement"])
 def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None:
-    """Hops before the effect and after it, first-time runs: the claim's four statements (the read, ROLLBACK, BEGIN
-    IMMEDIATE, the INSERT; the BEGIN before them is the transaction's own) take one hop, the completion one; sent one
-    by one (the same store with its `Statements` steps off) each takes its own."""
+    """Hops before the effect and after it, first-time runs: the transaction's BEGIN and the claim's four statements
+    (the read, ROLLBACK, BEGIN IMMEDIATE, the INSERT) take one hop, the completion one; sent one by one (the same
+    store with its `Statements` steps off) each takes its own. A replay is two: BEGIN and the read, the COMMIT."""
 
-    async def main() -> tuple[list[int], list[int], list[str]]:
+    async def main() -> tuple[list[int], list[int], list[int], list[str]]:
         store = await _store(url)
         statements: list[str] = []
         store._hook = lambda sql, done: None if done else statements.append(sql.split()[0])
@@ -84,6 +84,7 @@ def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None
         hops = Hops(asyncio.get_running_loop())
         before: list[int] = []
         after: list[int] = []
+        replays: list[int] = []
         for i in range(3):
             start = hops.count
             ended = [0]
@@ -98,19 +99,21 @@ def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None
             result = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
             assert not result.replayed
             after.append(hops.count - ended[0])
+            start = hops.count
             replay = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
             assert replay.replayed and replay.response == {"key": f"k{i}"}
+            replays.append(hops.count - start)
         assert await _effects(store) == {"k0": 1, "k1": 1, "k2": 1}
         await store.close()
-        return before, after, statements
+        return before, after, replays, statements
 
-    before, after, statements = asyncio.run(main())
+    before, after, replays, statements = asyncio.run(main())
     assert statements[:6] == ["BEGIN", "SELECT", "ROLLBACK", "BEGIN", "INSERT", "UPDATE"]  # told to the hook alike
-    # Before the effect: SQLAlchemy's isolation_level set, BEGIN, the claim. After it: the completion, SQLAlchemy's
-    # COMMIT, its isolation_level put back, the pool's reset.
-    claim = 1 if one_hop else 4
-    assert before == [1 + 1 + claim] * 3
-    assert after == [1 + 3] * 3
+    # After the effect: the completion, SQLAlchemy's COMMIT (the pool of the store's own engine rolls back on return
+    # only a connection in a transaction).
+    assert before == ([1] if one_hop else [1 + 4]) * 3
+    assert after == [1 + 1] * 3
+    assert replays == ([1 + 1] if one_hop else [1 + 1 + 1]) * 3
 
 
 def test_task_cancelled_while_its_hop_waits_for_the_lock(url: str, tmp_path: Path) -> None:
@@ -186,3 +189,38 @@ def test_a_failing_statement_ends_the_hop_and_the_loop_runs_the_rest(url: str) -
     assert result == ("OperationalError", (1,), "in the flow")
     assert told == [("INSERT", False), ("SELECT", False), ("SELECT", True)]
     assert after == ""
+
+
+def test_own_engine_rolls_back_on_return_only_what_is_in_a_transaction(url: str) -> None:
+    """The pool of an engine the store made rolls a connection back on return only if it is in a transaction (its
+    rollback is a hop even when there is nothing to roll back): a transaction begun behind SQLAlchemy's back is still
+    rolled back, and a caller's pool_reset_on_return is kept."""
+
+    async def main() -> None:
+        store = await _store(url)
+        async with store.engine.connect() as conn:
+            await conn.execute(text("INSERT INTO effects VALUES ('kept')"))
+            await conn.commit()
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None
+            await raw.execute("BEGIN")  # SQLAlchemy holds no transaction: only the pool's reset can end this one
+            await raw.execute("INSERT INTO effects VALUES ('behind')")
+        hops = Hops(asyncio.get_running_loop())
+        async with store.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None and not raw.in_transaction and raw.isolation_level == ""  # type: ignore[attr-defined]
+            before = hops.count
+        assert hops.count == before  # returned outside a transaction: no rollback sent
+        assert await _effects(store) == {"kept": 1}
+        await store.close()
+
+        chosen = AsyncIdempotencyStore.from_url(url, table_prefix="hop_", pool_reset_on_return="commit")
+        async with chosen.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None
+            await raw.execute("BEGIN")
+            await raw.execute("INSERT INTO effects VALUES ('committed')")
+        assert await _effects(chosen) == {"committed": 1, "kept": 1}
+        await chosen.close()
+
+    asyncio.run(main())

@@ -24,7 +24,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
@@ -50,8 +50,6 @@ from .sqlite_errors import SQLiteErrors, is_read_only
 from .sqlite_maintenance import SQLiteMaintenance
 from .types import TextOrParsedDateTime
 
-# Set by _begin in Connection.info: the user's isolation_level while ours (None) is in force for the transaction.
-_USER_ISOLATION = "idem_dialects.sqlite_user_isolation"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%f"  # millisecond text that sorts as it compares, and SQLAlchemy parses
 _RESTART = ("ROLLBACK", "BEGIN IMMEDIATE")  # a read-only claim transaction becoming a writer's
 _BUSY_TIMEOUT = text("PRAGMA busy_timeout")
@@ -178,19 +176,14 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def transaction(self, conn: Connection, begin: Begin) -> Iterator[None]:
-        # sqlite3's implicit (deferred) BEGIN off for this transaction only, so `begin`'s is the one that runs. The
-        # DB-API connection: sqlite3 itself, or SQLAlchemy's adapter of aiosqlite, which forwards isolation_level.
-        dbapi: Any = conn.connection.dbapi_connection
+        # `begin`'s BEGIN is the transaction's first statement, so sqlite3's own (deferred) BEGIN, which its legacy
+        # transaction control sends before an INSERT, UPDATE or DELETE outside a transaction, never runs here: the
+        # connection's isolation_level is left as the user set it (on aiosqlite a change would cost a hop each way).
         lock = self._memory_lock if self._memory_lock is not None else nullcontext()
         with lock:
-            previous = dbapi.isolation_level
-            conn.info[_USER_ISOLATION] = previous
             noted: list[tuple[Any, ...]] = []
             token = _NOTED.set(noted)
             try:
-                # Inside the try: aiosqlite sets it in its thread, and a task cancelled meanwhile must still restore
-                # it, or the pool would hand out a connection in autocommit mode.
-                dbapi.isolation_level = None
                 with conn.begin():
                     yield
             finally:
@@ -200,9 +193,6 @@ class SQLiteBackend(Backend):
                     _NOTED.reset(token)
                 except ValueError:  # the async store ends a transaction in another greenlet of its task
                     pass
-                conn.info.pop(_USER_ISOLATION, None)
-                if not conn.invalidated:  # a cancelled (async) statement closed the connection: nothing to restore
-                    _restore_isolation(conn, dbapi, previous)
 
     def begin(self, begin: Begin) -> Flow[None]:
         verb = "BEGIN" if begin is Begin.CLAIM else "BEGIN IMMEDIATE"
@@ -219,8 +209,7 @@ class SQLiteBackend(Backend):
             return None
         if getattr(dbapi, "autocommit", None) is True:  # Python 3.12+: commit() and rollback() then do nothing
             return f"{conn.dialect.driver}'s autocommit=True"
-        # Inside the store's own transaction (`transaction`) isolation_level is None by our doing: judge the user's.
-        level = conn.info[_USER_ISOLATION] if _USER_ISOLATION in conn.info else dbapi.isolation_level
+        level = dbapi.isolation_level
         # A caller who began explicitly (Django's atomic() issues BEGIN under isolation_level=None) is in a
         # transaction: the store's statements join it. aiosqlite's adapter does not say; its connection does.
         raw = getattr(dbapi, "_connection", dbapi)
@@ -324,15 +313,3 @@ class SQLiteBackend(Backend):
             return statement(delete(table).where(rowid.in_(batch)), Shape.ROWCOUNT, table)
 
         return (yield from rowcount(self.prepared(("purge", table, condition, limit), build), values))
-
-    # --- operations ------------------------------------------------------------------------------------------
-
-def _restore_isolation(conn: Connection, dbapi: Any, previous: str | None) -> None:
-    """Give the connection back the user's isolation_level. If its driver connection died under a cancelled
-    statement (aiosqlite: "no active connection") that fails: discard the connection instead (never pooled in
-    autocommit mode), and let the error that ended the transaction, usually the cancellation, go on unchanged."""
-    try:
-        dbapi.isolation_level = previous
-    except Exception:
-        with suppress(Exception):
-            conn.invalidate()

@@ -13,13 +13,16 @@ import ctypes
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from ..sqla import driver_connection
 from ..steps import Shape
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+
+
+E = TypeVar("E")
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,11 @@ class Driver:
         return None
 
     # --- quirks ------------------------------------------------------------------------------------------------
+
+    def own_engine(self, create: Callable[..., E], options: dict[str, Any]) -> E:
+        """A store's own engine (`from_url`): `create(**options)`, the caller's options and the backend's, plus what
+        makes this driver cheaper where the caller said nothing."""
+        return create(**options)
 
     def install(self, engine: Engine) -> None:
         """Engine listeners that make this driver behave as the others do (e.g. error classes PEP 249 expects)."""
