@@ -23,7 +23,7 @@ from .claims import Reply as Reply  # re-exported: its home before the flows wer
 from .core import NO_PAYLOAD, Core
 from .drivers import Driver
 from .errors import AsyncMisuse
-from .execution.sync import execute_native, execute_sqlalchemy
+from .execution.sync import commit_native, execute_native, execute_sqlalchemy
 from .fingerprint import Encoder
 from .heartbeat import beating
 from .ids import Identity, Origin
@@ -261,6 +261,9 @@ class EngineExecutor:
         self.engine, self._core, self._backend = engine, core, core.backend
         self.driver = driver  # None: statements through SQLAlchemy's `Connection.execute`
         self.owns_engine = owns_engine
+        # The driver that begins and commits the store's transactions more cheaply than its DBAPI does (none: the
+        # DBAPI's BEGIN before the first statement, SQLAlchemy's COMMIT).
+        self._committer = driver if driver is not None and type(driver).commit_sync is not Driver.commit_sync else None
 
     @contextmanager
     def transaction(self, begin: Begin) -> Iterator[Connection]:
@@ -268,10 +271,12 @@ class EngineExecutor:
             self._core.ready(conn)
             with self._backend.transaction(conn, begin):
                 yield conn
+                if self._committer is not None:
+                    commit_native(conn, self._backend, self._committer)
 
     def execute(self, conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
         if self.driver is not None:
-            return execute_native(conn, self._backend, statement, params)
+            return execute_native(conn, self._backend, statement, params, self._committer)
         return execute_sqlalchemy(conn, statement, params)
 
     def catalog(self, conn: Connection, action: Callable[[Connection], T]) -> T:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, create_mock_engine, make_url
 from sqlalchemy.engine import URL
@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from . import dialects
 from .dialects import options as driver_options
 from .dialects.classify import PERCENT_ENCODING
+from .drivers import E
 from .errors import ConfigurationError, InvalidURL, MissingDriver
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ _HOST_PART = re.compile(r"^[\w+.-]+://(?:[^@/?#]*@)?([^/?#]*)")
 # A URL's text read as its writer meant it when the user name or password holds an "@": what comes before its last
 # "@" is USER[:PASSWORD], what follows is the host and the rest.
 _LAST_AT = re.compile(r"^(?P<scheme>[\w+.-]+://)(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
-E = TypeVar("E")
 
 ENCODE_COMMAND = """python3 -c 'import getpass, urllib.parse; print(urllib.parse.quote(getpass.getpass(), safe=""))'"""
 

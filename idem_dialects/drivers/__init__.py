@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 
-E = TypeVar("E")
+E = TypeVar("E")  # an engine, sync or async: what `own_engine` makes
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,17 @@ class Driver:
         as SQLAlchemy's adapter raises them (its emulation of PEP 249's classes). Drivers without a native form raise
         NotImplementedError: the store runs their statements through SQLAlchemy instead."""
         raise NotImplementedError
+
+    def begin_sync(self, dbapi_connection: Any) -> None:
+        """Before the store's native statement on a sync DBAPI connection: begin the transaction the driver would begin
+        by itself before that statement, where the driver has a cheaper way (its errors raised as the driver raises
+        them). The default leaves it to the driver."""
+
+    def commit_sync(self, dbapi_connection: Any) -> bool:
+        """Commit the store's transaction on a sync DBAPI connection the driver's cheaper way, before SQLAlchemy's
+        commit (which then finds nothing to send; its errors raised as the driver raises them); False where there is
+        none, and SQLAlchemy's commit sends the COMMIT."""
+        return False
 
     def commit(self, connection: Any) -> Awaitable[Any] | None:
         """What commits the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to

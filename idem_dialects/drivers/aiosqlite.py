@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.pool import PoolResetState
 
 from ..sqla import driver_connection, raise_as_adapter, statement_lock
 from ..steps import Shape
-from . import Compiled, Driver
+from . import Compiled, Driver, E
 from .pysqlite import AUTOCOMMIT
-
-E = TypeVar("E")
 
 # aiosqlite's private names the store uses, as SQLAlchemy's adapter does for its isolation_level setter: the queue of
 # (future, function) its thread runs in order, the sqlite3 connection there (ValueError once closed), and whether

@@ -22,17 +22,22 @@ from .plan import plan, read
 
 if TYPE_CHECKING:
     from ..dialects.base import Backend
+    from ..drivers import Driver
 
 
-def execute_native(conn: Connection, backend: Backend, statement: Statement, params: Mapping[str, Any]) -> Any:
+def execute_native(conn: Connection, backend: Backend, statement: Statement, params: Mapping[str, Any],
+                   driver: Driver | None = None) -> Any:
     """Run `statement` on `conn`'s DBAPI connection, in the transaction SQLAlchemy holds on it (begun now if the
-    caller's Connection had not begun one, as its autobegin would)."""
+    caller's Connection had not begun one, as its autobegin would; on the DBAPI connection, `driver`'s way if it
+    has a cheaper one than its own: `Driver.begin_sync`)."""
     compiled = plan(statement, conn.dialect)
     if not conn.in_transaction():
         conn.begin()
     dbapi = conn.connection.dbapi_connection
     cursor: Any = dbapi.cursor()  # type: ignore[union-attr]
     try:
+        if driver is not None:
+            driver.begin_sync(dbapi)
         cursor.execute(compiled.sql, compiled.parameters(params))
         raw, description = read(cursor, compiled)
     except BaseException as error:  # an interruption too: SQLAlchemy then invalidates the connection
@@ -42,6 +47,16 @@ def execute_native(conn: Connection, backend: Backend, statement: Statement, par
         if cursor is not None:
             cursor.close()
     return compiled.result(raw, description)
+
+
+def commit_native(conn: Connection, backend: Backend, driver: Driver) -> None:
+    """Commit the store's transaction on `conn` the driver's cheaper way (`Driver.commit_sync`): SQLAlchemy's commit,
+    which follows for its bookkeeping, finds nothing left to send. An error is raised as a statement's is."""
+    dbapi = conn.connection.dbapi_connection
+    try:
+        driver.commit_sync(dbapi)
+    except BaseException as error:
+        raise_handled(conn, backend, error, "COMMIT", (), None, dbapi)
 
 
 def raise_handled(conn: Connection, backend: Backend, error: BaseException, sql: str, tables: Sequence[str],
