@@ -8,6 +8,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from pg_common import *  # noqa: F403  (fixtures: admin, effects, make_store, pg, store)
@@ -15,12 +16,14 @@ from pg_common import REQ, backend_pid
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from idem_dialects import AsyncIdempotencyStore, IdempotencyStore
+from idem_dialects import IdempotencyStore
 from idem_dialects.conformance.support import effects_table
 from idem_dialects.engines import Server
 from idem_dialects.errors import RetryCause
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @pytest.mark.parametrize("level", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
@@ -86,6 +89,8 @@ def _violating(table: str) -> Callable[[Connection], dict[str, int]]:
 
 
 def test_commit_failure_is_raised_as_by_the_async_store(pg: Server, store: IdempotencyStore, deferred: str) -> None:
+    pytest.importorskip("greenlet", reason="greenlet is not installed (pip install 'idem-dialects[async]')")
+    from idem_dialects import AsyncIdempotencyStore
     key = secrets.token_hex(8)
     with pytest.raises(IntegrityError) as sync_error:
         store.run(scope="s", operation="op", key=key, request=REQ, effect=_violating(deferred))
