@@ -263,7 +263,7 @@ class EngineExecutor:
         self.owns_engine = owns_engine
         # The driver that begins and commits the store's transactions more cheaply than its DBAPI does (none: the
         # DBAPI's BEGIN before the first statement, SQLAlchemy's COMMIT).
-        self._committer = driver if driver is not None and type(driver).commit_sync is not Driver.commit_sync else None
+        self._transactions = driver if driver is not None and driver.own_transactions_sync else None
 
     @contextmanager
     def transaction(self, begin: Begin) -> Iterator[Connection]:
@@ -271,12 +271,12 @@ class EngineExecutor:
             self._core.ready(conn)
             with self._backend.transaction(conn, begin):
                 yield conn
-                if self._committer is not None:
-                    commit_native(conn, self._backend, self._committer)
+                if self._transactions is not None:
+                    commit_native(conn, self._backend, self._transactions)
 
     def execute(self, conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
         if self.driver is not None:
-            return execute_native(conn, self._backend, statement, params, self._committer)
+            return execute_native(conn, self._backend, statement, params, self._transactions)
         return execute_sqlalchemy(conn, statement, params)
 
     def catalog(self, conn: Connection, action: Callable[[Connection], T]) -> T:

@@ -169,11 +169,16 @@ class Driver:
         by itself before that statement, where the driver has a cheaper way (its errors raised as the driver raises
         them). The default leaves it to the driver."""
 
-    def commit_sync(self, dbapi_connection: Any) -> bool:
+    def commit_sync(self, dbapi_connection: Any) -> None:
         """Commit the store's transaction on a sync DBAPI connection the driver's cheaper way, before SQLAlchemy's
-        commit (which then finds nothing to send; its errors raised as the driver raises them); False where there is
-        none, and SQLAlchemy's commit sends the COMMIT."""
-        return False
+        commit, which then finds nothing to send (its errors raised as the driver raises them). The default leaves
+        the COMMIT to SQLAlchemy."""
+
+    @property
+    def own_transactions_sync(self) -> bool:
+        """This sync driver begins or commits the store's transactions its cheaper way (`begin_sync`,
+        `commit_sync`)."""
+        return type(self).begin_sync is not Driver.begin_sync or type(self).commit_sync is not Driver.commit_sync
 
     def commit(self, connection: Any) -> Awaitable[Any] | None:
         """What commits the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to

@@ -47,12 +47,11 @@ class Psycopg(Driver):
                 and dbapi_connection.read_only is None and dbapi_connection.deferrable is None):
             _exec(dbapi_connection, b"BEGIN")
 
-    def commit_sync(self, dbapi_connection: Any) -> bool:
+    def commit_sync(self, dbapi_connection: Any) -> None:
+        # Nothing begun, a failed transaction (its COMMIT rolls back) or a pipeline: left to psycopg's commit.
         pgconn = dbapi_connection.pgconn
-        if pgconn.transaction_status != _INTRANS or pgconn.pipeline_status != _PIPELINE_OFF:
-            return False  # nothing begun, a failed transaction (its COMMIT rolls back), a pipeline: psycopg's commit
-        _exec(dbapi_connection, b"COMMIT")
-        return True
+        if pgconn.transaction_status == _INTRANS and pgconn.pipeline_status == _PIPELINE_OFF:
+            _exec(dbapi_connection, b"COMMIT")
 
     async def execute(self, connection: Any, plan: Compiled, parameters: Any) -> Any:
         # psycopg's own connection lock serializes statements (SQLAlchemy's adapter takes no mutex for it either).
