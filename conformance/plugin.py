@@ -26,7 +26,7 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -230,6 +230,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Servers are shared by every column of an engine (sync and async stores): a check that kills a node or the
     # primary must come after all the others, whatever the column or module order (a stable sort keeps the rest).
     items.sort(key=lambda item: item.get_closest_marker("idem_disruptive") is not None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                                          pytest.TestReport]:
+    """A failed check says whether a process of its server exited meanwhile (how, and its log's last lines): a pooler
+    or a node that died fails every later check on that server, and its log goes with its temp dir."""
+    report = yield
+    engine = getattr(item, "funcargs", {}).get("idem_engine")
+    if report.failed and isinstance(engine, EngineUnderTest):
+        why = engine.server.gone()
+        if why:
+            report.sections.append(("idem-dialects: the server", why))
+    return report
 
 
 def _engine_param(item: pytest.Item) -> object:

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .entry import Unavailable
-from .local import free_ports, log_tail, ports_free, wait_until
+from .local import free_ports, group_members, kill_group, log_tail, ports_free, wait_until
 from .started import refused, track
 
 _START_TIMEOUT = 60.0
@@ -117,13 +117,12 @@ class PrivateBroker:
     def halt(self, kill: bool = False) -> None:
         """Stop the broker's whole process group: SIGTERM (a clean shutdown) or, with `kill`, SIGKILL."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
         for sig in ((signal.SIGKILL,) if kill else (signal.SIGTERM, signal.SIGKILL)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
+            if proc.poll() is not None:
                 break
+            kill_group(proc, sig)
             try:
                 proc.wait(30)
                 break
@@ -131,12 +130,10 @@ class PrivateBroker:
                 continue
         # The group may outlive its leader (RabbitMQ's shell wrapper exits before the Erlang VM it started).
         for _ in range(100):
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
+            if not group_members(proc):
                 return
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
 
     def restart(self, kill: bool = False) -> None:
         self.halt(kill)

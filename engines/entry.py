@@ -28,7 +28,8 @@ class Server:
     """A live database for a test session. `url` reaches it; `how` says where it came from; `stop` ends it;
     `restart(pause)` (only for a server this process started) stops it cleanly, waits `pause` seconds and starts it
     again, returning once it answers; `controls` (clusters only) reach single nodes, kill a node or the leader,
-    await the failover, rejoin the node."""
+    await the failover, rejoin the node; `gone()` says which of its processes exited unasked and how (its exit
+    status, its log's last lines), None while they all run: what a failed check reports beside its own error."""
 
     engine: str
     url: URL
@@ -36,6 +37,7 @@ class Server:
     stop: Callable[[], None] = lambda: None
     restart: Callable[[float], None] | None = None
     controls: ClusterControls | None = None
+    gone: Callable[[], str | None] = lambda: None
 
 
 Provider = Callable[["CatalogueEntry"], Server]

@@ -32,7 +32,7 @@ from sqlalchemy import URL
 
 from .entry import CatalogueEntry, Server, Unavailable
 from .galera import GaleraCluster, Node, provider, url
-from .local import free_ports, spawn, start_cluster, stop_group, wait_until
+from .local import first_gone, free_ports, spawn, start_cluster, stop_group, wait_until
 
 HAPROXY = Path("/usr/sbin/haproxy")
 # What every session of the engines' URL runs: the setting docs/clusters.md gives users whose sessions spread over
@@ -97,6 +97,9 @@ class HAProxyGalera:
         if self.proc is None or self.proc.poll() is None:
             return None
         return f"haproxy exited with {self.proc.returncode}: {(self.root / 'haproxy.log').read_text()[-500:]}"
+
+    def gone(self) -> str | None:
+        return self._alive() or first_gone(self.galera.nodes)
 
     def _config(self, check: Path) -> str:
         servers = []
@@ -236,4 +239,4 @@ def provide(entry: CatalogueEntry, layout: str) -> Server:
     retried = f" (second attempt; the first failed: {stack.first_failure})" if stack.first_failure else ""
     how = (f"HAProxy ({HAPROXY}, {what}, external wsrep health check) on 127.0.0.1:{stack.port} in front of a 3-node"
            f" Galera cluster (galera-4, rsync SST) on ports {ports}; started in {stack.started_in:.1f} s{retried}")
-    return Server(entry.name, stack.url(entry.failover_window), how, stack.stop, controls=stack)
+    return Server(entry.name, stack.url(entry.failover_window), how, stack.stop, controls=stack, gone=stack.gone)

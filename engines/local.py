@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -96,10 +96,41 @@ def run_as(args: Sequence[str], user: str | None, what: str, timeout: float = 12
     return done.stdout
 
 
+def group_members(proc: subprocess.Popen[bytes]) -> list[int]:
+    """The processes still in the group `proc` leads (it, while it is not reaped, and every helper it spawned).
+
+    Once the leader is reaped the kernel may hand its number to any new process as soon as no process is left in the
+    group, and pids wrap within minutes here (pid_max 32,768, a backend forked per connection): a leader of that
+    number is then a stranger's, and its group is not ours to signal. While a helper of ours is left, the number stays
+    taken (a process group's id is never reused while the group has a member), so the members found are ours."""
+    if proc.returncode is None:  # not reaped: the leader, running or a zombie, holds the number
+        return [proc.pid]
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == proc.pid:  # the field two after the state is the process group
+            if int(entry.name) == proc.pid:
+                return []  # a new leader of the number: a stranger's group
+            members.append(int(entry.name))
+    return members
+
+
 def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """Signal a process group we started (the server and every helper it spawned)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+    """Signal a process group we started (the server and every helper it spawned): never a group that took over its
+    number once it was gone (`group_members`)."""
+    members = group_members(proc)
+    if members == [proc.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        return
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float = 20.0, sig: int = signal.SIGTERM) -> None:
@@ -202,6 +233,11 @@ class LocalNode:
         kill_group(self.proc)
         self.proc.wait(10)
         self.killed = True
+
+
+def first_gone(nodes: Iterable[LocalNode]) -> str | None:
+    """Why the first node not killed on purpose is no longer running, or None while they all run."""
+    return next((why for node in nodes if not node.killed and (why := node.alive())), None)
 
 
 def connect_to(address: tuple[str, int] | str) -> socket.socket:

@@ -30,7 +30,17 @@ from typing import Any
 from sqlalchemy import URL
 
 from .entry import CatalogueEntry, Server, Unavailable
-from .local import LocalNode, chown_tree, free_ports, kill_group, spawn, start_cluster, stop_group, wait_until
+from .local import (
+    LocalNode,
+    chown_tree,
+    first_gone,
+    free_ports,
+    kill_group,
+    spawn,
+    start_cluster,
+    stop_group,
+    wait_until,
+)
 from .pgserver import bindir, postmaster_pid, query
 
 ETCD, PATRONI = Path("/usr/bin/etcd"), Path("/usr/bin/patroni")
@@ -238,7 +248,10 @@ class PatroniCluster:
             return streaming == [(1,)]
 
         wait_until(healthy, timeout, "the Patroni cluster did not become healthy (a leader and a streaming replica)",
-                   lambda: next((d for n in self.nodes if not n.killed and (d := n.alive())), None))
+                   lambda: first_gone(self.nodes))
+
+    def gone(self) -> str | None:
+        return first_gone([*self.nodes, *self.etcd])
 
     def stop(self) -> None:
         def stop_node(node: PatroniNode) -> None:
@@ -334,4 +347,5 @@ def postgresql_patroni(entry: CatalogueEntry) -> Server:
     how = (f"Patroni ({PATRONI}, synchronous mode, ttl {TTL} s) over PostgreSQL ({cluster.bin}) on 127.0.0.1 ports"
            f" {', '.join(str(n.port) for n in cluster.nodes)} (leader {leader.name if leader else '?'}), 3 etcd"
            f" members; multi-host URL with target_session_attrs=read-write; started in {cluster.started_in:.1f} s")
-    return Server(entry.name, cluster.url(entry.failover_window), how, cluster.stop, controls=cluster)
+    return Server(entry.name, cluster.url(entry.failover_window), how, cluster.stop, controls=cluster,
+                  gone=cluster.gone)

@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import URL
 
 from .entry import CatalogueEntry, Server, Unavailable
-from .local import chown_tree, free_ports, spawn, start_cluster, stop_group, wait_until
+from .local import chown_tree, free_ports, log_tail, spawn, start_cluster, stop_group, wait_until
 from .pgserver import PgServer, bindir, query
 
 PGBOUNCER = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
@@ -82,11 +82,13 @@ pidfile = {self.root / "pgbouncer.pid"}
         proc = spawn([str(self.pgbouncer), str(ini)], self.root / "pgbouncer.out", self.user, ports=(self.port,))
         self.proc = proc
 
-        def gone() -> str | None:
-            return None if proc.poll() is None else f"pgbouncer exited with {proc.returncode}"
-
-        wait_until(lambda: bool(query(self.port, "SELECT 1")), 30, "PgBouncer did not start", gone)
+        wait_until(lambda: bool(query(self.port, "SELECT 1")), 30, "PgBouncer did not start", self.gone)
         self.started_in = time.monotonic() - started
+
+    def gone(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"pgbouncer exited with {self.proc.returncode}: {log_tail(self.log)}"
+        return self.server.alive()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -106,4 +108,4 @@ def pgbouncer_transaction(entry: CatalogueEntry) -> Server:
                      query={"pooler": "transaction", **window})
     how = (f"PgBouncer ({pgbouncer}, pool_mode=transaction, {POOL_SIZE} server connections) on 127.0.0.1:{stack.port}"
            f" in front of PostgreSQL ({bin_dir}) on 127.0.0.1:{stack.server.port}; started in {stack.started_in:.1f} s")
-    return Server(entry.name, url, how, stack.stop)
+    return Server(entry.name, url, how, stack.stop, gone=stack.gone)

@@ -4,7 +4,11 @@ and classification, PostgreSQL multi-host URLs and connection failures during fa
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +163,23 @@ def test_connection_not_established_during_failover_is_retried() -> None:
     refused = OperationalError(None, None, Exception("connection failed: session is read-only"))  # type: ignore[arg-type]
     problem = backend.errors.connect_error(refused)
     assert isinstance(problem, CannotConnect) and problem.cause == RetryCause.CONNECT
+
+
+def test_the_pooler_stack_says_when_its_pgbouncer_exited() -> None:
+    """What a failed check reports beside its error (`Server.gone`): nothing while PgBouncer runs; once it is gone,
+    how it exited."""
+    try:
+        server = get("pgbouncer-transaction").provide()
+    except EntryUnavailable as exc:
+        pytest.skip(f"pgbouncer-transaction unavailable: {exc}")
+    try:
+        assert server.gone() is None
+        ini = next(p for p in Path(tempfile.gettempdir()).glob("idem-pgbouncer-*/pgbouncer.ini")
+                   if f"listen_port = {server.url.port}\n" in p.read_text())
+        os.kill(int((ini.parent / "pgbouncer.pid").read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while server.gone() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (server.gone() or "").startswith("pgbouncer exited with -9: ")
+    finally:
+        server.stop()

@@ -118,3 +118,22 @@ def test_a_fresh_project_runs_every_check_with_the_recipe(tmp_path: Path) -> Non
     assert collected.returncode == 0, collected.stdout[-4000:]
     ids = re.findall(r"::(test_\w+)\[", collected.stdout)
     assert set(ids) == set(suite.__all__)
+
+
+def test_a_failed_check_says_its_server_exited(tmp_path: Path) -> None:
+    """A check that fails on a server one of whose processes exited (a pooler, a node) says so beside its error: how
+    it exited and its log's last lines, which go with the server's temp dir at the session's end."""
+    (tmp_path / "conftest.py").write_text(
+        OPT_IN
+        + "from sqlalchemy import make_url\n"
+        "from idem_dialects.engines import Server\n\n"
+        "idem_dialects_provisioned = {'sqlite': Server('sqlite', make_url('sqlite://'), 'a stand-in',\n"
+        "                                              gone=lambda: 'pgbouncer exited with -9: its last lines')}\n",
+        encoding="utf-8")
+    (tmp_path / "test_checks.py").write_text(
+        "def test_fails(idem_engine):\n    assert False, 'the check failed'\n\n\n"
+        "def test_passes(idem_engine):\n    pass\n", encoding="utf-8")
+    done = pytest_in(tmp_path, "--idem-engine", "sqlite")
+    assert done.returncode == 1 and "1 failed, 1 passed" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.count("idem-dialects: the server") == 1, done.stdout
+    assert "pgbouncer exited with -9: its last lines" in done.stdout

@@ -4,6 +4,7 @@ started on a port another process holds (the start fails at once, naming the por
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +150,32 @@ first()
 def test_each_server_stops_once_and_the_rest_together_at_exit() -> None:
     done = subprocess.run([sys.executable, "-c", ONCE], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split()[0] == "first" and sorted(done.stdout.split()[1:]) == ["second", "third"]
+
+
+def test_stopping_a_group_whose_leader_is_gone_spares_a_stranger_given_its_number() -> None:
+    """Stopping a server whose leader was already reaped (a node a cluster check killed) kills the helpers its group
+    left, and never the group of a process the kernel has since given the leader's number (pids wrap within minutes
+    on a busy run): here a stand-in handle whose reaped leader's number a live session leader now holds."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 >/dev/null & echo $!"], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    with leader.stdout as out:  # type: ignore[union-attr]
+        helper = int(out.readline())
+    leader.wait(10)
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    reused = subprocess.Popen(["true"])
+    reused.wait(10)
+    reused.pid = stranger.pid  # reaped, as `leader` is; its number now leads a group that is not ours
+    try:
+        assert local.group_members(leader) == [helper]
+        local.stop_group(leader)
+        local.stop_group(reused)
+        deadline = time.monotonic() + 10
+        while _alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(helper), "the helper the reaped leader left behind was not stopped"
+        assert stranger.poll() is None, "a process that took a stopped group's number was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)
