@@ -198,18 +198,16 @@ class OutboxProof(Proof):
             for thread in threads:
                 thread.join(max(1.0, deadline - time.monotonic()))
             self._wait(lambda: self._applied(store) >= distinct, deadline, "every command applied")
+            # A relay killed between its publish and its mark leaves the command to be published again once the
+            # lease ends: the relays stop only when nothing is pending, so no copy reaches the broker after the drain
+            # has found it empty.
+            self._wait(lambda: self._pending(store) == 0, deadline, "every command published")
+            _stop_relays(relays)
             for slot in consumers:
                 self._stop(slot)
             self._drain(store, distinct, deadline)
         finally:
-            for proc in relays:
-                if proc is not None and proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+            _stop_relays(relays)
             for slot in consumers:
                 if slot.proc is not None and slot.proc.poll() is None:
                     slot.proc.kill()
@@ -265,6 +263,11 @@ class OutboxProof(Proof):
             return subprocess.Popen([sys.executable, "-m", "idem_dialects.conformance.relay_worker",
                                      json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
+    def _pending(self, store: IdempotencyStore) -> int:
+        t = store.tables.outbox
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(t).where(t.c.state == PENDING)).scalar_one())
+
     def _tally(self, store: IdempotencyStore, orders: Table, result: OutboxProofResult) -> None:
         t = store.tables.outbox
         with store.engine.connect() as conn:
@@ -275,6 +278,17 @@ class OutboxProof(Proof):
         result.commands = sum(states.values())
         result.published, result.pending, result.dead = states[PUBLISHED], states[PENDING], states[DEAD]
         self._count(store, result)  # type: ignore[arg-type]  # the consumer proof's count: the same fields
+
+
+def _stop_relays(relays: list[subprocess.Popen[bytes] | None]) -> None:
+    for proc in relays:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _reached(result: OutboxProofResult, mark: float) -> bool:
