@@ -5,6 +5,7 @@ built wheel: no harness inside, and `idem-dialects bench` in a fresh install wit
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,13 @@ def test_without_the_harness_bench_says_what_to_install_in_one_line(tmp_path: Pa
     assert done.stderr.splitlines() == [
         "idem-dialects report: bench is not installed here: it comes with the idem-dialects-bench distribution"
         " (pip install -e tools/bench in a checkout of idem-dialects)"]
+
+
+def test_the_account_table_imports_sqlalchemy_alone() -> None:
+    """tools/ab_instructions.py runs the bench's debit in another checkout's interpreter by loading accounts.py from
+    its file: the module may import the standard library and SQLAlchemy, nothing of the library or the harness."""
+    source = (ROOT / "tools" / "bench" / "idem_dialects_bench" / "accounts.py").read_text(encoding="utf-8")
+    imported = {node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import | ast.ImportFrom)
+                for alias in node.names}
+    assert {str(name).partition(".")[0] for name in imported} <= {"__future__", "collections", "typing", "sqlalchemy"}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import re
 import shutil
@@ -30,76 +31,72 @@ import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 DEFAULT_PATHS = ("postgresql+psycopg://postgres@127.0.0.1:5432/test", "mariadb+pymysql://root@127.0.0.1:3306/test",
                  "sqlite:///{tmp}/ab.db", "postgresql+asyncpg://postgres@127.0.0.1:5432/test,async",
                  "postgresql+psycopg://postgres@127.0.0.1:5432/test,async",
                  "mariadb+asyncmy://root@127.0.0.1:3306/test,async", "sqlite+aiosqlite:///{tmp}/ab.db,async")
-REQUEST = {"amount": 1, "currency": "EUR", "account": "acct-1"}
 WARMUP = 50
+# The bench's account table and debit (tools/bench): loaded from this checkout's file into either side's interpreter,
+# whose library may predate the bench, so that both sides run the bench's one workload.
+ACCOUNTS = Path(__file__).resolve().parent / "bench" / "idem_dialects_bench" / "accounts.py"
+
+
+def bench_accounts() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_accounts", ACCOUNTS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def workload(url: str, n: int, asynchronous: bool, replays: bool) -> None:
-    """N first-time requests (a debit: one UPDATE) and, with `replays`, N replays of them, after a warm-up."""
-    from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, insert, update
-
+    """N first-time requests of the bench's debit (one account) and, with `replays`, N replays of them, after a
+    warm-up."""
     import idem_dialects
 
+    bench = bench_accounts()
     prefix = f"ab{uuid.uuid4().hex[:8]}_"
-    meta = MetaData()
-    accounts = Table(f"{prefix}accounts", meta, Column("id", Integer, primary_key=True), Column("balance", BigInteger))
-    debit = update(accounts).where(accounts.c.id == 1).values(balance=accounts.c.balance - 1)
-    keys = [(f"w{i}", f"k{i}") for i in range(max(n, WARMUP))]
-
-    def setup(conn: Any) -> None:
-        meta.create_all(conn)
-        conn.execute(insert(accounts).values(id=1, balance=0))
-
-    def cleanup(conn: Any) -> None:
-        found = MetaData()
-        found.reflect(conn, only=lambda name, _: name.startswith(prefix))
-        found.drop_all(conn)
+    accounts = bench.Accounts(prefix)
+    keysets = [[f"w{i}" for i in range(WARMUP)], [f"k{i}" for i in range(n)]]
+    keysets += [keysets[1]] if replays else []
+    request = {"scope": bench.scope(1), "operation": bench.OPERATION, "request": bench.REQUEST}
 
     if asynchronous:
         async def main() -> None:
             async with idem_dialects.AsyncIdempotencyStore.from_url(url, table_prefix=prefix) as store:
                 await store.create_tables()
                 async with store.engine.begin() as conn:
-                    await conn.run_sync(setup)
+                    await conn.run_sync(accounts.create, [1])
 
-                async def effect(conn: Any) -> dict[str, bool]:
-                    await conn.execute(debit)
-                    return {"ok": True}
+                async def effect(conn: Any) -> dict[str, int]:
+                    return {"balance": await accounts.apply_async(conn, 1)}
 
                 try:
-                    for keyset in [[w for w, _ in keys[:WARMUP]], [k for _, k in keys[:n]]] + \
-                            ([[k for _, k in keys[:n]]] if replays else []):
+                    for keyset in keysets:
                         for key in keyset:
-                            await store.run(scope="s", operation="debit", key=key, request=REQUEST, effect=effect)
+                            await store.run(key=key, effect=effect, **request)
                 finally:
                     async with store.engine.begin() as conn:
-                        await conn.run_sync(cleanup)
+                        await conn.run_sync(accounts.drop)
+                    await store.drop_tables()
 
         asyncio.run(main())
         return
     with idem_dialects.IdempotencyStore.from_url(url, table_prefix=prefix) as store:
         store.create_tables()
         with store.engine.begin() as conn:
-            setup(conn)
-
-        def sync_effect(conn: Any) -> dict[str, bool]:
-            conn.execute(debit)
-            return {"ok": True}
-
+            accounts.create(conn, [1])
         try:
-            for keyset in [[w for w, _ in keys[:WARMUP]], [k for _, k in keys[:n]]] + \
-                    ([[k for _, k in keys[:n]]] if replays else []):
+            for keyset in keysets:
                 for key in keyset:
-                    store.run(scope="s", operation="debit", key=key, request=REQUEST, effect=sync_effect)
+                    store.run(key=key, effect=lambda conn: {"balance": accounts.apply(conn, 1)}, **request)
         finally:
             with store.engine.begin() as conn:
-                cleanup(conn)
+                accounts.drop(conn)
+            store.drop_tables()
 
 
 def count(tool: str, python: str, url: str, n: int, asynchronous: bool, replays: bool) -> int:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .accounts import Accounts
 from .plan import IDEM_MODES, MODES, PLPGSQL_MODES, Config, Slice, plan
 from .report import SET_SCHEMA, combine, engine_info, machine_info, new_prefix, percentiles
 from .runner import (
@@ -52,7 +53,7 @@ from .statements import Recorder, StatementLog, record_statements, statement_kin
 from .sync import Bench, SyncBenchmark
 from .sync_report import SCHEMA
 from .targets import TARGETS, Target
-from .workload import Accounts, Workload, exactly_once, plpgsql_ddl
+from .workload import Workload, exactly_once, plpgsql_ddl
 
 APIS = ("sync", "async", "http", "consumer")
 # What a run measures: the debit workload through an API, or an operation's cost on the sync store.

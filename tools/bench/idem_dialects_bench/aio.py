@@ -44,12 +44,13 @@ from idem_dialects.storebase import connect
 from idem_dialects.url import async_url as url_async_url
 from idem_dialects.url import target
 
+from .accounts import OPERATION, REQUEST, Accounts, scope
 from .report import engine_info, machine_info, new_prefix, percentiles
 from .runner import CannotMeasure, pool_options, reaching
 from .statements import Recorder, StatementLog, record_statements
 from .targets import check
 from .wire import Counts, Window, Wire, about, figures, no_wire, progress, through_proxy
-from .workload import OPERATION, REQUEST, Accounts, exactly_once, scope
+from .workload import exactly_once
 
 # /2: round trips counted on the wire (`wire`, `added_latency`); /1 modelled them from the statements.
 SCHEMA = "idem-dialects-bench-async/2"

@@ -51,6 +51,7 @@ from idem_dialects.aio import AsyncIdempotencyStore
 from idem_dialects.cli.output import Log
 from idem_dialects.dialects.base import Backend
 
+from .accounts import Accounts
 from .aio import async_url
 from .http_app import ACCOUNT, HANDLER_SECONDS, SCOPE, HttpConnection, build_starlette, uvicorn_server
 from .report import engine_info, machine_info, percentiles
@@ -58,7 +59,7 @@ from .runner import BenchFailed, backend_of, pool_options, reaching
 from .statements import Recorder, record_statements
 from .targets import check
 from .wire import Window, Wire, about, figures, no_wire, through_proxy
-from .workload import Accounts, exactly_once, records
+from .workload import exactly_once, records
 
 SCHEMA = "idem-dialects-bench-http/4"  # /4: round trips counted on the wire (`wire`), the garbage collector per path
 CONCURRENT_CALLS = 20  # the latency workload: this many requests at once, each waiting HANDLER_SECONDS

@@ -33,7 +33,7 @@ from idem_dialects.aio import AsyncIdempotencyStore
 from idem_dialects.http.asgi import STATE_KEY, IdempotencyMiddleware
 from idem_dialects.http.policy import IdempotencyPolicy
 
-from .workload import Accounts, scope
+from .accounts import Accounts, scope
 
 HANDLER_SECONDS = 0.2
 ACCOUNT = 1  # every debit route debits this account of the workload's table, under its scope

@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from idem_dialects.aio import AsyncIdempotencyStore
 from idem_dialects.http.fastapi import IdemConnection
 
+from .accounts import Accounts
 from .http_app import HANDLER_SECONDS, add_layers, debit, lifespan
-from .workload import Accounts
 
 
 class Amount(BaseModel):

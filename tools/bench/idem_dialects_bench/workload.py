@@ -1,6 +1,7 @@
-"""The one debit workload every benchmark runs (the sync store, the async store, the HTTP middleware): an account
-table and its debit, what the database shows after (units debited per account, records per scope), and the
-PL/pgSQL reference. Exactly-once is `exactly_once` over what the database shows, never over what the bench counted.
+"""The one debit workload every benchmark runs (the sync store, the async store, the HTTP middleware): the account
+table and its debit (accounts.py), what the database shows after (units debited per account, records per scope),
+and the PL/pgSQL reference. Exactly-once is `exactly_once` over what the database shows, never over what the bench
+counted.
 """
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, bindparam, func, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 
 from idem_dialects.conformance.once import Tally, tally
@@ -20,21 +21,11 @@ from idem_dialects.schema import Tables
 from idem_dialects.steps import Flow, Sleep
 from idem_dialects.store import IdempotencyStore
 
+from .accounts import INITIAL_BALANCE, OPERATION, REQUEST, Accounts, scope
 from .runner import ExactlyOnceViolation
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
 
 T = TypeVar("T")
 K = TypeVar("K")
-OPERATION = "debit:v1"
-REQUEST = {"amount": 1}
-INITIAL_BALANCE = 10**15  # enough for any run; debits are whole units
-
-
-def scope(acct: int) -> str:
-    """The scope a request to account `acct` is sent under: its records are counted per account."""
-    return f"account:{acct}"
 
 
 def exactly_once(what: str, ran: Mapping[K, int], expected: Mapping[K, int] | int) -> Tally:
@@ -43,43 +34,6 @@ def exactly_once(what: str, ran: Mapping[K, int], expected: Mapping[K, int] | in
     if not counted.ok:
         raise ExactlyOnceViolation(f"{what}: {counted}")
     return counted
-
-
-class Accounts:
-    """The account table on a bench's table prefix, its debit (`amount` units off one account) and its read."""
-
-    def __init__(self, prefix: str) -> None:
-        self.metadata = MetaData()
-        self.table = Table(f"{prefix}account", self.metadata,
-                           Column("id", Integer, primary_key=True, autoincrement=False),
-                           Column("balance", BigInteger, nullable=False))
-        a = self.table.c
-        self.debit = self.table.update().where(a.id == bindparam("acct")).values(
-            balance=a.balance - bindparam("amount"))
-        self.read = select(a.balance).where(a.id == bindparam("acct"))
-
-    def create(self, conn: Connection, accounts: Iterable[int]) -> None:
-        self.metadata.create_all(conn)
-        conn.execute(self.table.insert(), [{"id": i, "balance": INITIAL_BALANCE} for i in accounts])
-
-    def drop(self, conn: Connection) -> None:
-        self.metadata.drop_all(conn)
-
-    def apply(self, conn: Connection, acct: int, amount: int = 1) -> int:
-        """The effect: debit `acct`, return its balance (in the caller's transaction)."""
-        conn.execute(self.debit, {"acct": acct, "amount": amount})
-        return int(conn.execute(self.read, {"acct": acct}).scalar_one())
-
-    async def apply_async(self, conn: AsyncConnection, acct: int, amount: int = 1) -> int:
-        """`apply` on an async connection."""
-        await conn.execute(self.debit, {"acct": acct, "amount": amount})
-        return int((await conn.execute(self.read, {"acct": acct})).scalar_one())
-
-    def debits(self, conn: Connection, accounts: Sequence[int]) -> dict[int, int]:
-        """Per account: the units debited so far."""
-        a = self.table.c
-        rows = conn.execute(select(a.id, a.balance).where(a.id.in_(accounts))).all()
-        return {int(i): INITIAL_BALANCE - int(b) for i, b in rows}
 
 
 def records(conn: Connection, tables: Tables, scopes: Sequence[str]) -> tuple[dict[str, int], dict[str, int]]:
