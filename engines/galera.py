@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import URL
 
 from .entry import Unavailable
-from .local import LocalNode, chown_tree, free_ports, kill_group, run_as, spawn, stop_group
+from .local import LocalNode, chown_tree, free_ports, kill_group, mariadb_dirs, run_as, spawn, stop_group
 from .local import wait_until as _wait_until
 
 MARIADBD = Path("/usr/sbin/mariadbd")
@@ -90,10 +90,7 @@ class Node(LocalNode):
 
     @property
     def tmpdir(self) -> Path:
-        """The node's own tmpdir: a starting mariadbd deletes every `#sql*` file in its tmpdir as left over from
-        its last run, so in the default /tmp it would delete the temporary tables of the machine's own MariaDB
-        (which then fails statements with "Error on delete of '/tmp/#sql-temptable-...'")."""
-        return self.datadir.with_name(f"{self.datadir.name}-tmp")
+        return self.datadir.with_name(f"{self.datadir.name}-tmp")  # its own (local.mariadb_dirs)
 
 
 @dataclass
@@ -109,8 +106,8 @@ class GaleraCluster:
     def args(self, node: Node, bootstrap: bool) -> list[str]:
         peers = ",".join(f"127.0.0.1:{n.gcomm}" for n in self.nodes)
         args = [
-            str(MARIADBD), "--no-defaults", f"--datadir={node.datadir}", f"--tmpdir={node.tmpdir}",
-            f"--port={node.port}", "--bind-address=127.0.0.1", f"--socket={node.datadir}/mysqld.sock",
+            str(MARIADBD), *mariadb_dirs(node.datadir, node.tmpdir), f"--port={node.port}",
+            "--bind-address=127.0.0.1", f"--socket={node.datadir}/mysqld.sock",
             f"--pid-file={node.datadir}/pid", f"--log-error={node.log}", "--skip-name-resolve",
             "--performance-schema=OFF", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
             "--max-connections=200", "--character-set-server=utf8mb4", "--binlog-format=ROW",
@@ -142,8 +139,8 @@ class GaleraCluster:
         install = next(shutil.which(t) for t in INSTALL_DB if shutil.which(t))
         assert install is not None
         chown_tree(self.root, self.user)
-        run_as([install, "--no-defaults", f"--datadir={first.datadir}", f"--tmpdir={first.tmpdir}",
-                "--auth-root-authentication-method=normal", "--skip-test-db",
+        run_as([install, *mariadb_dirs(first.datadir, first.tmpdir), "--auth-root-authentication-method=normal",
+                "--skip-test-db",
                 *([f"--user={self.user}"] if self.user else [])], None,
                "mariadb-install-db for Galera node 1")
         chown_tree(self.root, self.user)

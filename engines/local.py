@@ -235,6 +235,14 @@ class LocalNode:
         self.killed = True
 
 
+def mariadb_dirs(datadir: Path, tmpdir: Path) -> list[str]:
+    """The options that keep a private mariadbd (or mariadb-install-db) to its own files. Its own tmpdir, not /tmp: a
+    starting mariadbd deletes every `#sql*` file in its tmpdir as left over from its last run, and in /tmp those are
+    the machine's own MariaDB's temporary tables (which then fails statements with "Error on delete of
+    '/tmp/#sql-temptable-...'")."""
+    return ["--no-defaults", f"--datadir={datadir}", f"--tmpdir={tmpdir}"]
+
+
 def first_gone(nodes: Iterable[LocalNode]) -> str | None:
     """Why the first node not killed on purpose is no longer running, or None while they all run."""
     return next((why for node in nodes if not node.killed and (why := node.alive())), None)

@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 
 from idem_dialects.engines.containers import PASSWORD, host_port, started, testcontainers_module
 from idem_dialects.engines.entry import Provision, Server, Unavailable, require_driver
-from idem_dialects.engines.local import free_ports, ports_free
+from idem_dialects.engines.local import free_ports, mariadb_dirs, ports_free
 from idem_dialects.engines.started import track
 
 _START_TIMEOUT = 60.0
@@ -76,7 +76,7 @@ def private_mariadb(name: str) -> Server:
     install = _binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
     directory = Path(tempfile.mkdtemp(prefix="idem-mariadb-"))
     data, tmp, (port,) = directory / "data", directory / "tmp", free_ports(1)
-    tmp.mkdir()  # its own: a starting mariadbd deletes every `#sql*` file in its tmpdir, in /tmp the machine's server's
+    tmp.mkdir()  # its own (mariadb_dirs)
     server: Any = None
 
     def remove() -> None:
@@ -87,7 +87,7 @@ def private_mariadb(name: str) -> Server:
     stop = track(f"private mariadbd in {directory}", remove)
     as_root = ["--user=root"] if os.geteuid() == 0 else []
     try:
-        subprocess.run([install, "--no-defaults", f"--datadir={data}", f"--tmpdir={tmp}", "--skip-test-db",
+        subprocess.run([install, *mariadb_dirs(data, tmp), "--skip-test-db",
                         "--auth-root-authentication-method=normal", *as_root],
                        check=True, capture_output=True, timeout=180)
     except BaseException as exc:
@@ -95,7 +95,7 @@ def private_mariadb(name: str) -> Server:
         if not isinstance(exc, subprocess.SubprocessError | OSError):
             raise
         raise Unavailable(f"mariadb-install-db failed: {exc}") from exc
-    args = [mariadbd, "--no-defaults", f"--datadir={data}", f"--tmpdir={tmp}", f"--port={port}",
+    args = [mariadbd, *mariadb_dirs(data, tmp), f"--port={port}",
             "--bind-address=127.0.0.1", f"--socket={directory / 'mysqld.sock'}",
             f"--pid-file={directory / 'mysqld.pid'}", f"--log-error={directory / 'error.log'}", "--skip-grant-tables",
             "--skip-log-bin",
