@@ -85,6 +85,15 @@ class AsyncStore(StoreBase, Generic[C]):
             await self.drive(self._core.begin(how), conn)
             yield conn
 
+    def begun(self, how: Begin, body: Flow[T]) -> Flow[T]:
+        """`body` preceded by what begins a transaction `how` on one of `executor.transaction(how)`'s connections:
+        for drivers looping over `drive` (the sharded store's too). On the request path of an executor that runs a
+        `Statements` step whole (aiosqlite), its BEGIN, which takes no lock, goes in the claim's hop; refined, as
+        `begin` then holds statements only, which a hop takes."""
+        if how is Begin.CLAIM and self._statements is not None and self._core.refined:
+            return _begun(self._core.begin(how), body)
+        return _after(self._core.begin(how), body)
+
     async def claim(self, conn: C, *, scope: str, operation: str, key: str, request: Any,
                     lease: timedelta | None = None) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""
@@ -208,15 +217,8 @@ class AsyncStore(StoreBase, Generic[C]):
                         alone = steps.transaction(step.body, step.begin)
                         stepper.send(await to_completion(self.drive(alone, conn, effect)))
                         continue
-                    async with self.executor.transaction(step.begin) as held:
-                        begin = self._core.begin(step.begin)  # `begin` inlined: a context manager less
-                        if step.begin is Begin.CLAIM and self._statements is not None and self._core.refined:
-                            # The request path's transaction on aiosqlite: its BEGIN (which takes no lock) goes
-                            # in the claim's hop. Refined: `begin` then holds statements only, as a hop takes.
-                            value = await self.drive(_begun(begin, step.body), held, effect)
-                        else:
-                            await self.drive(begin, held)
-                            value = await self.drive(step.body, held, effect)
+                    async with self.executor.transaction(step.begin) as held:  # `begin` inlined: a context less
+                        value = await self.drive(self.begun(step.begin, step.body), held, effect)
                     stepper.send(value)
                 elif type(step) is Effect:
                     assert effect is not None, "a flow with an Effect step needs an effect"

@@ -89,6 +89,12 @@ class SyncStore(StoreBase, Generic[C]):
             self.drive(self._core.begin(how), conn)
             yield conn
 
+    def begun(self, how: Begin, body: Flow[T]) -> Flow[T]:
+        """`body` preceded by what begins a transaction `how` on one of `executor.transaction(how)`'s connections:
+        for loops that drive flows on such a connection (the sharded store's)."""
+        yield from self._core.begin(how)
+        return (yield from body)
+
     def claim(self, conn: C, *, scope: str, operation: str, key: str, request: Any,
               lease: timedelta | None = None) -> Outcome:
         """Claim the key, or tell why not. Atomic by default; with `lease` the claim is meant to commit alone."""

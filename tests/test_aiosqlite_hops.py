@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -114,6 +115,51 @@ def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None
     assert before == ([1] if one_hop else [1 + 4]) * 3
     assert after == [1 + 1] * 3
     assert replays == ([1 + 1] if one_hop else [1 + 1 + 1]) * 3
+
+
+def test_a_sharded_request_takes_its_shards_hops(tmp_path: Path) -> None:
+    """On aiosqlite shards a request takes the hops its shard's own store takes: one before the effect (the BEGIN
+    in the claim's), the completion and COMMIT after it; so does a claim in a transaction the sharded store opens
+    (the HTTP layer's: `transaction(claims.claim(...), Begin.CLAIM)`): BEGIN and claim in one hop, then COMMIT.
+    Effects counted on each shard."""
+    from idem_dialects.sharding import AsyncShardedStore
+    from idem_dialects.steps import Begin, transaction
+
+    async def main() -> tuple[list[int], list[int], list[int], list[dict[str, int]]]:
+        urls = {name: f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}" for name in ("a", "b")}
+        async with AsyncShardedStore.from_urls(urls, table_prefix="hop_") as sharded:
+            await sharded.create_tables()
+            for store in sharded.shards.values():
+                async with store.engine.begin() as conn:
+                    await conn.execute(text("CREATE TABLE effects (k TEXT)"))
+            hops = Hops(asyncio.get_running_loop())
+            before: list[int] = []
+            after: list[int] = []
+            claims: list[int] = []
+            for i in range(8):
+                start, ended = hops.count, [0]
+
+                async def effect(conn: AsyncConnection, key: str = f"k{i}", start: int = start,
+                                 ended: list[int] = ended) -> Any:
+                    before.append(hops.count - start)
+                    await conn.execute(text("INSERT INTO effects VALUES (:k)"), {"k": key})
+                    ended[0] = hops.count
+                    return {"key": key}
+
+                result = await sharded.run(scope=f"s{i}", operation="op", key=f"k{i}", request={}, effect=effect)
+                assert not result.replayed
+                after.append(hops.count - ended[0])
+                start = hops.count
+                req = sharded.claims.request(f"s{i}", "op", f"c{i}", {})
+                outcome = await sharded.drive(transaction(sharded.claims.claim(req, fresh=True), Begin.CLAIM))
+                assert type(outcome).__name__ == "Claimed"
+                claims.append(hops.count - start)
+            return before, after, claims, [await _effects(store) for store in sharded.shards.values()]  # type: ignore[arg-type]
+
+    before, after, claims, per_shard = asyncio.run(main())
+    assert before == [1] * 8 and after == [1 + 1] * 8
+    assert claims == [1 + 1] * 8
+    assert all(per_shard) and sum(map(Counter, per_shard), Counter()) == {f"k{i}": 1 for i in range(8)}
 
 
 def test_task_cancelled_while_its_hop_waits_for_the_lock(url: str, tmp_path: Path) -> None:

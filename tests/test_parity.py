@@ -48,7 +48,8 @@ from idem_dialects.steps import Heartbeat
 _SPELLING = {"__aenter__": "__enter__", "__aexit__": "__exit__"}  # `with` and `async with`, on purpose
 # Calls that never reach the database on either side: plain on both.
 NOT_AWAITED = {"__init__", "from_url", "from_urls", "retry_cause", "shard_for", "store_for", "check", "relay",
-               "transaction", "begin"}  # transaction/begin return a (async) context manager
+               "transaction", "begin",  # transaction/begin return a (async) context manager
+               "begun"}  # a flow, which the store's loop (`drive`) runs
 # Pairs that must be found: a floor under the search, so a renamed twin cannot drop out unnoticed.
 EXPECTED = {
     "IdempotencyStore", "SyncStore|AsyncStore", "EngineExecutor", "ShardedStore", "StoreAPI", "Executor", "Relay",

@@ -41,13 +41,16 @@ class _Pending:
         self.shard: str | None = None
         self.connection: Any = None
 
-    async def on(self, shard: str, store: AsyncStore[Any]) -> Any:
+    async def on(self, shard: str, store: AsyncStore[Any], body: Flow[T]) -> tuple[Any, Flow[T]]:
+        """The transaction's connection on `shard`, and `body` to drive on it: the first routed step opens the
+        connection and its body begins the transaction (as the shard's own store begins it, `AsyncStore.begun`)."""
         if self.shard is None:
-            self.connection = await self.stack.enter_async_context(store.begin(self.begin))
+            self.connection = await self.stack.enter_async_context(store.executor.transaction(self.begin))
             self.shard = shard
-        elif shard != self.shard:
+            return self.connection, store.begun(self.begin, body)
+        if shard != self.shard:
             raise crossing(self.shard, shard)
-        return self.connection
+        return self.connection, body
 
 
 def _dispose(store: AsyncStore[Any]) -> None:
@@ -167,7 +170,8 @@ class AsyncShardedStore(Sharded[AsyncStore[Any]]):
             if step.alone:
                 return await store.drive(step.body, None, effect)
             if isinstance(conn, _Pending):
-                return await store.drive(step.body, await conn.on(step.shard, store), effect)
+                held, flow = await conn.on(step.shard, store, step.body)
+                return await store.drive(flow, held, effect)
             if conn is not None:
                 found = owner(self.shards, conn)
                 if found != step.shard:

@@ -44,13 +44,16 @@ class _Pending:
         self.shard: str | None = None
         self.connection: Any = None
 
-    def on(self, shard: str, store: SyncStore[Any]) -> Any:
+    def on(self, shard: str, store: SyncStore[Any], body: Flow[T]) -> tuple[Any, Flow[T]]:
+        """The transaction's connection on `shard`, and `body` to drive on it: the first routed step opens the
+        connection and its body begins the transaction (`SyncStore.begun`)."""
         if self.shard is None:
-            self.connection = self.stack.enter_context(store.begin(self.begin))
+            self.connection = self.stack.enter_context(store.executor.transaction(self.begin))
             self.shard = shard
-        elif shard != self.shard:
+            return self.connection, store.begun(self.begin, body)
+        if shard != self.shard:
             raise crossing(self.shard, shard)
-        return self.connection
+        return self.connection, body
 
 
 class ShardedStore(Sharded[SyncStore[Any]]):
@@ -167,7 +170,8 @@ class ShardedStore(Sharded[SyncStore[Any]]):
             if step.alone:
                 return store.drive(step.body, None, effect)
             if isinstance(conn, _Pending):
-                return store.drive(step.body, conn.on(step.shard, store), effect)
+                held, flow = conn.on(step.shard, store, step.body)
+                return store.drive(flow, held, effect)
             if conn is not None:  # a caller's connection (step-by-step): it must be of this shard
                 found = owner(self.shards, conn)
                 if found != step.shard:
