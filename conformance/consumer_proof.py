@@ -11,6 +11,7 @@ spread over the whole run and each falls while messages are in hand; a killed wo
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import secrets
@@ -19,14 +20,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from idem_dialects.engines import started
 from idem_dialects.store import IdempotencyStore
@@ -271,15 +273,26 @@ class Proof:
         text = (self.directory / f"worker-{slot.number}.log").read_text(errors="replace").strip()
         return " | ".join(text.splitlines()[-6:]) or "(no output)"
 
+    def _read(self, store: IdempotencyStore, query: Select[Any]) -> Sequence[Any]:
+        """What the database shows, read by the proof itself: again on what `run` would retry (a restart of the
+        database, the outbox proof's, leaves the pool's idle connections dead, and the server down meanwhile)."""
+        for attempt in itertools.count(1):
+            try:
+                with store.engine.connect() as conn:
+                    return conn.execute(query).all()
+            except DBAPIError as exc:
+                if store.retry_cause(exc) is None or attempt == 100:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
+
     def _applied(self, store: IdempotencyStore) -> int:
         table = store.tables.metadata.tables[f"{self.prefix}applied"]
-        with store.engine.connect() as conn:
-            return int(conn.execute(select(func.count(table.c.message_id.distinct()))).scalar_one())
+        return int(self._read(store, select(func.count(table.c.message_id.distinct())))[0][0])
 
     def _count(self, store: IdempotencyStore, result: ProofResult) -> None:
         table = store.tables.metadata.tables[f"{self.prefix}applied"]
-        with store.engine.connect() as conn:
-            rows = conn.execute(select(table.c.message_id, func.count()).group_by(table.c.message_id)).all()
+        rows = self._read(store, select(table.c.message_id, func.count()).group_by(table.c.message_id))
         counted = tally({str(mid): int(n) for mid, n in rows}, result.distinct)
         result.effects, result.applied, result.lost, result.twice = (counted.effects, counted.applied, counted.lost,
                                                                      counted.twice)

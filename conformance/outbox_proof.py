@@ -265,15 +265,13 @@ class OutboxProof(Proof):
 
     def _pending(self, store: IdempotencyStore) -> int:
         t = store.tables.outbox
-        with store.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(t).where(t.c.state == PENDING)).scalar_one())
+        return int(self._read(store, select(func.count()).select_from(t).where(t.c.state == PENDING))[0][0])
 
     def _tally(self, store: IdempotencyStore, orders: Table, result: OutboxProofResult) -> None:
         t = store.tables.outbox
-        with store.engine.connect() as conn:
-            per_order = conn.execute(select(orders.c.idem_key, func.count()).group_by(orders.c.idem_key)).all()
-            states = Counter({int(s): int(n) for s, n in conn.execute(select(t.c.state, func.count())
-                                                                     .group_by(t.c.state))})
+        per_order = self._read(store, select(orders.c.idem_key, func.count()).group_by(orders.c.idem_key))
+        states = Counter({int(s): int(n) for s, n in self._read(store, select(t.c.state, func.count())
+                                                                 .group_by(t.c.state))})
         result.orders_doubled = tally({key: int(n) for key, n in per_order}, result.distinct).twice
         result.commands = sum(states.values())
         result.published, result.pending, result.dead = states[PUBLISHED], states[PENDING], states[DEAD]
