@@ -97,7 +97,8 @@ def run_as(args: Sequence[str], user: str | None, what: str, timeout: float = 12
 
 
 def group_members(proc: subprocess.Popen[bytes]) -> list[int]:
-    """The processes still in the group `proc` leads (it, while it is not reaped, and every helper it spawned).
+    """What is left of the group `proc` leads: `[proc.pid]` while the leader is not reaped (running or a zombie, it
+    holds the number: the group is signalled whole by it); once it is, the helpers still in the group, if any.
 
     Once the leader is reaped the kernel may hand its number to any new process as soon as no process is left in the
     group, and pids wrap within minutes here (pid_max 32,768, a backend forked per connection): a leader of that

@@ -79,9 +79,7 @@ logfile = {self.log}
 pidfile = {self.root / "pgbouncer.pid"}
 """)
         chown_tree(self.root, self.user)
-        proc = spawn([str(self.pgbouncer), str(ini)], self.root / "pgbouncer.out", self.user, ports=(self.port,))
-        self.proc = proc
-
+        self.proc = spawn([str(self.pgbouncer), str(ini)], self.root / "pgbouncer.out", self.user, ports=(self.port,))
         wait_until(lambda: bool(query(self.port, "SELECT 1")), 30, "PgBouncer did not start", self.gone)
         self.started_in = time.monotonic() - started
 

@@ -20,7 +20,17 @@ from idem_dialects.cli import main
 from idem_dialects.conformance.plugin import EngineUnderTest
 from idem_dialects.dialects.mysql import GALERA_SYNC_WAIT, MariaDBBackend, MySQLFeatures
 from idem_dialects.dialects.postgresql import PostgreSQLBackend
-from idem_dialects.engines import ENGINES, EntryUnavailable, env_var, get, haproxy, patroni, pgbouncer, pgserver
+from idem_dialects.engines import (
+    ENGINES,
+    EntryUnavailable,
+    Unavailable,
+    env_var,
+    get,
+    haproxy,
+    patroni,
+    pgbouncer,
+    pgserver,
+)
 from idem_dialects.engines import galera as galera_engine
 from idem_dialects.errors import CannotConnect, RetryCause
 
@@ -170,7 +180,7 @@ def test_the_pooler_stack_says_when_its_pgbouncer_exited() -> None:
     how it exited."""
     try:
         server = get("pgbouncer-transaction").provide()
-    except EntryUnavailable as exc:
+    except Unavailable as exc:
         pytest.skip(f"pgbouncer-transaction unavailable: {exc}")
     try:
         assert server.gone() is None
