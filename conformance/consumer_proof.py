@@ -31,6 +31,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from idem_dialects.engines import started
+from idem_dialects.engines.local import stop_process
 from idem_dialects.store import IdempotencyStore
 
 from .brokers import BATCH, OPERATIONS, Kill, Worker, applied_table
@@ -259,12 +260,7 @@ class Proof:
         if slot.proc is None or slot.proc.poll() is not None:
             return
         consuming = slot.is_ready()
-        slot.proc.send_signal(signal.SIGTERM)
-        try:
-            slot.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            slot.proc.kill()
-            slot.proc.wait()
+        if not stop_process(slot.proc):
             raise RuntimeError(f"worker {slot.number} did not stop within 30 s: {self._log_of(slot)}") from None
         if slot.proc.returncode != 0 and (consuming or slot.proc.returncode != -signal.SIGTERM):
             raise RuntimeError(f"worker {slot.number} exited with {slot.proc.returncode}: {self._log_of(slot)}")

@@ -32,6 +32,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 
 from idem_dialects import IdempotencyStore, RetryPolicy
 from idem_dialects.engines import Server, started
+from idem_dialects.engines.local import stop_process
 from idem_dialects.http import IdempotencyPolicy
 from idem_dialects.http.wsgi import CONNECTION_KEY, IdempotencyMiddleware
 from idem_dialects.schema import DEAD, PENDING, PUBLISHED
@@ -280,13 +281,8 @@ class OutboxProof(Proof):
 
 def _stop_relays(relays: list[subprocess.Popen[bytes] | None]) -> None:
     for proc in relays:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc)
 
 
 def _reached(result: OutboxProofResult, mark: float) -> bool:

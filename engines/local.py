@@ -134,16 +134,33 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
             os.kill(pid, sig)
 
 
+def _asked_to_end(proc: subprocess.Popen[bytes], sig: int, grace: float) -> bool:
+    """Send `sig` to a process we started, unless it has ended; whether it ends within `grace`."""
+    if proc.poll() is not None:
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 30.0, sig: int = signal.SIGTERM) -> bool:
+    """Ask a process we started (a worker, a relay, an app server; not its group) to end with `sig`, SIGKILL it if
+    it outlives `grace`; whether it ended on its own."""
+    if _asked_to_end(proc, sig, grace):
+        return True
+    proc.kill()
+    proc.wait()
+    return False
+
+
 def stop_group(proc: subprocess.Popen[bytes], grace: float = 20.0, sig: int = signal.SIGTERM) -> None:
     """Signal the server to shut down cleanly (`sig`: SIGTERM for mariadbd, SIGINT - fast shutdown - for
     postgres), SIGKILL its group if it outlives `grace`; leave no process behind."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
+    _asked_to_end(proc, sig, grace)
     kill_group(proc)  # helpers left behind (an orphaned backend, an rsync daemon) go with the group
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)

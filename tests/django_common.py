@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_common import free_port, stop
+from http_common import free_port
 from sqlalchemy import func, select
 
-from idem_dialects.engines.local import ports_free
+from idem_dialects.engines.local import ports_free, stop_process
 from idem_dialects.engines.started import track
 
 httpx = pytest.importorskip("httpx", reason="httpx (the [dev] extra) is not installed")
@@ -134,7 +134,7 @@ def gunicorn(app: str, cwd: Path, env: dict[str, str], workers: int, log: Path) 
     ports_free([port])
     with open(log, "ab") as out:
         server = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=out)
-    stopped = track(f"gunicorn on port {port}", lambda: stop(server), refusable=False)
+    stopped = track(f"gunicorn on port {port}", lambda: stop_process(server), refusable=False)
     try:
         deadline = time.monotonic() + 60
         while True:

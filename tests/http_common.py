@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from idem_dialects.engines.local import ports_free
+from idem_dialects.engines.local import ports_free, stop_process
 from idem_dialects.engines.started import track
 
 BIN = Path(sys.executable).parent
@@ -34,7 +34,7 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
     ports_free([int(port)])
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=out)
-    stopped = track(f"{Path(command[0]).name} on port {port}", lambda: stop(proc), refusable=False)
+    stopped = track(f"{Path(command[0]).name} on port {port}", lambda: stop_process(proc), refusable=False)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -53,16 +53,6 @@ def server(command: list[str], cwd: Path, env: dict[str, str], log: Path, ready:
             raise RuntimeError(f"the server exited while serving:\n{log.read_text(errors='replace')[-3000:]}")
     finally:
         stopped()
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """End a server this test started, by its pid: gracefully, then killed if it does not exit in 30 s."""
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(30)
 
 
 def gunicorn(app: str, cwd: Path, env: dict[str, str], log: Path, workers: int = 4) -> list[str]:

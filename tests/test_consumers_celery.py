@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from consumer_common import Inbox, dead_lettered, wait_for
 
+from idem_dialects.engines.local import stop_process
+
 celery = pytest.importorskip("celery", reason="celery is not installed (pip install 'idem-dialects[celery]')")
 
 TESTS = Path(__file__).resolve().parent
@@ -66,13 +68,7 @@ class Workers:
 
     def close(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
         with self.app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue=self.queue)
             conn.default_channel.queue_delete(queue=f"{self.queue}.dead")
