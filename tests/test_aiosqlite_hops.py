@@ -51,6 +51,19 @@ class Hops:
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
 
 
+class Effect:
+    """A request's effect (its key into `effects`), noting the hops from its making to its start, and when it ended."""
+
+    def __init__(self, hops: Hops, key: str) -> None:
+        self.hops, self.key, self.made, self.before, self.ended = hops, key, hops.count, -1, -1
+
+    async def __call__(self, conn: AsyncConnection) -> Any:
+        self.before = self.hops.count - self.made
+        await conn.execute(text("INSERT INTO effects VALUES (:k)"), {"k": self.key})
+        self.ended = self.hops.count
+        return {"key": self.key}
+
+
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
     yield f"sqlite+aiosqlite:///{tmp_path / 'hops.db'}"
@@ -87,19 +100,11 @@ def test_claim_and_completion_take_one_hop_each(url: str, one_hop: bool) -> None
         after: list[int] = []
         replays: list[int] = []
         for i in range(3):
-            start = hops.count
-            ended = [0]
-
-            async def effect(conn: AsyncConnection, key: str = f"k{i}", start: int = start,
-                             ended: list[int] = ended) -> Any:
-                before.append(hops.count - start)
-                await conn.execute(text("INSERT INTO effects VALUES (:k)"), {"k": key})
-                ended[0] = hops.count
-                return {"key": key}
-
+            effect = Effect(hops, f"k{i}")
             result = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
             assert not result.replayed
-            after.append(hops.count - ended[0])
+            before.append(effect.before)
+            after.append(hops.count - effect.ended)
             start = hops.count
             replay = await store.run(scope="s", operation="op", key=f"k{i}", request={"i": i}, effect=effect)
             assert replay.replayed and replay.response == {"key": f"k{i}"}
@@ -137,18 +142,11 @@ def test_a_sharded_request_takes_its_shards_hops(tmp_path: Path) -> None:
             after: list[int] = []
             claims: list[int] = []
             for i in range(8):
-                start, ended = hops.count, [0]
-
-                async def effect(conn: AsyncConnection, key: str = f"k{i}", start: int = start,
-                                 ended: list[int] = ended) -> Any:
-                    before.append(hops.count - start)
-                    await conn.execute(text("INSERT INTO effects VALUES (:k)"), {"k": key})
-                    ended[0] = hops.count
-                    return {"key": key}
-
+                effect = Effect(hops, f"k{i}")
                 result = await sharded.run(scope=f"s{i}", operation="op", key=f"k{i}", request={}, effect=effect)
                 assert not result.replayed
-                after.append(hops.count - ended[0])
+                before.append(effect.before)
+                after.append(hops.count - effect.ended)
                 start = hops.count
                 req = sharded.claims.request(f"s{i}", "op", f"c{i}", {})
                 outcome = await sharded.drive(transaction(sharded.claims.claim(req, fresh=True), Begin.CLAIM))
