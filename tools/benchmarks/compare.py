@@ -10,9 +10,11 @@ from typing import Any
 from .plan import AB_LEVELS, AB_PAIRS
 from .reports import Report, Reports
 
-# (name on the page, mode, what): the figures compared.
+# (name on the page, mode, what): the figures compared. The bare effect's is the machine's drift between the two
+# runs of a round: its code is the same on both sides but where the store's engine options differ.
 METRICS = (("first-time client CPU µs", "first", "cpu"), ("replay client CPU µs", "replay", "cpu"),
-           ("first-time × bare", "first", "ratio"), ("replay × bare", "replay", "ratio"))
+           ("bare client CPU µs", "bare", "cpu"), ("first-time × bare", "first", "ratio"),
+           ("replay × bare", "replay", "ratio"))
 
 
 def figure(report: Report, mode: str, what: str) -> float | None:
@@ -44,6 +46,11 @@ class Pair:
     def ratio(self, metric: str) -> float | None:
         values = self.paired.get(metric, [])
         return statistics.median(values) if values else None
+
+    def spread(self, metric: str) -> tuple[float, float] | None:
+        """The lowest and the highest per-round ratio after ÷ before."""
+        values = self.paired.get(metric, [])
+        return (min(values), max(values)) if values else None
 
 
 def pairs(reports: Reports) -> list[Pair]:

@@ -518,7 +518,10 @@ class Page:
                 f" after, commit {checkout(s['after'])}. Each (API, engine, driver, level) ran on both, one right after"
                 f" the other, the side that goes first alternating, in {plural(len(s['rounds']), 'round')}; a figure is"
                 " the median over rounds, and the ratio after ÷ before is the median of the per-round ratios (below 1:"
-                f" the after side costs less). Sync runs: {sizes.get('ab_sync_requests', 0):,} requests per mode ×"
+                " the after side costs less), beside the lowest and the highest of them. The bare effect's code is the"
+                " same on both sides (but where the store's engine options differ): its ratio is how far two runs a"
+                " few minutes apart drift on this machine, the noise any other ratio carries."
+                f" Sync runs: {sizes.get('ab_sync_requests', 0):,} requests per mode ×"
                 f" {plural(sizes.get('ab_sync_repetitions', 0), 'repetition')}; async runs:"
                 f" {sizes.get('ab_async_requests', 0):,} requests per mode"
                 + ("" if s["dropped"] or sizes.get("ab_async_repetitions", 1) == 1 else
@@ -533,16 +536,21 @@ class Page:
             def cell(metric: str, kind: str, p: compare.Pair = p) -> str:
                 b, a, r = p.median("before", metric), p.median("after", metric), p.ratio(metric)
                 text = f"{fmt(b, kind)} → **{fmt(a, kind)}**"
-                return text + (f" ({r:.2f})" if r is not None and kind == "us" else "")
+                if r is None or kind != "us":
+                    return text
+                low, high = p.spread(metric) or (r, r)
+                return text + f" ({r:.2f}; {low:.2f}–{high:.2f})"
 
             unit = "worker" if p.api == "sync" else "task"
             rows.append([f"{p.api}", f"{self.r.label(p.engine)} ({p.driver})", plural(p.level, unit),
                          cell("first-time client CPU µs", "us"), cell("replay client CPU µs", "us"),
-                         cell("first-time × bare", "ratio"), cell("replay × bare", "ratio"), str(p.rounds)])
+                         cell("bare client CPU µs", "us"), cell("first-time × bare", "ratio"),
+                         cell("replay × bare", "ratio"), str(p.rounds)])
         if not rows:
             return ""
-        return table(["store", "engine (driver)", "level", "first-time client CPU µs (after ÷ before)",
-                      "replay client CPU µs (after ÷ before)", "first-time × bare", "replay × bare", "rounds"], rows)
+        return table(["store", "engine (driver)", "level", "first-time client CPU µs (after ÷ before; by round)",
+                      "replay client CPU µs (after ÷ before; by round)", "bare effect client CPU µs (drift)",
+                      "first-time × bare", "replay × bare", "rounds"], rows)
 
     # reference
 
