@@ -261,7 +261,7 @@ class Proof:
             return
         consuming = slot.is_ready()
         if not stop_process(slot.proc):
-            raise RuntimeError(f"worker {slot.number} did not stop within 30 s: {self._log_of(slot)}") from None
+            raise RuntimeError(f"worker {slot.number} did not stop within 30 s: {self._log_of(slot)}")
         if slot.proc.returncode != 0 and (consuming or slot.proc.returncode != -signal.SIGTERM):
             raise RuntimeError(f"worker {slot.number} exited with {slot.proc.returncode}: {self._log_of(slot)}")
 
