@@ -10,8 +10,8 @@ from typing import Any
 from .plan import AB_LEVELS, AB_PAIRS
 from .reports import Report, Reports
 
-# (name on the page, mode, what): the figures compared. The bare effect's is the machine's drift between the two
-# runs of a round: its code is the same on both sides but where the store's engine options differ.
+# (name on the page, mode, what): the figures compared. The bare effect's is mostly the machine's drift between the
+# two runs of a round: of the library, it runs only the store's transaction.
 METRICS = (("first-time client CPU µs", "first", "cpu"), ("replay client CPU µs", "replay", "cpu"),
            ("bare client CPU µs", "bare", "cpu"), ("first-time × bare", "first", "ratio"),
            ("replay × bare", "replay", "ratio"))
