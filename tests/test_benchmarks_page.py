@@ -108,7 +108,8 @@ def test_page_from_every_run(measured: Path, tools: dict[str, ModuleType]) -> No
     assert "**A smoke run" in page and "No run behind this page" not in page
     assert "| 32 | replay |" in page  # the sync and async tables reach 32
     assert "BEGIN IMMEDIATE" in page  # statements per request, from the reports
-    assert "first-time client CPU \N{MICRO SIGN}s (after \N{DIVISION SIGN} before; by round)" in page  # the before/after table
+    # the before/after table
+    assert "first-time client CPU \N{MICRO SIGN}s (after \N{DIVISION SIGN} before; by round)" in page
     assert "`--workers` N[,N...]" in page  # the options table, from the CLI's own parser
     found = targets.targets(render.Reports(measured))
     measured_kinds = {t.name for t in found if t.measured is not None}
