@@ -47,11 +47,6 @@ class Pair:
         values = self.paired.get(metric, [])
         return statistics.median(values) if values else None
 
-    def spread(self, metric: str) -> tuple[float, float] | None:
-        """The lowest and the highest per-round ratio after ÷ before."""
-        values = self.paired.get(metric, [])
-        return (min(values), max(values)) if values else None
-
 
 def pairs(reports: Reports) -> list[Pair]:
     """Every before/after pair the reports hold, in the plan's order; empty without a --before run."""

@@ -539,8 +539,8 @@ class Page:
                 text = f"{fmt(b, kind)} → **{fmt(a, kind)}**"
                 if r is None or kind != "us":
                     return text
-                low, high = p.spread(metric) or (r, r)
-                return text + f" ({r:.2f}; {low:.2f}–{high:.2f})"
+                rounds = p.paired[metric]  # a median `r`: one ratio a round at least
+                return text + f" ({r:.2f}; {min(rounds):.2f}–{max(rounds):.2f})"
 
             unit = "worker" if p.api == "sync" else "task"
             rows.append([f"{p.api}", f"{self.r.label(p.engine)} ({p.driver})", plural(p.level, unit),
