@@ -319,6 +319,9 @@ class LoopbackProxy:
             except OSError:
                 close_socket(client)
                 continue
+            for sock in (client, upstream):
+                if sock.family != socket.AF_UNIX:  # as drivers do: no small write waits for the previous one's ACK
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._open.update((client, upstream))
             self._serve(client, upstream)

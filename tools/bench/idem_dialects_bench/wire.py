@@ -229,9 +229,6 @@ class _CountingProxy(LoopbackProxy):
         return connect_to(self.upstream)
 
     def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
-        for sock in (client, upstream):
-            if sock.family != socket.AF_UNIX:  # as drivers do: no small write waits for the previous one's ACK
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tally.connected()
         _Link(self, client, upstream).start()
 
