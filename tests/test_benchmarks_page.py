@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -86,7 +87,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory, tools: dict[str, ModuleTy
                           == run.levels[0])
         (out / run.file).parent.mkdir(parents=True, exist_ok=True)
         (out / run.file).write_text(json.dumps(report))
-        manifest.record(run, status="ok", argv=["idem-dialects", *run.argv()], seconds=1.0, load=[0.5, 0.7])
+        manifest.record(run, status="ok", argv=["idem-dialects", *run.argv()], seconds=1.0, load=[0.5, 0.7],
+                        cpus=[1] if run.pinned else None)
     manifest.data["finished"] = measure.now()
     manifest.save()
     return out
@@ -110,6 +112,7 @@ def test_page_from_every_run(measured: Path, tools: dict[str, ModuleType]) -> No
     assert "BEGIN IMMEDIATE" in page  # statements per request, from the reports
     # the before/after table
     assert "first-time client CPU \N{MICRO SIGN}s (after \N{DIVISION SIGN} before; by round)" in page
+    assert "Every run's process was held to one CPU (CPU 1 of the machine's" in page
     assert "`--workers` N[,N...]" in page  # the options table, from the CLI's own parser
     found = targets.targets(render.Reports(measured))
     measured_kinds = {t.name for t in found if t.measured is not None}
@@ -144,3 +147,29 @@ def test_before_after_plan_alternates_sides(tools: dict[str, ModuleType]) -> Non
     assert all(runs[i].side != runs[i + 1].side and runs[i].args == runs[i + 1].args for i in range(0, len(runs), 2))
     assert firsts.count("before") == firsts.count("after")
     assert len({run.id for run in runs}) == len(runs)
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2, reason="pinning needs 2 CPUs or more")
+def test_before_after_runs_are_pinned_to_one_cpu(tmp_path: Path, tools: dict[str, ModuleType]) -> None:
+    """A before/after run's process, and so every thread its bench starts, runs on one CPU, which the manifest
+    records and the page names; the other runs are left where the scheduler puts them."""
+    plan, measure = tools["plan"], tools["measure"]
+    cli = tmp_path / "checkout" / ".venv" / "bin" / "idem-dialects"
+    cli.parent.mkdir(parents=True)
+    # A stand-in CLI: writes its own CPUs where the run's report goes (the argument after --output).
+    cli.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                   "output = sys.argv[sys.argv.index('--output') + 1]\n"
+                   "open(output, 'w').write(json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    cli.chmod(0o755)
+    checkout = measure.Checkout("after", cli.parents[2])
+    out = tmp_path / "out"
+    manifest = measure.Manifest.start(out, ["x"], plan.SMOKE, True, [checkout], False)
+    pinned, free = plan.ab_runs(plan.SMOKE)[0], plan.main_runs(plan.SMOKE)[0]
+    assert pinned.pinned and not free.pinned
+    for run in (pinned, free):
+        measure.execute(run, checkout, manifest, echo=False)
+    cpu = max(os.sched_getaffinity(0))
+    assert json.loads((out / pinned.file).read_text()) == [cpu]
+    assert manifest.data["runs"][pinned.id]["cpus"] == [cpu]
+    assert json.loads((out / free.file).read_text()) == sorted(os.sched_getaffinity(0))
+    assert manifest.data["runs"][free.id]["cpus"] is None

@@ -77,5 +77,7 @@ def pairs(reports: Reports) -> list[Pair]:
 def summary(reports: Reports) -> dict[str, Any]:
     """What the page says about the comparison: the checkouts and what the before side could not run."""
     checkouts = reports.manifest.get("checkouts", {})
+    ab = [e for e in reports.manifest["runs"].values() if e.get("round") is not None and e["status"] == "ok"]
     return {"before": checkouts.get("before"), "after": checkouts.get("after"),
-            "dropped": reports.manifest.get("dropped", {}), "rounds": reports.ab_rounds()}
+            "dropped": reports.manifest.get("dropped", {}), "rounds": reports.ab_rounds(),
+            "cpus": sorted({cpu for e in ab for cpu in e.get("cpus") or ()}) if all(e.get("cpus") for e in ab) else []}

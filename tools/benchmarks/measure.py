@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,15 @@ SCHEMA = "idem-dialects-benchmarks/1"
 FAILED, UNAVAILABLE, USAGE = 1, 2, 64
 # A URL no database answers at: a probe's bench stops at the connection, after its options were accepted or not.
 PROBE_URL = "sqlite:////nonexistent-benchmarks-probe/probe.db"
+
+
+def one_cpu() -> set[int] | None:
+    """Where a pinned run goes: the last CPU this process may use. None where it may use one only, or the system
+    cannot pin a process (not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = os.sched_getaffinity(0)
+    return {max(cpus)} if len(cpus) > 1 else None
 
 
 def environment() -> dict[str, str]:
@@ -164,14 +174,18 @@ def execute(run: Run, checkout: Checkout, manifest: Manifest, dropped: frozenset
     log.parent.mkdir(parents=True, exist_ok=True)
     if echo:
         print(f"== {run.id} ({run.side}): idem-dialects {' '.join(argv)}", file=sys.stderr, flush=True)
+    cpus = one_cpu() if run.pinned else None
     load_before, started = os.getloadavg()[0], time.perf_counter()
     with log.open("w") as sink:
+        # Set in the child before it starts: every thread the bench makes inherits it.
         code = subprocess.run([str(checkout.cli), *argv], cwd=out, stdout=sink, stderr=subprocess.STDOUT,
-                              check=False, env=environment()).returncode
+                              check=False, env=environment(),
+                              preexec_fn=None if cpus is None else partial(os.sched_setaffinity, 0, cpus)).returncode
     seconds, load_after = round(time.perf_counter() - started, 1), os.getloadavg()[0]
     outcome: dict[str, Any] = {"argv": ["idem-dialects", *argv], "exit_status": code, "seconds": seconds,
                                "load": [round(load_before, 2), round(load_after, 2)], "finished": now(),
-                               "dropped": sorted(dropped.intersection(o for o, _ in run.optional))}
+                               "dropped": sorted(dropped.intersection(o for o, _ in run.optional)),
+                               "cpus": None if cpus is None else sorted(cpus)}
     written = (out / run.file).exists()
     if code == 0 or (run.kind == "conformance" and code == FAILED and written):
         manifest.record(run, status="ok", **outcome)

@@ -73,6 +73,7 @@ class Run:
     side: Side = "after"  # which checkout runs it: this one, or the one given with --before
     round: int | None = None  # before/after: the round it belongs to
     optional: tuple[tuple[str, str], ...] = ()  # (option, value) a checkout that refuses it runs without
+    pinned: bool = False  # on one CPU (measure.one_cpu): before/after runs, where placement is noise to take out
 
     @property
     def file(self) -> str:
@@ -120,7 +121,9 @@ def main_runs(sizes: Sizes, memory: bool = False, conformance: bool = False) -> 
 
 def ab_runs(sizes: Sizes) -> list[Run]:
     """The before/after runs: per round, each (api, engine, driver, level) on both checkouts in turn, the side that
-    goes first alternating, so that drift of the machine's state falls on both alike."""
+    goes first alternating, so that drift of the machine's state falls on both alike; each on one CPU, so that where
+    the scheduler places the client's threads beside the server's does not move a run's CPU per request (on two
+    cores it moved a MariaDB run's at 8 workers by up to 1.8x from one repetition to the next)."""
     s = sizes
     runs: list[Run] = []
     for rnd in range(1, s.ab_rounds + 1):
@@ -139,7 +142,7 @@ def ab_runs(sizes: Sizes) -> list[Run]:
                 n += 1
                 for side in sides:
                     runs.append(Run(ab_id(side, rnd, api, engine, driver, level), api, (engine,), args, driver=driver,
-                                    levels=(level,), side=side, round=rnd, optional=optional))
+                                    levels=(level,), side=side, round=rnd, optional=optional, pinned=True))
     return runs
 
 

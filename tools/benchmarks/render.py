@@ -527,6 +527,11 @@ class Page:
                 f" {sizes.get('ab_async_requests', 0):,} requests per mode"
                 + ("" if s["dropped"] or sizes.get("ab_async_repetitions", 1) == 1 else
                    f" × {plural(sizes['ab_async_repetitions'], 'repetition')}") + ".")
+        if s["cpus"]:
+            cpus = self.r.manifest.get("machine", {}).get("cpus", "?")
+            note += (f" Every run's process was held to one CPU (CPU {', '.join(map(str, s['cpus']))} of the machine's"
+                     f" {cpus}), so that where the scheduler places the client's threads beside the server's does not"
+                     " move its CPU per request.")
         for option, why in s["dropped"].items():
             note += f" Both sides ran without {option}: {why}."
         return note
