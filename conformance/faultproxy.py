@@ -8,8 +8,9 @@ reads the protocol can fault at one chosen statement, e.g. lose exactly a COMMIT
 - ``lose_reply``: forward the statement, wait for the server's reply and throw it away, then close (a COMMIT
   that happened, whose acknowledgement the client never sees).
 
-Statements are what the client asks the server to run: PostgreSQL simple queries ('Q') and extended-protocol
-executes ('E', with the text of the 'P' parse its portal was bound to); MySQL COM_QUERY (0x03) and
+Statements are what the client asks the server to run: PostgreSQL simple queries ('Q'; an `EXECUTE` of a statement
+prepared by SQL, as the sync store sends its claim with its BEGIN, read as the text that `PREPARE` gave it) and
+extended-protocol executes ('E', with the text of the 'P' parse its portal was bound to); MySQL COM_QUERY (0x03) and
 COM_STMT_EXECUTE (0x17, with the text of the COM_STMT_PREPARE it runs, the server numbering prepares 1, 2, ... per
 session). TLS is not spoken: point the client at the proxy without it (``sslmode=disable``; PyMySQL without ssl).
 """
@@ -60,6 +61,7 @@ class _PostgreSQL:
         self.startup = True
         self.parsed: dict[bytes, str] = {}
         self.portals: dict[bytes, str] = {}
+        self.prepared: dict[str, str] = {}  # statements prepared by SQL (PREPARE name AS ...), by name
 
     def split(self, buf: bytearray) -> list[tuple[str | None, bytes, bool]]:
         out: list[tuple[str | None, bytes, bool]] = []
@@ -85,7 +87,7 @@ class _PostgreSQL:
             del buf[:1 + length]
             sql: str | None = None
             if kind == b"Q":
-                sql = body.rstrip(b"\0").decode("utf-8", "replace")
+                sql = self.executed(body.rstrip(b"\0").decode("utf-8", "replace"))
             elif kind == b"P":
                 name, _, rest = body.partition(b"\0")
                 self.parsed[name] = rest.partition(b"\0")[0].decode("utf-8", "replace")
@@ -95,6 +97,21 @@ class _PostgreSQL:
             elif kind == b"E":
                 sql = self.portals.get(body.partition(b"\0")[0], "")
             out.append((sql, message, kind in (b"Q", b"S")))
+
+
+    def executed(self, query: str) -> str:
+        """A simple query as the server runs it: `[PREPARE name AS body; ]BEGIN; EXECUTE name(...)` as
+        `BEGIN; body`."""
+        found = _PREPARE_EXECUTE.match(query)
+        if found is None:
+            return query
+        name, body, begin, executed = found.groups()
+        if name is not None:
+            self.prepared[name] = body
+        return (begin or "") + self.prepared.get(executed, query)
+
+
+_PREPARE_EXECUTE = re.compile(r"\s*(?:PREPARE (\w+) AS (.*?); )?(BEGIN; )?EXECUTE (\w+)\(", re.DOTALL)
 
 
 class _MySQL:

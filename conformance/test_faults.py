@@ -110,8 +110,9 @@ def test_leased_claim_commit_reply_lost_continues_as_owner(idem_store: Idempoten
 
 _LEASE = timedelta(seconds=2)
 # The protocol's steps, as the statements that carry them; (step, pattern, nth) for each mode.
-# The claim may be an INSERT inside a CTE that also returns the winner (PostgreSQL's claim).
-_CLAIM = r"(?:WITH \w+ AS\s*\(\s*)?INSERT INTO {records}"
+# The claim may be an INSERT inside a CTE that also returns the winner (PostgreSQL's claim), and be sent together
+# with the BEGIN of its transaction (sync psycopg's).
+_CLAIM = r"(?:BEGIN; )?(?:WITH \w+ AS\s*\(\s*)?INSERT INTO {records}"
 _STEPS = {
     "atomic": [("claim", _CLAIM, 1), ("effect", "INSERT INTO {fx}", 1),
                ("complete", "UPDATE {records}", 1), ("commit", "COMMIT", 1)],

@@ -169,6 +169,14 @@ class Driver:
         by itself before that statement, where the driver has a cheaper way (its errors raised as the driver raises
         them). The default leaves it to the driver."""
 
+    def open_sync(self, dbapi_connection: Any, plan: Compiled, parameters: Any) -> tuple[Any, Any] | None:
+        """Run the store's native statement on a sync DBAPI connection together with the BEGIN of the transaction it
+        opens, where the driver can send both at once: answered (answer, description) as `execution.plan.read`
+        answers for a cursor (its errors raised as the driver raises them). None where it does not (a transaction
+        begun already, say): the store then begins (`begin_sync`) and runs it on the DBAPI cursor. The default:
+        None."""
+        return None
+
     def commit_sync(self, dbapi_connection: Any) -> None:
         """Commit the store's transaction on a sync DBAPI connection the driver's cheaper way, before SQLAlchemy's
         commit, which then finds nothing to send (its errors raised as the driver raises them). The default leaves
@@ -176,9 +184,11 @@ class Driver:
 
     @property
     def own_transactions_sync(self) -> bool:
-        """This sync driver begins or commits the store's transactions its cheaper way (`begin_sync`,
+        """This sync driver begins or commits the store's transactions its cheaper way (`begin_sync`, `open_sync`,
         `commit_sync`)."""
-        return type(self).begin_sync is not Driver.begin_sync or type(self).commit_sync is not Driver.commit_sync
+        own = type(self)
+        return (own.begin_sync is not Driver.begin_sync or own.open_sync is not Driver.open_sync
+                or own.commit_sync is not Driver.commit_sync)
 
     def commit(self, connection: Any) -> Awaitable[Any] | None:
         """What commits the transaction `execute` joined, natively (SQLAlchemy's adapter then finds nothing to

@@ -29,24 +29,29 @@ def execute_native(conn: Connection, backend: Backend, statement: Statement, par
                    driver: Driver | None = None) -> Any:
     """Run `statement` on `conn`'s DBAPI connection, in the transaction SQLAlchemy holds on it (begun now if the
     caller's Connection had not begun one, as its autobegin would; on the DBAPI connection, `driver`'s way if it
-    has a cheaper one than its own: `Driver.begin_sync`)."""
+    has a cheaper one than its own: `Driver.open_sync`, which sends the BEGIN with the statement, or
+    `Driver.begin_sync`)."""
     compiled = plan(statement, conn.dialect)
     if not conn.in_transaction():
         conn.begin()
-    dbapi = conn.connection.dbapi_connection
-    cursor: Any = dbapi.cursor()  # type: ignore[union-attr]
+    dbapi: Any = conn.connection.dbapi_connection
+    parameters = compiled.parameters(params)
+    cursor: Any = None
     try:
-        if driver is not None:
-            driver.begin_sync(dbapi)
-        cursor.execute(compiled.sql, compiled.parameters(params))
-        raw, description = read(cursor, compiled)
+        answer = None if driver is None else driver.open_sync(dbapi, compiled, parameters)
+        if answer is None:
+            cursor = dbapi.cursor()
+            if driver is not None:
+                driver.begin_sync(dbapi)
+            cursor.execute(compiled.sql, parameters)
+            answer = read(cursor, compiled)
     except BaseException as error:  # an interruption too: SQLAlchemy then invalidates the connection
         failed, cursor = cursor, None
         raise_handled(conn, backend, error, compiled.sql, statement.tables, failed, dbapi)
     finally:
         if cursor is not None:
             cursor.close()
-    return compiled.result(raw, description)
+    return compiled.result(*answer)
 
 
 def commit_native(conn: Connection, backend: Backend, driver: Driver) -> None:
