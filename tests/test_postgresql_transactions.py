@@ -165,7 +165,7 @@ def test_a_statement_dropped_or_already_there_is_prepared_again(make_store: Call
             with store.engine.connect() as conn:
                 assert _prepared_by_store(conn)
                 if drop == "forgotten":
-                    driver._SESSIONS.pop(conn.connection.dbapi_connection)
+                    driver._PREPARED.pop(conn.connection.dbapi_connection)
                 elif drop == "deallocated":
                     conn.exec_driver_sql("DEALLOCATE ALL")
                     conn.commit()
@@ -287,3 +287,22 @@ def test_the_async_store_on_psycopg_rolls_back_as_before(pg: Server, store: Idem
             assert astore.retries.total() == 0
 
     asyncio.run(main())
+
+
+def test_a_connection_closed_is_not_kept(make_store: Callable[..., IdempotencyStore]) -> None:
+    """What the store knows of a connection's statements goes with the connection."""
+    import gc
+    import weakref
+
+    store = make_store(pool_size=1, max_overflow=0)
+    for key in ("k0", "k1"):  # the engine's first connection opens without prepared statements (`pooler.py`)
+        store.run(scope="s", operation="op", key=key, request=REQ, effect=lambda conn: {"ok": 1})
+    with store.engine.connect() as conn:
+        dbapi = weakref.ref(conn.connection.dbapi_connection)
+        conn.rollback()
+    from idem_dialects.drivers import psycopg as driver
+
+    assert dbapi() in driver._PREPARED
+    store.engine.dispose()
+    gc.collect()
+    assert dbapi() is None

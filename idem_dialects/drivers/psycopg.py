@@ -78,39 +78,41 @@ class Psycopg(Driver):
             form = _FORMS[plan.sql] = _form(plan.sql, parameters)
         if form is None:
             return None
-        session = _SESSIONS.get(dbapi_connection)
-        if session is None:
-            from psycopg.adapt import Transformer
-
-            session = _SESSIONS[dbapi_connection] = _Session(set(), Transformer(dbapi_connection))
         values = [parameters[key] for key in form.keys]
         if not all(type(value) in _QUOTED for value in values):  # a response, a payload: never in the query's text
             return None
-        quote = session.transformer.as_literal
+        from psycopg.adapt import Transformer
+
+        # A transformer per statement: it holds its connection, which a cached one would keep alive.
+        transformer = Transformer(dbapi_connection)
+        quote = transformer.as_literal
         execute = b"BEGIN; EXECUTE " + form.name + b"(" + b",".join([quote(value) for value in values]) + b")"
+        known = _PREPARED.get(dbapi_connection)
+        if known is None:
+            known = _PREPARED[dbapi_connection] = set()
         pgconn = dbapi_connection.pgconn
         for _ in range(2):
-            prepared = form.name in session.prepared
+            prepared = form.name in known
             with dbapi_connection.lock:
                 result = pgconn.exec_(execute if prepared else form.prepare + execute)
             if result.status == _TUPLES_OK or result.status == _COMMAND_OK:
-                session.prepared.add(form.name)
-                return _answer(session, plan, result)
+                known.add(form.name)
+                return _answer(transformer, plan, result)
             state = result.error_field(_SQLSTATE)
             began = pgconn.transaction_status == _INERROR  # the BEGIN ran, so the PREPARE before it did
             if began and not prepared:
-                session.prepared.add(form.name)
+                known.add(form.name)
             if began and state in _GONE:
                 # Our statement dropped (psycopg's DEALLOCATE ALL after a rollback) or out of date (its tables
                 # altered): nothing but the BEGIN ran. Prepared again in the next query.
-                session.prepared.discard(form.name)
+                known.discard(form.name)
                 _exec(dbapi_connection, b"ROLLBACK")
                 if state != _DROPPED:
                     _exec(dbapi_connection, b"DEALLOCATE " + form.name)
                 continue
             if not prepared and pgconn.transaction_status == _IDLE:
                 if state == _DUPLICATE:  # prepared on this session already (under its SQL's hash): use it
-                    session.prepared.add(form.name)
+                    known.add(form.name)
                     continue
                 if state is not None and state.startswith(b"42") and state not in _PASSING:
                     _FORMS[plan.sql] = None  # a statement the server cannot prepare: psycopg's cursor from now on
@@ -149,9 +151,9 @@ def _rolling_back(conn: Connection, *args: Any) -> None:
 
 def _resetting(dbapi_connection: Any, *args: Any) -> None:
     """Before the pool rolls a connection back as it takes it back (`_rolling_back`)."""
-    session = None if dbapi_connection is None else _SESSIONS.get(dbapi_connection)
-    if session is not None and dbapi_connection.pgconn.transaction_status != _IDLE:  # idle: psycopg sends nothing
-        session.prepared.clear()
+    known = None if dbapi_connection is None else _PREPARED.get(dbapi_connection)
+    if known is not None and dbapi_connection.pgconn.transaction_status != _IDLE:  # idle: psycopg sends nothing
+        known.clear()
 
 
 def _plain_begin(dbapi_connection: Any) -> bool:
@@ -193,15 +195,11 @@ class _Form(NamedTuple):
     keys: tuple[str, ...]
 
 
-class _Session(NamedTuple):
-    prepared: set[bytes]  # the names prepared on the connection, as far as the store knows
-    transformer: Any  # psycopg's Transformer on it: quotes the literals, loads the answer
-
-
 _QUOTED = frozenset({str, int, float, bool, type(None), datetime})  # what the store quotes as a literal
 _UNSEEN: Any = object()
 _FORMS: dict[str, _Form | None] = {}  # by the statement's SQL (pyformat); None: not prepared (psycopg's cursor runs it)
-_SESSIONS: WeakKeyDictionary[Any, _Session] = WeakKeyDictionary()  # per psycopg connection
+# Per psycopg connection: the names the store prepared on it, as far as it knows.
+_PREPARED: WeakKeyDictionary[Any, set[bytes]] = WeakKeyDictionary()
 _PLACEHOLDER = re.compile(r"%\(([^)]*)\)s|%%")
 _DROPPED, _CHANGED, _DUPLICATE = b"26000", b"0A000", b"42P05"  # no such prepared statement; cached plan changed
 _GONE = (_DROPPED, _CHANGED)
@@ -225,18 +223,16 @@ def _form(sql: str, parameters: Any) -> _Form | None:
     return _Form(name, b"PREPARE " + name + b" AS " + body.encode() + b"; ", tuple(keys))
 
 
-def _answer(session: _Session, plan: Compiled, result: Any) -> tuple[Any, Any]:
+def _answer(transformer: Any, plan: Compiled, result: Any) -> tuple[Any, Any]:
     """The EXECUTE's answer as `read` gives a cursor's (answer, description)."""
     shape = plan.shape
     if shape is Shape.ROW or shape is Shape.ROWS:
-        transformer = session.transformer
         transformer.set_pgresult(result)
         rows = result.ntuples
         if shape is Shape.ROW:
             answer = transformer.load_row(0, tuple) if rows else None
         else:
             answer = transformer.load_rows(0, rows, tuple)
-        transformer.set_pgresult(None)
         description = ([(result.fname(i), result.ftype(i)) for i in range(result.nfields)]
                        if plan.wants_description else None)
         return answer, description
